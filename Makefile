@@ -1,0 +1,44 @@
+# `make demo` and `make test` do all set-up on a fresh Debian machine (root, Python 3.11).
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+DEB_PACKAGES := fuse3 libfuse3-dev pkg-config libtiff-tools imagej default-jre-headless systemd
+STAMP_DEB := $(VENV)/.deb-installed
+STAMP_PY := $(VENV)/.py-installed
+
+.PHONY: all setup demo test lint bench clean
+
+all: test
+
+$(STAMP_DEB):
+	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends $$missing >/dev/null; \
+	fi
+	@mkdir -p $(VENV) && touch $@
+
+$(STAMP_PY): pyproject.toml $(STAMP_DEB)
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	@touch $@
+
+setup: $(STAMP_PY)
+
+demo: setup
+	$(PY) -m zfuse.demo
+
+test: setup
+	$(PY) -m ruff check zfuse tests benchmarks
+	ZFUSE_REQUIRE_FUSE=$${ZFUSE_REQUIRE_FUSE:-0} $(PY) -m pytest -q $(PYTEST_ARGS)
+
+lint: setup
+	$(PY) -m ruff check zfuse tests benchmarks
+
+bench: setup
+	$(PY) -m benchmarks.run
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,39 @@
+"""zfuse: every chunk of a Zarr store as a standalone TIFF file, and the Zarr
+extensions (pad codec, suffix chunk key encoding, concat-parts and sharding-v1
+storage transformers) for zarr-python 3.
+
+Public API (imported lazily so that `import zfuse` stays cheap and the codec
+entry points zarr-python loads never import the FUSE layer):
+
+- ``open_array(store, mode="r", **create_kwargs)`` / ``open_group(...)``
+- ``concat(sources, axis)``
+- ``PadCodec``, ``SuffixChunkKeyEncoding``
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "open_array": ("zfuse.ext.api", "open_array"),
+    "open_group": ("zfuse.ext.api", "open_group"),
+    "concat": ("zfuse.concat", "concat"),
+    "PadCodec": ("zfuse.ext.pad", "PadCodec"),
+    "SuffixChunkKeyEncoding": ("zfuse.ext.suffix", "SuffixChunkKeyEncoding"),
+}
+
+__all__ = ["__version__", *_LAZY]
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module_name, attr = _LAZY[name]
+    except KeyError:
+        raise AttributeError(f"module 'zfuse' has no attribute {name!r}") from None
+    import importlib
+
+    value = getattr(importlib.import_module(module_name), attr)
+    globals()[name] = value
+    return value

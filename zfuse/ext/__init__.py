@@ -1,0 +1,1 @@
+"""The Zarr extension proposals for zarr-python 3 (no FUSE, no TIFF here)."""
