@@ -1,0 +1,149 @@
+"""The ``suffix`` chunk key encoding: a base chunk key encoding plus a fixed suffix.
+
+Spec: /work/shared/seeds/suffix-chunk-key-encoding.md. JSON form::
+
+    {"name": "suffix",
+     "configuration": {"suffix": ".tiff",
+                       "base_encoding": {"name": "v2", "configuration": {"separator": "/"}}}}
+
+Invariants:
+
+- ``encode_chunk_key(c) == base_encoding.encode_chunk_key(c) + suffix``.
+- ``decode_chunk_key(k)`` requires ``k`` to end with ``suffix`` (``ValueError`` otherwise)
+  and returns ``base_encoding.decode_chunk_key(k[:-len(suffix)])``.
+- The base encoding is read from ``base_encoding`` or ``base-encoding`` (the seed uses
+  both spellings) and defaults to ``{"name": "default"}``; it may be any registered
+  chunk key encoding, including another ``suffix``. It is always written as
+  ``base_encoding``, so ``from_dict(to_dict(e)) == e``.
+
+Importing this module registers the encoding with zarr-python under ``suffix``
+(the ``zarr.chunk_key_encoding`` entry point does the same lazily; zarr keys that
+registry by entry point name, which is ``suffix`` too).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, ClassVar, Literal, cast
+
+from zarr.core.chunk_key_encodings import (
+    ChunkKeyEncoding,
+    ChunkKeyEncodingLike,
+    DefaultChunkKeyEncoding,
+    parse_chunk_key_encoding,
+)
+from zarr.core.common import JSON
+from zarr.registry import register_chunk_key_encoding
+
+from zfuse.errors import MetadataError
+
+if TYPE_CHECKING:
+    from typing import Self
+
+__all__ = ["SuffixChunkKeyEncoding"]
+
+ENCODING_NAME = "suffix"
+
+_BASE_KEYS = ("base_encoding", "base-encoding")
+_CONFIG_KEYS = frozenset({"suffix", *_BASE_KEYS})
+
+
+def parse_suffix(data: object) -> str:
+    if not isinstance(data, str):
+        raise MetadataError(f"suffix chunk key encoding: 'suffix' must be a string. Got {data!r}")
+    return data
+
+
+def parse_base_encoding(data: object) -> ChunkKeyEncoding:
+    if data is None:
+        return DefaultChunkKeyEncoding()
+    if isinstance(data, ChunkKeyEncoding):
+        return data
+    if not isinstance(data, dict):
+        raise MetadataError(
+            "suffix chunk key encoding: 'base_encoding' must be a chunk key encoding "
+            f"object such as {{'name': 'default'}}. Got {data!r}"
+        )
+    try:
+        return parse_chunk_key_encoding(cast("ChunkKeyEncodingLike", data))
+    except (ValueError, TypeError, KeyError) as e:
+        raise MetadataError(
+            f"suffix chunk key encoding: invalid 'base_encoding' ({e}). Got {data!r}"
+        ) from e
+
+
+@dataclass(frozen=True)
+class SuffixChunkKeyEncoding(ChunkKeyEncoding):
+    """Chunk keys of ``base_encoding`` with ``suffix`` appended (e.g. ``c/0/1.tiff``)."""
+
+    name: ClassVar[Literal["suffix"]] = "suffix"
+    suffix: str
+    base_encoding: ChunkKeyEncoding = field(default_factory=DefaultChunkKeyEncoding)
+
+    def __init__(
+        self,
+        *,
+        suffix: str,
+        base_encoding: ChunkKeyEncoding | dict[str, JSON] | None = None,
+    ) -> None:
+        object.__setattr__(self, "suffix", parse_suffix(suffix))
+        object.__setattr__(self, "base_encoding", parse_base_encoding(base_encoding))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, JSON]) -> Self:
+        if not isinstance(data, dict) or data.get("name") != ENCODING_NAME:
+            raise MetadataError(
+                f"suffix chunk key encoding: expected a dict with name 'suffix'. Got {data!r}"
+            )
+        config = data.get("configuration")
+        if not isinstance(config, dict):
+            raise MetadataError(
+                "suffix chunk key encoding: 'configuration' must be an object with 'suffix'. "
+                f"Got {config!r}"
+            )
+        unknown = sorted(set(config) - _CONFIG_KEYS)
+        if unknown:
+            raise MetadataError(
+                f"suffix chunk key encoding: unknown configuration keys {unknown}. Got {config!r}"
+            )
+        if "suffix" not in config:
+            raise MetadataError(
+                f"suffix chunk key encoding: configuration needs 'suffix'. Got {config!r}"
+            )
+        given = [config[k] for k in _BASE_KEYS if k in config]
+        # Both spellings at once is only acceptable if they agree.
+        if len(given) == 2 and parse_base_encoding(given[0]) != parse_base_encoding(given[1]):
+            raise MetadataError(
+                "suffix chunk key encoding: 'base_encoding' and 'base-encoding' disagree. "
+                f"Got {config!r}"
+            )
+        return cls(
+            suffix=cast("str", config["suffix"]),
+            base_encoding=cast("dict[str, JSON] | None", given[0] if given else None),
+        )
+
+    def to_dict(self) -> dict[str, JSON]:
+        return {
+            "name": self.name,
+            "configuration": {
+                "suffix": self.suffix,
+                "base_encoding": self.base_encoding.to_dict(),
+            },
+        }
+
+    def encode_chunk_key(self, chunk_coords: tuple[int, ...]) -> str:
+        return self.base_encoding.encode_chunk_key(chunk_coords) + self.suffix
+
+    def decode_chunk_key(self, chunk_key: str) -> tuple[int, ...]:
+        if not chunk_key.endswith(self.suffix):
+            raise ValueError(
+                f"suffix chunk key encoding: chunk key {chunk_key!r} does not end with the "
+                f"expected suffix {self.suffix!r}"
+            )
+        base_key = chunk_key[: len(chunk_key) - len(self.suffix)]
+        return self.base_encoding.decode_chunk_key(base_key)
+
+
+# Direct imports register too; the registry is a plain dict keyed by name, so
+# registering again (e.g. after the entry point loaded us) is harmless.
+register_chunk_key_encoding(ENCODING_NAME, SuffixChunkKeyEncoding)
