@@ -72,6 +72,22 @@ def parse_base_encoding(data: object) -> ChunkKeyEncoding:
         ) from e
 
 
+def decode_default_chunk_key(chunk_key: str, separator: str) -> tuple[int, ...]:
+    """Decode a ``default`` encoding key such as ``c/1/2``.
+
+    zarr-python 3.1.6's ``DefaultChunkKeyEncoding.decode_chunk_key`` splits ``chunk_key[1:]``,
+    which keeps the leading separator and fails on ``int('')`` for every non-scalar key.
+    """
+    if chunk_key == "c":
+        return ()
+    prefix = "c" + separator
+    if not chunk_key.startswith(prefix):
+        raise ValueError(
+            f"chunk key {chunk_key!r} does not start with {prefix!r} (default encoding)"
+        )
+    return tuple(int(part) for part in chunk_key[len(prefix) :].split(separator))
+
+
 @dataclass(frozen=True)
 class SuffixChunkKeyEncoding(ChunkKeyEncoding):
     """Chunk keys of ``base_encoding`` with ``suffix`` appended (e.g. ``c/0/1.tiff``)."""
@@ -141,6 +157,8 @@ class SuffixChunkKeyEncoding(ChunkKeyEncoding):
                 f"expected suffix {self.suffix!r}"
             )
         base_key = chunk_key[: len(chunk_key) - len(self.suffix)]
+        if isinstance(self.base_encoding, DefaultChunkKeyEncoding):
+            return decode_default_chunk_key(base_key, self.base_encoding.separator)
         return self.base_encoding.decode_chunk_key(base_key)
 
 
