@@ -1,0 +1,660 @@
+"""The TIFF header of a chunk file: pure functions, no I/O.
+
+A chunk file is ``build_header(layout, coords)`` followed by the chunk's raw
+pixels, ``np.ascontiguousarray(chunk).astype(layout.dtype).tobytes()`` (C order,
+little endian, bool as one byte 0/1).
+
+Invariants (the rest of zfuse relies on them):
+
+- ``len(build_header(layout, coords, ...)) == layout.header_size`` for every
+  chunk of the array, cropped edge chunks included: the header size depends
+  only on what `plan_layout` was given, never on the coordinates. Coordinate
+  text is written at a fixed width reserved from the grid size.
+- The header holds the 8/16-byte TIFF header and *every* IFD; pixel data starts
+  exactly at ``layout.header_size``. Page ``k`` (the leading axes flattened in
+  C order) is a single strip at ``header_size + k * page_bytes``, so pages lie
+  at increasing offsets and contiguously, as ImageJ assumes.
+- Little endian ("II"); classic TIFF unless the full file would exceed
+  4 GiB - 1, then BigTIFF. The choice depends on the layout, not the chunk.
+- Every IFD has BitsPerSample, SampleFormat, Photometric (BlackIsZero),
+  Compression=1, SamplesPerPixel=1, PlanarConfig, RowsPerStrip, StripOffsets,
+  StripByteCounts and NewSubfileType. The first IFD also has an ImageJ
+  ImageDescription, and the chunk position as JSON in DocumentName and in
+  PageName (`POSITION_TAG`): ``{"chunk":[..],"origin":[..],"shape":[..]}``,
+  space-padded to a fixed width (libtiff warns about NULs inside ASCII values).
+- A cropped header (``shape=`` smaller than the chunk) describes the smaller
+  image and is zero-padded to ``header_size``; its position fields sit at the
+  same offsets as in the full header.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from fractions import Fraction
+from functools import lru_cache
+
+import numpy as np
+
+__all__ = [
+    "POSITION_TAG",
+    "TiffLayout",
+    "build_header",
+    "parse_position",
+    "plan_layout",
+    "tiff_unsupported_reason",
+]
+
+#: ASCII tag holding the chunk position as JSON (first IFD), besides DocumentName.
+#: PageName (285), a standard tag: a private tag (65000+) makes libtiff, and so
+#: tiffinfo/ImageMagick, print "Unknown field with tag" for every file opened.
+POSITION_TAG = 285
+_DOCUMENT_NAME = 269
+_IMAGE_DESCRIPTION = 270
+
+_CLASSIC_LIMIT = 2**32 - 1  # largest file a classic TIFF can address
+_HEADER_ALIGN = 16  # pixel data aligned for every dtype (complex128 is 16 bytes)
+_FREE_DIGITS = 20  # width per coordinate when the grid size is unknown (uint64)
+
+# TIFF field types
+_ASCII, _SHORT, _LONG, _RATIONAL, _LONG8 = 2, 3, 4, 5, 16
+
+_SAMPLE_FORMAT = {"b": 1, "u": 1, "i": 2, "f": 3, "c": 6}
+
+# OME-Zarr unit names -> ImageJ's (ImageJ knows "micron" and shows it as µm).
+_IJ_UNITS = {
+    "micrometer": "micron",
+    "micron": "micron",
+    "um": "micron",
+    "\u00b5m": "micron",
+    "nanometer": "nm",
+    "millimeter": "mm",
+    "centimeter": "cm",
+    "meter": "m",
+    "angstrom": "angstrom",
+    "second": "sec",
+    "millisecond": "ms",
+    "microsecond": "us",
+    "minute": "min",
+    "hour": "hour",
+}
+_SAFE_UNIT = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,31}$")
+
+
+def tiff_unsupported_reason(dtype: object) -> str | None:
+    """None if chunks of this dtype can be shown as TIFF; otherwise why not."""
+    try:
+        dt = np.dtype(dtype)  # type: ignore[call-overload]
+    except TypeError as exc:
+        return f"not a NumPy dtype: {dtype!r} ({exc})"
+    if dt.subdtype is not None or dt.fields is not None:
+        return f"structured/sub-array dtype {dt} has no TIFF sample format"
+    kind, size = dt.kind, dt.itemsize
+    if kind == "b":
+        return None
+    if kind in "ui" and size in (1, 2, 4, 8):
+        return None
+    if kind == "f" and size in (2, 4, 8):
+        return None
+    if kind == "c" and size in (8, 16):
+        return None
+    names = {
+        "S": "byte strings",
+        "U": "unicode strings",
+        "T": "strings",
+        "O": "Python objects",
+        "V": "raw/void data",
+        "M": "datetime64",
+        "m": "timedelta64",
+    }
+    what = names.get(kind, f"dtype {dt}")
+    return f"{what} ({dt}) have no TIFF sample format"
+
+
+def _flatten(shape: Sequence[int]) -> tuple[int, int, int]:
+    """(pages, rows, cols): last two axes are the image, leading axes pages."""
+    if len(shape) == 0:
+        return 1, 1, 1
+    if len(shape) == 1:
+        return 1, 1, shape[0]
+    return math.prod(shape[:-2]), shape[-2], shape[-1]
+
+
+@dataclass(frozen=True)
+class _Meta:
+    """Everything the header needs besides shape, dtype and bigtiff."""
+
+    ndim: int
+    roles: tuple[str, ...] | None  # ImageJ role ("c"/"z"/"t") per leading axis; None = plain stack
+    xres: tuple[int, int, int, int] | None  # XResolution num/den, YResolution num/den
+    unit: str | None
+    zspacing: float | None
+    tinterval: float | None
+    tunit: str | None
+    coord_digits: tuple[int, ...]
+    origin_digits: tuple[int, ...]
+    pos_width: int  # bytes reserved for the position JSON (without NUL)
+
+
+@dataclass(frozen=True)
+class TiffLayout:
+    """Everything about one array's chunk files that does not depend on the chunk."""
+
+    chunk_shape: tuple[int, ...]
+    dtype: np.dtype  # little-endian (or byte-order-free) form of the array dtype
+    header_size: int
+    data_size: int  # bytes of pixel data of a full chunk
+    bigtiff: bool
+    pages: int  # leading axes flattened
+    rows: int
+    cols: int
+    description: str = field(compare=False)  # ImageJ description of the template (origin 0)
+    _meta: _Meta = field(repr=False)
+    _template: bytes = field(repr=False, compare=False)
+    # absolute offsets of the patched fields: JSON, DocumentName, (offset, width, axis) origins
+    _pos_offsets: tuple[int, int] = field(repr=False, compare=False)
+    _origin_fields: tuple[tuple[int, int, int], ...] = field(repr=False, compare=False)
+
+    @property
+    def file_size(self) -> int:
+        return self.header_size + self.data_size
+
+    @property
+    def page_bytes(self) -> int:
+        return self.rows * self.cols * self.dtype.itemsize
+
+
+def _digits(n: int) -> int:
+    return len(str(max(int(n), 0)))
+
+
+def _axis_role(name: str | None, kind: str | None) -> str | None:
+    if kind:
+        return {"channel": "c", "time": "t", "space": "z"}.get(kind.lower())
+    if name:
+        return {"c": "c", "ch": "c", "channel": "c", "t": "t", "time": "t", "z": "z"}.get(
+            name.lower()
+        )
+    return None
+
+
+def _roles(
+    ndim: int, axes: Sequence[str] | None, axis_types: Sequence[str | None] | None
+) -> tuple[str, ...] | None:
+    """ImageJ roles of the leading axes, or None if they cannot be named
+    consistently with ImageJ's C-order page order T, Z, C (C fastest)."""
+    lead = max(ndim - 2, 0)
+    if lead == 0:
+        return ()
+    names = list(axes) if axes is not None else [None] * ndim
+    kinds = list(axis_types) if axis_types is not None else [None] * ndim
+    roles = [_axis_role(names[i], kinds[i]) for i in range(lead)]
+    if lead == 1:
+        return (roles[0] or "z",)
+    if any(r is None for r in roles) or len(set(roles)) != lead:
+        return None
+    rank = {"t": 0, "z": 1, "c": 2}
+    if [rank[r] for r in roles] != sorted(rank[r] for r in roles):  # type: ignore[index]
+        return None
+    return tuple(roles)  # type: ignore[arg-type]
+
+
+def _ij_unit(unit: str | None) -> str | None:
+    if not unit:
+        return None
+    mapped = _IJ_UNITS.get(unit.lower(), unit)
+    return mapped if _SAFE_UNIT.match(mapped) else None
+
+
+def _rational(value: float) -> tuple[int, int]:
+    """Closest fraction with numerator and denominator in uint32."""
+    top = _CLASSIC_LIMIT
+    if value >= top:
+        return top, 1
+    max_den = top if value < 1 else max(1, int(top / value))
+    frac = Fraction(value).limit_denominator(max_den)
+    num, den = min(frac.numerator, top), frac.denominator
+    if num == 0:
+        return 1, top
+    return num, den
+
+
+def _good_scale(s: float | None) -> float | None:
+    if s is None:
+        return None
+    s = float(s)
+    return s if math.isfinite(s) and s > 0 else None
+
+
+def _check_len(name: str, seq: Sequence[object] | None, ndim: int) -> None:
+    if seq is not None and len(seq) != ndim:
+        raise ValueError(f"{name} must have one entry per axis ({ndim}); got {list(seq)!r}")
+
+
+def plan_layout(
+    chunk_shape: Sequence[int],
+    dtype: object,
+    *,
+    axes: Sequence[str] | None = None,
+    axis_types: Sequence[str | None] | None = None,
+    scales: Sequence[float] | None = None,
+    units: Sequence[str | None] | None = None,
+    grid_shape: Sequence[int] | None = None,
+    array_shape: Sequence[int] | None = None,
+) -> TiffLayout:
+    """Plan the chunk files of one array and precompute the header template.
+
+    `axes`/`axis_types`/`scales`/`units` are OME-Zarr axis names, types
+    ("space"/"time"/"channel"), physical scales and units, one per axis.
+    `grid_shape` (chunks per axis) or `array_shape` size the fixed-width
+    coordinate fields; without either, 20 digits per coordinate are reserved.
+    """
+    shape = tuple(int(n) for n in chunk_shape)
+    if any(n < 1 for n in shape):
+        raise ValueError(f"chunk shape must be positive; got {shape!r}")
+    reason = tiff_unsupported_reason(dtype)
+    if reason is not None:
+        raise ValueError(reason)
+    dt = np.dtype(dtype).newbyteorder("<")  # type: ignore[call-overload]
+    ndim = len(shape)
+    for name, seq in (
+        ("axes", axes),
+        ("axis_types", axis_types),
+        ("scales", scales),
+        ("units", units),
+        ("grid_shape", grid_shape),
+        ("array_shape", array_shape),
+    ):
+        _check_len(name, seq, ndim)
+
+    # Widths of the coordinate fields: the largest chunk index and origin.
+    if grid_shape is None and array_shape is not None:
+        grid_shape = [max(1, -(-int(a) // c)) for a, c in zip(array_shape, shape, strict=True)]
+    if grid_shape is not None:
+        coord_digits = tuple(_digits(int(g) - 1) for g in grid_shape)
+        origin_digits = tuple(
+            _digits((int(g) - 1) * c) for g, c in zip(grid_shape, shape, strict=True)
+        )
+    else:
+        coord_digits = origin_digits = (_FREE_DIGITS,) * ndim
+    widest = _position_text(
+        [10**d - 1 for d in coord_digits], [10**d - 1 for d in origin_digits], shape
+    )
+
+    roles = _roles(ndim, axes, axis_types)
+    sc = [_good_scale(s) for s in scales] if scales is not None else [None] * ndim
+    un = list(units) if units is not None else [None] * ndim
+    xres = unit = zspacing = tinterval = tunit = None
+    if scales is not None and ndim >= 1:
+        xs = sc[-1] or 1.0
+        ys = (sc[-2] if ndim >= 2 else sc[-1]) or 1.0
+        xres = (*_rational(1.0 / xs), *_rational(1.0 / ys))
+        unit = _ij_unit(un[-1])
+        if roles:
+            for i, r in enumerate(roles):
+                if r == "z" and sc[i] is not None:
+                    zspacing = sc[i]
+                elif r == "t" and sc[i] is not None:
+                    tinterval, tunit = sc[i], _ij_unit(un[i])
+    meta = _Meta(
+        ndim=ndim,
+        roles=roles,
+        xres=xres,  # type: ignore[arg-type]
+        unit=unit,
+        zspacing=zspacing,
+        tinterval=tinterval,
+        tunit=tunit,
+        coord_digits=coord_digits,
+        origin_digits=origin_digits,
+        pos_width=len(widest),
+    )
+    pages, rows, cols = _flatten(shape)
+    data_size = math.prod(shape) * dt.itemsize
+
+    # Classic unless the whole file passes 4 GiB - 1 (offsets are uint32).
+    built = _build(meta, dt, shape, bigtiff=False, data_offset=0)
+    bigtiff = _align(len(built.header)) + data_size > _CLASSIC_LIMIT
+    if bigtiff:
+        built = _build(meta, dt, shape, bigtiff=True, data_offset=0)
+    header_size = _align(len(built.header))
+    built = _build(meta, dt, shape, bigtiff=bigtiff, data_offset=header_size)
+    template = bytes(built.header.ljust(header_size, b"\0"))
+    return TiffLayout(
+        chunk_shape=shape,
+        dtype=dt,
+        header_size=header_size,
+        data_size=data_size,
+        bigtiff=bigtiff,
+        pages=pages,
+        rows=rows,
+        cols=cols,
+        description=built.description,
+        _meta=meta,
+        _template=template,
+        _pos_offsets=built.pos_offsets,
+        _origin_fields=built.origin_fields,
+    )
+
+
+def _align(n: int) -> int:
+    return -(-n // _HEADER_ALIGN) * _HEADER_ALIGN
+
+
+def _position_text(
+    coords: Sequence[int], origin: Sequence[int], shape: Sequence[int]
+) -> bytes:
+    c = ",".join(map(str, coords))
+    o = ",".join(map(str, origin))
+    s = ",".join(map(str, shape))
+    return f'{{"chunk":[{c}],"origin":[{o}],"shape":[{s}]}}'.encode("ascii")
+
+
+def _description(meta: _Meta, shape: Sequence[int]) -> tuple[str, list[tuple[int, int, int]]]:
+    """ImageJ description for an image of `shape`, with zeroed origin fields.
+
+    Returns the text and (offset in text, width, axis) of each origin value.
+    The origin fields come right after the first line so that they sit at the
+    same offset in full and cropped headers.
+    """
+    ndim = meta.ndim
+    lines = ["ImageJ=1.11a"]
+    origin_axes: list[tuple[str, int]] = []
+    if ndim >= 1:
+        origin_axes.append(("xorigin", ndim - 1))
+    if ndim >= 2:
+        origin_axes.append(("yorigin", ndim - 2))
+    if meta.roles and "z" in meta.roles:
+        origin_axes.append(("zorigin", meta.roles.index("z")))
+    fields: list[tuple[int, int, int]] = []
+    pos = len(lines[0]) + 1
+    for key, axis in origin_axes:
+        width = meta.origin_digits[axis] + 1  # room for the minus sign
+        lines.append(f"{key}={0:0{width}d}")
+        fields.append((pos + len(key) + 1, width, axis))
+        pos += len(lines[-1]) + 1
+
+    pages = _flatten(shape)[0]
+    if pages > 1:
+        lines.append(f"images={pages}")
+        if meta.roles is None:
+            # Leading axes not nameable in ImageJ's order: a plain stack.
+            lines.append(f"slices={pages}")
+        else:
+            size = {"c": 1, "z": 1, "t": 1}
+            for r, n in zip(meta.roles, shape, strict=False):
+                size[r] = n
+            for key, r in (("channels", "c"), ("slices", "z"), ("frames", "t")):
+                if size[r] > 1:
+                    lines.append(f"{key}={size[r]}")
+            if size["c"] > 1 or size["t"] > 1:
+                # Not only slices: ImageJ should show c/t sliders, not one z stack.
+                lines.append("hyperstack=true")
+            if size["c"] > 1:
+                lines.append("mode=grayscale")
+    if meta.unit:
+        lines.append(f"unit={meta.unit}")
+    if meta.zspacing is not None:
+        lines.append(f"spacing={meta.zspacing!r}")
+    if meta.tinterval is not None:
+        lines.append(f"finterval={meta.tinterval!r}")
+        if meta.tunit:
+            lines.append(f"tunit={meta.tunit}")
+    if pages > 1:
+        lines.append("loop=false")
+    return "\n".join(lines) + "\n", fields
+
+
+@dataclass
+class _Built:
+    header: bytearray
+    description: str
+    pos_offsets: tuple[int, int]
+    origin_fields: tuple[tuple[int, int, int], ...]
+
+
+def _build(
+    meta: _Meta, dt: np.dtype, shape: Sequence[int], *, bigtiff: bool, data_offset: int
+) -> _Built:
+    """Assemble header bytes (unpadded) for an image of `shape`.
+
+    Structure: file header, IFD0, IFD0's out-of-line values (position JSON,
+    DocumentName, resolutions, description — in that order so the position
+    fields have fixed offsets), then the IFDs of pages 1..N-1.
+    """
+    pages, rows, cols = _flatten(shape)
+    page_bytes = rows * cols * dt.itemsize
+    bits = 8 * dt.itemsize
+    fmt = _SAMPLE_FORMAT[dt.kind]
+    if bigtiff:
+        head = b"II" + struct.pack("<HHHQ", 43, 8, 0, 16)
+        cnt_fmt, off_fmt, esize, inline, otype = "<Q", "<Q", 20, 8, _LONG8
+    else:
+        head = b"II" + struct.pack("<HI", 42, 8)
+        cnt_fmt, off_fmt, esize, inline, otype = "<H", "<I", 12, 4, _LONG
+    cnt_size = struct.calcsize(cnt_fmt)
+    off_size = struct.calcsize(off_fmt)
+
+    description, origin_fields = _description(meta, shape)
+    desc_bytes = description.encode("ascii") + b"\0"
+    pos_len = meta.pos_width + 1  # space-padded fixed-width JSON + NUL
+    pos_blank = b" " * meta.pos_width + b"\0"
+
+    # (tag, type, count, value bytes) — value bytes filled below where needed
+    def common(strip_offset: int) -> list[tuple[int, int, int, bytes]]:
+        e = [
+            (254, _LONG, 1, struct.pack("<I", 0)),
+            (256, _LONG, 1, struct.pack("<I", cols)),
+            (257, _LONG, 1, struct.pack("<I", rows)),
+            (258, _SHORT, 1, struct.pack("<H", bits)),
+            (259, _SHORT, 1, struct.pack("<H", 1)),
+            (262, _SHORT, 1, struct.pack("<H", 1)),
+            (273, otype, 1, struct.pack(off_fmt, strip_offset)),
+            (277, _SHORT, 1, struct.pack("<H", 1)),
+            (278, _LONG, 1, struct.pack("<I", rows)),
+            (279, otype, 1, struct.pack(off_fmt, page_bytes)),
+            (284, _SHORT, 1, struct.pack("<H", 1)),
+            (339, _SHORT, 1, struct.pack("<H", fmt)),
+        ]
+        if meta.xres is not None:
+            xn, xd, yn, yd = meta.xres
+            e += [
+                (282, _RATIONAL, 1, struct.pack("<II", xn, xd)),
+                (283, _RATIONAL, 1, struct.pack("<II", yn, yd)),
+                (296, _SHORT, 1, struct.pack("<H", 1)),  # ResolutionUnit none
+            ]
+        return e
+
+    ifd0_entries = common(data_offset) + [
+        (_DOCUMENT_NAME, _ASCII, pos_len, pos_blank),
+        (_IMAGE_DESCRIPTION, _ASCII, len(desc_bytes), desc_bytes),
+        (POSITION_TAG, _ASCII, pos_len, pos_blank),
+    ]
+    ifd0_entries.sort(key=lambda e: e[0])
+    ifd0_at = len(head)
+    ifd0_size = cnt_size + len(ifd0_entries) * esize + off_size
+    ool_at = ifd0_at + ifd0_size
+    # Out-of-line order fixed: position JSON, DocumentName, rationals, description.
+    order = [POSITION_TAG, _DOCUMENT_NAME, 282, 283, _IMAGE_DESCRIPTION]
+    ool_pos: dict[int, int] = {}
+    ool = bytearray()
+    by_tag = {e[0]: e for e in ifd0_entries}
+    for tag in order:
+        entry = by_tag.get(tag)
+        if entry is None or len(entry[3]) <= inline:
+            continue
+        ool_pos[tag] = ool_at + len(ool)
+        ool += entry[3]
+        if len(ool) % 2:
+            ool += b"\0"  # values start on word boundaries
+    ifd1_at = ool_at + len(ool)
+
+    def pack_ifd(entries: list[tuple[int, int, int, bytes]], next_ifd: int) -> bytearray:
+        out = bytearray(struct.pack(cnt_fmt, len(entries)))
+        for tag, typ, count, value in entries:
+            out += struct.pack("<HH", tag, typ) + struct.pack(off_fmt, count)
+            if len(value) <= inline:
+                out += value.ljust(inline, b"\0")
+            else:
+                out += struct.pack(off_fmt, ool_pos[tag])
+        out += struct.pack(off_fmt, next_ifd)
+        return out
+
+    header = bytearray(head)
+    header += pack_ifd(ifd0_entries, ifd1_at if pages > 1 else 0)
+    header += ool
+    if pages > 1:
+        # Pages 1..N-1 share one IFD image; only StripOffsets and next differ.
+        entries = common(0)
+        entries.sort(key=lambda e: e[0])
+        ifd = pack_ifd(entries, 0)
+        size = len(ifd)
+        strip_at = cnt_size + [e[0] for e in entries].index(273) * esize + esize - inline
+        uint = np.dtype("<u8" if bigtiff else "<u4")
+        k = np.arange(1, pages, dtype=np.uint64)
+        block = np.frombuffer(bytes(ifd) * (pages - 1), np.uint8).reshape(pages - 1, size).copy()
+        offsets = (data_offset + k * page_bytes).astype(uint)
+        block[:, strip_at : strip_at + off_size] = offsets.view(np.uint8).reshape(-1, off_size)
+        nexts = (ifd1_at + k * size).astype(uint)
+        nexts[-1] = 0
+        block[:, size - off_size :] = nexts.view(np.uint8).reshape(-1, off_size)
+        header += block.tobytes()
+
+    desc_at = ool_pos[_IMAGE_DESCRIPTION]
+    return _Built(
+        header=header,
+        description=description,
+        pos_offsets=(ool_pos[POSITION_TAG], ool_pos[_DOCUMENT_NAME]),
+        origin_fields=tuple((desc_at + off, w, ax) for off, w, ax in origin_fields),
+    )
+
+
+@lru_cache(maxsize=256)
+def _cropped_template(layout: TiffLayout, shape: tuple[int, ...]) -> bytes:
+    built = _build(
+        layout._meta, layout.dtype, shape, bigtiff=layout.bigtiff, data_offset=layout.header_size
+    )
+    # Same tag set and out-of-line order, so the patched fields did not move.
+    assert built.pos_offsets == layout._pos_offsets
+    assert built.origin_fields == layout._origin_fields
+    if len(built.header) > layout.header_size:  # cannot happen: every number is <= the full one
+        raise AssertionError("cropped header larger than the full header")
+    return bytes(built.header.ljust(layout.header_size, b"\0"))
+
+
+def build_header(
+    layout: TiffLayout,
+    chunk_coords: Sequence[int],
+    *,
+    shape: Sequence[int] | None = None,
+    origin: Sequence[int] | None = None,
+) -> bytes:
+    """TIFF header of one chunk file; always exactly ``layout.header_size`` bytes.
+
+    `shape` (each axis 1..chunk size) describes a cropped edge chunk; the pixel
+    data still starts at ``layout.header_size``. `origin` is the chunk's first
+    element in array coordinates (default ``coords * chunk_shape``).
+    """
+    meta = layout._meta
+    if len(chunk_coords) != meta.ndim:
+        raise ValueError(f"expected {meta.ndim} chunk coordinates; got {list(chunk_coords)!r}")
+    if origin is None:
+        origin = [c * n for c, n in zip(chunk_coords, layout.chunk_shape, strict=True)]
+    elif len(origin) != meta.ndim:
+        raise ValueError(f"expected {meta.ndim} origin values; got {list(origin)!r}")
+    for values, digits, what in (
+        (chunk_coords, meta.coord_digits, "chunk coordinate"),
+        (origin, meta.origin_digits, "origin"),
+    ):
+        for v, d in zip(values, digits, strict=True):
+            if v < 0 or v >= 10**d:
+                raise ValueError(
+                    f"{what} {v} outside the range this layout reserves (0..{10**d - 1}); "
+                    f"got {list(values)!r}"
+                )
+    if shape is None or tuple(shape) == layout.chunk_shape:
+        shape = layout.chunk_shape
+        buf = bytearray(layout._template)
+    else:
+        shape = tuple(int(n) for n in shape)
+        if len(shape) != meta.ndim or not all(
+            1 <= n <= c for n, c in zip(shape, layout.chunk_shape, strict=True)
+        ):
+            raise ValueError(
+                f"cropped shape must be within 1..{layout.chunk_shape} per axis; got {shape!r}"
+            )
+        buf = bytearray(_cropped_template(layout, shape))
+    text = _position_text(chunk_coords, origin, shape)
+    for at in layout._pos_offsets:
+        buf[at : at + len(text)] = text  # the rest of the field stays blank
+    for at, width, axis in layout._origin_fields:
+        buf[at : at + width] = f"{-int(origin[axis]):0{width}d}".encode("ascii")
+    return bytes(buf)
+
+
+def _read_ifd0_ascii(header: bytes | memoryview, tags: Sequence[int]) -> dict[int, str]:
+    """ASCII values of `tags` in the first IFD (any byte order, classic or BigTIFF)."""
+    data = bytes(header[:16])
+    if data[:2] == b"II":
+        bo = "<"
+    elif data[:2] == b"MM":
+        bo = ">"
+    else:
+        raise ValueError("not a TIFF header (no II/MM byte order mark)")
+    (magic,) = struct.unpack(bo + "H", data[2:4])
+    if magic == 42:
+        (ifd,) = struct.unpack(bo + "I", data[4:8])
+        cnt_fmt, off_fmt, esize, inline = "H", "I", 12, 4
+    elif magic == 43:
+        (ifd,) = struct.unpack(bo + "Q", data[8:16])
+        cnt_fmt, off_fmt, esize, inline = "Q", "Q", 20, 8
+    else:
+        raise ValueError(f"not a TIFF header (magic {magic})")
+    view = memoryview(header)
+    csize = struct.calcsize(cnt_fmt)
+    osize = struct.calcsize(off_fmt)
+    if ifd + csize > len(view):
+        raise ValueError("TIFF header truncated before the first IFD")
+    (count,) = struct.unpack(bo + cnt_fmt, view[ifd : ifd + csize])
+    found: dict[int, str] = {}
+    for i in range(count):
+        at = ifd + csize + i * esize
+        if at + esize > len(view):
+            raise ValueError("TIFF header truncated inside the first IFD")
+        tag, typ = struct.unpack(bo + "HH", view[at : at + 4])
+        if tag not in tags or typ != _ASCII:
+            continue
+        (n,) = struct.unpack(bo + off_fmt, view[at + 4 : at + 4 + osize])
+        if n <= inline:
+            raw = bytes(view[at + 4 + osize : at + 4 + osize + n])
+        else:
+            (ptr,) = struct.unpack(bo + off_fmt, view[at + 4 + osize : at + 4 + 2 * osize])
+            if ptr + n > len(view):
+                raise ValueError(f"tag {tag} value lies beyond the given bytes")
+            raw = bytes(view[ptr : ptr + n])
+        found[tag] = raw.split(b"\0", 1)[0].decode("ascii", "replace").strip()
+    return found
+
+
+def read_position(header: bytes | memoryview) -> dict[str, list[int]]:
+    """The position record {"chunk", "origin", "shape"} of a zfuse chunk file."""
+    values = _read_ifd0_ascii(header, (POSITION_TAG, _DOCUMENT_NAME))
+    for tag in (POSITION_TAG, _DOCUMENT_NAME):
+        text = values.get(tag)
+        if not text:
+            continue
+        try:
+            record = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(record, dict) and isinstance(record.get("chunk"), list):
+            return record
+    raise ValueError("no zfuse chunk position in this TIFF (PageName / DocumentName)")
+
+
+def parse_position(header_bytes: bytes | memoryview) -> tuple[int, ...]:
+    """Chunk coordinates stored in a zfuse chunk file's header (or whole file)."""
+    return tuple(int(c) for c in read_position(header_bytes)["chunk"])
