@@ -1,0 +1,78 @@
+"""Sample stores for view and mount tests: one builder per source kind."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
+
+
+def values(shape: tuple[int, ...], dtype: Any, seed: int = 0) -> np.ndarray:
+    """Deterministic, never-fill-valued test data of any dtype."""
+    rng = np.random.default_rng(seed)
+    dtype = np.dtype(dtype)
+    if dtype.kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    if dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        lo, hi = max(info.min, -1000), min(info.max, 60000)
+        out = rng.integers(lo, hi, shape, dtype=np.int64).astype(dtype)
+        out[out == 0] = 1
+        return out
+    if dtype.kind == "c":
+        return (rng.random(shape) + 1 + 1j * rng.random(shape)).astype(dtype)
+    return (rng.random(shape) * 100 + 1).astype(dtype)
+
+
+def v3(path: Path, shape=(20, 30), chunks=(8, 16), dtype="uint16", codecs="zstd", seed=0, **kw) -> np.ndarray:
+    data = values(shape, dtype, seed)
+    compressors: Any = {"zstd": [ZstdCodec(level=1)], "raw": None, "crc32c": [ZstdCodec(level=1), Crc32cCodec()],
+                        "blosc": [BloscCodec()]}[codecs]
+    arr = zarr.create_array(str(path), shape=shape, chunks=chunks, dtype=dtype, compressors=compressors,
+                            fill_value=0, **kw)
+    arr[...] = data
+    return data
+
+
+def v2(path: Path, shape=(20, 30), chunks=(8, 16), dtype="uint16", separator=".", seed=0) -> np.ndarray:
+    data = values(shape, dtype, seed)
+    arr = zarr.create_array(str(path), shape=shape, chunks=chunks, dtype=dtype, zarr_format=2,
+                            chunk_key_encoding={"name": "v2", "separator": separator}, fill_value=0)
+    arr[...] = data
+    return data
+
+
+def sharded(path: Path, shape=(20, 30), shards=(16, 32), chunks=(8, 16), dtype="uint16", seed=0) -> np.ndarray:
+    data = values(shape, dtype, seed)
+    arr = zarr.create_array(str(path), shape=shape, shards=shards, chunks=chunks, dtype=dtype,
+                            compressors=[ZstdCodec(level=1)], fill_value=0)
+    arr[...] = data
+    return data
+
+
+def ome_group(path: Path, shape=(4, 40, 50), chunks=(2, 16, 16), seed=0) -> dict[str, np.ndarray]:
+    """An OME-Zarr-like multiscale group with two levels (z, y, x axes)."""
+    root = zarr.open_group(str(path), mode="w")
+    out = {}
+    for level in range(2):
+        s = tuple(max(1, n // (2**level)) if i else n for i, n in enumerate(shape))
+        data = values(s, "uint16", seed + level)
+        a = root.create_array(str(level), shape=s, chunks=chunks, dtype="uint16",
+                              compressors=[ZstdCodec(level=1)], fill_value=0)
+        a[...] = data
+        out[str(level)] = data
+    root.attrs["multiscales"] = [{
+        "version": "0.4",
+        "axes": [{"name": "z", "type": "space", "unit": "micrometer"},
+                 {"name": "y", "type": "space", "unit": "micrometer"},
+                 {"name": "x", "type": "space", "unit": "micrometer"}],
+        "datasets": [{"path": str(lv), "coordinateTransformations": [{"type": "scale", "scale": [2.0, 0.5 * 2**lv, 0.5 * 2**lv]}]}
+                     for lv in range(2)],
+    }]
+    return out
+
+
+__all__ = ["values", "v3", "v2", "sharded", "ome_group", "BytesCodec", "ShardingCodec"]

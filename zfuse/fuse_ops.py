@@ -1,0 +1,442 @@
+"""The FUSE adapter: POSIX calls onto the view. The only module that imports pyfuse3.
+
+Each handler turns one FUSE request into calls on `zfuse.view` and its result
+or error into one reply. Store I/O and decoding run in worker threads
+(`trio.to_thread`, bounded by a CapacityLimiter) so the event loop never
+blocks; answers that are already in memory (sizes, listings, cached chunk
+bytes) are served without a thread hop.
+
+Errors: every exception leaving a handler is mapped to an errno here
+(`errno_for`) and logged once with the store key involved; pyfuse3 would take
+the mount down on anything but FUSEError.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import stat
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+import pyfuse3
+import trio
+
+from zfuse.errors import CorruptDataError, InvalidTiffError, MetadataError
+from zfuse.stats import Stats
+from zfuse.view.tree import DIR, Entry, View
+from zfuse.view.writes import FileTooLargeError, OpenFile, ReadOnlyError, Writes
+
+log = logging.getLogger("zfuse.fuse")
+T = TypeVar("T")
+
+STATS_DIR = ".zfuse"
+STATS_FILE = "stats"
+ATTR_TIMEOUT = 5.0
+
+
+def enable_operation_log() -> None:
+    """-v: log every FUSE operation (name, arguments, outcome) at DEBUG level."""
+    import functools
+    import inspect
+
+    def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        async def logged(self: Any, *args: Any) -> Any:
+            shown = ", ".join(repr(a) for a in args if not isinstance(a, (bytes, bytearray)) or len(a) < 64)
+            try:
+                result = await fn(self, *args)
+            except pyfuse3.FUSEError as e:
+                log.debug("%s(%s) -> %s", name, shown, errno.errorcode.get(e.errno, e.errno))
+                raise
+            log.debug("%s(%s) -> ok", name, shown)
+            return result
+
+        return logged
+
+    for name, fn in list(vars(ZfuseOperations).items()):
+        if inspect.iscoroutinefunction(fn) and not name.startswith("_"):
+            setattr(ZfuseOperations, name, wrap(name, fn))
+
+
+def errno_for(exc: BaseException) -> int:
+    """The one table from exceptions to errno values."""
+    if isinstance(exc, pyfuse3.FUSEError):
+        return exc.errno
+    if isinstance(exc, ReadOnlyError):
+        return errno.EROFS
+    if isinstance(exc, FileTooLargeError):
+        return errno.EFBIG
+    if isinstance(exc, InvalidTiffError):
+        return errno.EINVAL
+    if isinstance(exc, (CorruptDataError, MetadataError)):
+        return errno.EIO
+    if isinstance(exc, FileNotFoundError):
+        return errno.ENOENT
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    if isinstance(exc, (TimeoutError, trio.TooSlowError)):
+        return errno.EIO
+    return errno.EIO
+
+
+@dataclass
+class _DirHandle:
+    path: tuple[str, ...]
+    entries: list[tuple[str, Entry]]
+
+
+class ZfuseOperations(pyfuse3.Operations):
+    """pyfuse3 operations over a `View` (reads) and `Writes` (writes)."""
+
+    enable_writeback_cache = False
+    supports_dot_lookup = True
+
+    def __init__(
+        self,
+        view: View,
+        *,
+        read_only: bool = False,
+        max_threads: int = 8,
+        stats: Stats | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.view = view
+        self.stats = stats or Stats()
+        self.writes = Writes(view, read_only=read_only, stats=self.stats)
+        self.read_only = read_only
+        self.limiter = trio.CapacityLimiter(max_threads)
+        self.uid = os.getuid() if uid is None else uid
+        self.gid = os.getgid() if gid is None else gid
+        self.started_ns = time.time_ns()
+        self._inode_of: dict[tuple[str, ...], int] = {(): pyfuse3.ROOT_INODE}
+        self._path_of: dict[int, tuple[str, ...]] = {pyfuse3.ROOT_INODE: ()}
+        self._next_inode = pyfuse3.ROOT_INODE + 1
+        self._dirs: dict[int, _DirHandle] = {}
+        self._files: dict[int, OpenFile] = {}
+        self._next_fh = 1
+        self.nursery: trio.Nursery | None = None
+
+    # -- helpers ----------------------------------------------------------
+    async def _thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    def _inode(self, path: tuple[str, ...]) -> int:
+        inode = self._inode_of.get(path)
+        if inode is None:
+            inode = self._next_inode
+            self._next_inode += 1
+            self._inode_of[path] = inode
+            self._path_of[inode] = path
+        return inode
+
+    def _path(self, inode: int) -> tuple[str, ...]:
+        try:
+            return self._path_of[inode]
+        except KeyError:
+            raise pyfuse3.FUSEError(errno.ENOENT) from None
+
+    def _fail(self, exc: BaseException, op: str, path: tuple[str, ...]) -> pyfuse3.FUSEError:
+        """Log an error once, count it, and turn it into the FUSEError to raise."""
+        if isinstance(exc, pyfuse3.FUSEError):
+            return exc
+        code = errno_for(exc)
+        self.stats.count("errors")
+        log.error("%s %s: %s (%s)", op, "/".join(path) or "/", exc, errno.errorcode.get(code, code))
+        return pyfuse3.FUSEError(code)
+
+    def _stats_entry(self, path: tuple[str, ...]) -> Entry | None:
+        if path == (STATS_DIR,):
+            return Entry(DIR, node="stats")
+        if path == (STATS_DIR, STATS_FILE):
+            return Entry("file", size=len(self._stats_bytes()), node="stats")
+        return None
+
+    def _stats_bytes(self) -> bytes:
+        snapshot = self.stats.snapshot()
+        cache = self.view.cache
+        snapshot.update(cache_hits=cache.hits, cache_misses=cache.misses, cache_bytes=cache.used)
+        return (json.dumps(snapshot, indent=2, sort_keys=True) + "\n").encode()
+
+    async def _entry(self, path: tuple[str, ...]) -> Entry | None:
+        """What is at `path`: open files and scratch files first, then the view."""
+        special = self._stats_entry(path)
+        if special is not None:
+            return special
+        scratch = self.writes.pending_entry(path)
+        if scratch is not None:
+            return scratch
+        arr, rest = self.view.array_at(path)
+        if arr is not None and rest and not arr.listed:
+            await self._thread(arr.ensure_listed)
+        return self.view.entry(path)
+
+    def _attrs(self, path: tuple[str, ...], entry: Entry) -> pyfuse3.EntryAttributes:
+        attrs = pyfuse3.EntryAttributes()
+        attrs.st_ino = self._inode(path)
+        writable = not self.read_only and entry.node not in ("stats", "meta")
+        if entry.kind == DIR:
+            attrs.st_mode = stat.S_IFDIR | (0o755 if writable else 0o555)
+            attrs.st_nlink = 2
+        else:
+            attrs.st_mode = stat.S_IFREG | (0o644 if writable else 0o444)
+            attrs.st_nlink = 1
+        attrs.st_size = entry.size
+        attrs.st_uid, attrs.st_gid = self.uid, self.gid
+        mtime = self.writes.mtime_ns(path) or self.started_ns
+        attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = mtime
+        attrs.st_blksize = 128 * 1024
+        attrs.st_blocks = (entry.size + 511) // 512
+        attrs.attr_timeout = attrs.entry_timeout = ATTR_TIMEOUT
+        return attrs
+
+    # -- lookup and attributes ---------------------------------------------
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        parent = self._path(parent_inode)
+        name_s = os.fsdecode(name)
+        if name_s == ".":
+            path = parent
+        elif name_s == "..":
+            path = parent[:-1]
+        else:
+            path = (*parent, name_s)
+        try:
+            entry = await self._entry(path)
+        except Exception as e:
+            raise self._fail(e, "lookup", path) from None
+        if entry is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attrs(path, entry)
+
+    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        path = self._path(inode)
+        open_file = self.writes.open_file_for(path)
+        if open_file is not None:
+            return self._attrs(path, open_file.entry())
+        try:
+            entry = await self._entry(path)
+        except Exception as e:
+            raise self._fail(e, "getattr", path) from None
+        if entry is None:
+            raise pyfuse3.FUSEError(errno.ENOENT)
+        return self._attrs(path, entry)
+
+    async def setattr(
+        self, inode: int, attr: pyfuse3.EntryAttributes, fields: Any, fh: int | None, ctx: Any
+    ) -> pyfuse3.EntryAttributes:
+        path = self._path(inode)
+        try:
+            entry = await self._entry(path)
+            if entry is None and self.writes.open_file_for(path) is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            if fields.update_size:
+                await self.writes.truncate(path, attr.st_size, self._files.get(fh) if fh else None, self._thread)
+                await self._invalidate(path)
+            elif (fields.update_mode or fields.update_uid or fields.update_gid) and self.read_only:
+                raise pyfuse3.FUSEError(errno.EROFS)
+            if fields.update_mtime:
+                self.writes.touch(path, attr.st_mtime_ns)
+            # chmod/chown are accepted and ignored: cp -p and rsync -a must not fail
+        except Exception as e:
+            raise self._fail(e, "setattr", path) from None
+        return await self.getattr(inode, ctx)
+
+    async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
+        st = pyfuse3.StatvfsData()
+        st.f_bsize = st.f_frsize = 128 * 1024
+        st.f_blocks = st.f_bfree = st.f_bavail = 0
+        st.f_files = len(self._inode_of)
+        st.f_ffree = st.f_favail = 0
+        st.f_namemax = 255
+        return st
+
+    # -- directories --------------------------------------------------------
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        path = self._path(inode)
+        try:
+            entry = await self._entry(path)
+            if entry is None or entry.kind != DIR:
+                raise pyfuse3.FUSEError(errno.ENOTDIR if entry else errno.ENOENT)
+            if entry.node == "stats":
+                entries = [(STATS_FILE, self._stats_entry((STATS_DIR, STATS_FILE)))]
+            else:
+                arr, _ = self.view.array_at(path)
+                if arr is not None and not arr.listed:
+                    await self._thread(arr.ensure_listed)
+                entries = self.view.list_dir(path) + self.writes.scratch_in(path)
+        except Exception as e:
+            raise self._fail(e, "opendir", path) from None
+        fh = self._next_fh
+        self._next_fh += 1
+        self._dirs[fh] = _DirHandle(path, entries)  # a snapshot: paging stays consistent
+        return fh
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        handle = self._dirs[fh]
+        for i in range(start_id, len(handle.entries)):
+            name, entry = handle.entries[i]
+            path = (*handle.path, name)
+            if not pyfuse3.readdir_reply(token, os.fsencode(name), self._attrs(path, entry), i + 1):
+                break
+
+    async def releasedir(self, fh: int) -> None:
+        self._dirs.pop(fh, None)
+
+    # -- files -----------------------------------------------------------------
+    async def open(self, inode: int, flags: int, ctx: Any) -> pyfuse3.FileInfo:
+        path = self._path(inode)
+        try:
+            entry = await self._entry(path)
+            if entry is None and self.writes.open_file_for(path) is None:
+                raise pyfuse3.FUSEError(errno.ENOENT)
+            if entry is not None and entry.kind == DIR:
+                raise pyfuse3.FUSEError(errno.EISDIR)
+            if entry is not None and entry.node == "stats":
+                handle = OpenFile.readonly_bytes(path, self._stats_bytes())
+            elif entry is not None and entry.node == "meta":
+                if flags & (os.O_WRONLY | os.O_RDWR):
+                    raise pyfuse3.FUSEError(errno.EROFS if self.read_only else errno.EACCES)
+                handle = OpenFile.readonly_bytes(path, entry.content or b"")
+            else:
+                handle = await self.writes.open(path, entry, flags, self._thread)
+        except Exception as e:
+            raise self._fail(e, "open", path) from None
+        fh = self._next_fh
+        self._next_fh += 1
+        self._files[fh] = handle
+        # Unchanged chunks keep their kernel page cache across opens; writers don't.
+        return pyfuse3.FileInfo(fh=fh, keep_cache=not handle.writable, direct_io=False)
+
+    async def create(
+        self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
+    ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
+        path = (*self._path(parent_inode), os.fsdecode(name))
+        try:
+            handle = await self.writes.create(path, flags, self._thread)
+        except Exception as e:
+            raise self._fail(e, "create", path) from None
+        fh = self._next_fh
+        self._next_fh += 1
+        self._files[fh] = handle
+        return pyfuse3.FileInfo(fh=fh), self._attrs(path, handle.entry())
+
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        handle = self._files[fh]
+        try:
+            data = handle.read_cached(off, size)
+            if data is None:
+                data = await self._thread(handle.read, off, size)
+        except Exception as e:
+            raise self._fail(e, "read", handle.path) from None
+        self.stats.count("bytes_read", len(data))
+        return data
+
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        handle = self._files[fh]
+        try:
+            return await self.writes.write(handle, off, buf, self._thread)
+        except Exception as e:
+            raise self._fail(e, "write", handle.path) from None
+
+    async def flush(self, fh: int) -> None:
+        handle = self._files[fh]
+        try:
+            committed = await self.writes.flush(handle, self._thread)
+        except Exception as e:
+            raise self._fail(e, "flush", handle.path) from None
+        if committed:
+            await self._invalidate(handle.path)
+
+    async def fsync(self, fh: int, datasync: bool) -> None:
+        await self.flush(fh)
+
+    async def release(self, fh: int) -> None:
+        handle = self._files.pop(fh, None)
+        if handle is not None:
+            self.writes.release(handle)
+
+    # -- namespace changes --------------------------------------------------
+    async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        path = (*self._path(parent_inode), os.fsdecode(name))
+        try:
+            await self.writes.unlink(path, self._thread)
+        except Exception as e:
+            raise self._fail(e, "unlink", path) from None
+        self._forget_path(path)
+
+    async def rename(
+        self, parent_old: int, name_old: bytes, parent_new: int, name_new: bytes, flags: int, ctx: Any
+    ) -> None:
+        old = (*self._path(parent_old), os.fsdecode(name_old))
+        new = (*self._path(parent_new), os.fsdecode(name_new))
+        try:
+            await self.writes.rename(old, new, flags, self._thread)
+        except Exception as e:
+            raise self._fail(e, "rename", new) from None
+        self._moved(old, new)
+
+    async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
+        path = (*self._path(parent_inode), os.fsdecode(name))
+        try:
+            entry = await self.writes.mkdir(path)
+        except Exception as e:
+            raise self._fail(e, "mkdir", path) from None
+        return self._attrs(path, entry)
+
+    async def rmdir(self, parent_inode: int, name: bytes, ctx: Any) -> None:
+        path = (*self._path(parent_inode), os.fsdecode(name))
+        try:
+            await self.writes.rmdir(path)
+        except Exception as e:
+            raise self._fail(e, "rmdir", path) from None
+
+    async def symlink(self, parent_inode: int, name: bytes, target: bytes, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS if self.read_only else errno.EPERM)
+
+    async def link(self, inode: int, new_parent_inode: int, new_name: bytes, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS if self.read_only else errno.EPERM)
+
+    async def mknod(self, parent_inode: int, name: bytes, mode: int, rdev: int, ctx: Any) -> Any:
+        raise pyfuse3.FUSEError(errno.EROFS if self.read_only else errno.EPERM)
+
+    # -- cache invalidation --------------------------------------------------
+    def _forget_path(self, path: tuple[str, ...]) -> None:
+        """Drop the inode of a path that changed identity (unlinked/renamed)."""
+        inode = self._inode_of.pop(path, None)
+        if inode is not None:
+            self._path_of.pop(inode, None)
+            self._spawn_invalidate(inode)
+
+    def _moved(self, old: tuple[str, ...], new: tuple[str, ...]) -> None:
+        """After rename the kernel's inode of `old` lives at `new`; the one at `new` is gone."""
+        replaced = self._inode_of.pop(new, None)
+        if replaced is not None:
+            self._path_of.pop(replaced, None)
+            self._spawn_invalidate(replaced)
+        inode = self._inode_of.pop(old, None)
+        if inode is not None:
+            self._inode_of[new] = inode
+            self._path_of[inode] = new
+            self._spawn_invalidate(inode)
+
+    async def _invalidate(self, path: tuple[str, ...]) -> None:
+        inode = self._inode_of.get(path)
+        if inode is not None:
+            self._spawn_invalidate(inode)
+
+    def _spawn_invalidate(self, inode: int) -> None:
+        # invalidate_inode may block on the kernel: never from the event loop itself.
+        def invalidate() -> None:
+            try:
+                pyfuse3.invalidate_inode(inode)
+            except OSError:
+                pass
+
+        if self.nursery is not None:
+            self.nursery.start_soon(trio.to_thread.run_sync, invalidate)

@@ -1,0 +1,75 @@
+"""`zfuse info`: what the view of a source will contain, without mounting."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from zfuse.daemon import MountConfig, make_view
+
+
+def describe_source(config: MountConfig) -> dict[str, Any]:
+    view = make_view(config)
+    arrays = []
+    for path, arr in view.arrays():
+        src = arr.source
+        item: dict[str, Any] = {
+            "path": "/".join(path) or "/",
+            "shape": list(src.shape),
+            "dtype": str(src.dtype),
+            "chunk_shape": list(src.chunk_shape),
+            "grid_shape": list(src.grid_shape),
+            "extensions": src.extensions(),
+        }
+        shard_shape = getattr(src, "shard_shape", None)
+        if getattr(src, "sharding", None) is not None:
+            item["shard_shape"] = list(shard_shape)
+        transformers = src.v3_metadata().get("storage_transformers")
+        if transformers:
+            item["storage_transformers"] = [t.get("name") or t.get("extension") for t in transformers]
+        if arr.layout is None:
+            item["shown"] = False
+            item["why_not"] = arr.unsupported
+        else:
+            arr.ensure_listed()
+            item["shown"] = True
+            item["tiff_header_bytes"] = arr.layout.header_size
+            item["tiff_file_bytes"] = arr.layout.file_size
+            item["bigtiff"] = arr.layout.bigtiff
+            item["files"] = len(arr._existing)
+        concat = getattr(src, "array", None)
+        if concat is not None and hasattr(concat, "straddling_chunks"):
+            from zfuse.concat import describe
+
+            item["concat"] = describe(concat)
+        arrays.append(item)
+    return {"sources": config.sources, "arrays": arrays}
+
+
+def format_report(report: dict[str, Any]) -> str:
+    lines = [f"source: {' '.join(report['sources'])}"]
+    for a in report["arrays"]:
+        lines.append(f"array {a['path']}")
+        lines.append(f"  shape {tuple(a['shape'])}  dtype {a['dtype']}")
+        grid = f"  chunks {tuple(a['chunk_shape'])}  grid {tuple(a['grid_shape'])}"
+        if "shard_shape" in a:
+            grid += f"  (inner chunks of shards {tuple(a['shard_shape'])})"
+        lines.append(grid)
+        ext = list(a["extensions"]) + list(a.get("storage_transformers", []))
+        lines.append(f"  codecs/extensions: {', '.join(map(str, ext)) or '-'}")
+        if a["shown"]:
+            lines.append(
+                f"  TIFF: header {a['tiff_header_bytes']} B, file {a['tiff_file_bytes']} B"
+                f"{' (BigTIFF)' if a['bigtiff'] else ''}, {a['files']} chunk files"
+            )
+        else:
+            lines.append(f"  not shown as TIFF: {a['why_not']}")
+        if "concat" in a:
+            c = a["concat"]
+            lines.append(f"  concatenation along axis {c.get('axis')}:")
+            for s in c.get("sources", []):
+                lines.append(f"    {s.get('name')}: shape {tuple(s.get('shape', ()))} at offset {s.get('offset')}")
+            strad = c.get("straddling_chunks", [])
+            total = c.get("straddling_total", len(strad))
+            lines.append(f"  view chunks straddling a boundary: {total}"
+                         + (f" e.g. {', '.join(str(tuple(x)) for x in strad[:5])}" if strad else ""))
+    return "\n".join(lines)

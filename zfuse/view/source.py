@@ -1,0 +1,312 @@
+"""Chunk sources: one array as the view sees it, a grid of decoded chunks.
+
+A `ChunkSource` knows nothing of TIFF or FUSE. It answers, for one array:
+which chunks exist, the decoded values of one chunk (always the full chunk
+shape, the part outside the array filled with the fill value, as Zarr stores
+edge chunks), and how to write or delete one chunk. For sharded arrays (the
+`sharding_indexed` codec) the chunks are the *inner* chunks.
+
+Every method here may do store I/O and decoding: callers on an event loop run
+them in worker threads. Methods are thread-safe; writes to chunks that share a
+storage object (a shard) are serialised by a per-object lock so no concurrent
+read-modify-write loses another's update.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.abc.store import RangeByteRequest
+from zarr.codecs.sharding import ShardingCodec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+from zarr.storage import StorePath
+
+from zfuse.errors import CorruptDataError
+
+Coords = tuple[int, ...]
+_INT_RE = re.compile(r"\d+")
+
+
+class ChunkSource(ABC):
+    """One array as a grid of chunks (inner chunks for sharded arrays)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    chunk_shape: tuple[int, ...]
+    fill_value: Any
+
+    @property
+    def grid_shape(self) -> tuple[int, ...]:
+        return tuple(-(-s // c) for s, c in zip(self.shape, self.chunk_shape, strict=True))
+
+    def chunk_region(self, coords: Coords) -> tuple[slice, ...]:
+        """The part of the array chunk `coords` covers, clipped to the array bounds."""
+        return tuple(
+            slice(i * c, min((i + 1) * c, n))
+            for i, c, n in zip(coords, self.chunk_shape, self.shape, strict=True)
+        )
+
+    def in_grid(self, coords: Coords) -> bool:
+        return len(coords) == len(self.shape) and all(
+            0 <= i < g for i, g in zip(coords, self.grid_shape, strict=True)
+        )
+
+    def full_chunk(self, clipped: np.ndarray) -> np.ndarray:
+        """Pad a clipped edge chunk to the full chunk shape with the fill value."""
+        if clipped.shape == self.chunk_shape:
+            return clipped
+        out = np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
+        out[tuple(slice(0, d) for d in clipped.shape)] = clipped
+        return out
+
+    @abstractmethod
+    def chunk_key(self, coords: Coords) -> str:
+        """The source's own key of chunk `coords`, relative to the array (e.g. ``c/0/1``)."""
+
+    @abstractmethod
+    def list_chunks(self) -> Iterable[Coords]:
+        """Coordinates of the chunks that exist in the store."""
+
+    @abstractmethod
+    def read_chunk(self, coords: Coords) -> np.ndarray:
+        """Decoded chunk, full chunk shape; fill value where nothing is stored."""
+
+    @abstractmethod
+    def write_chunk(self, coords: Coords, data: np.ndarray) -> None:
+        """Store `data` (full chunk shape, or the clipped shape of an edge chunk)."""
+
+    @abstractmethod
+    def delete_chunk(self, coords: Coords) -> None:
+        """Remove chunk `coords` from the store."""
+
+    def key_encoding_dict(self) -> dict[str, Any]:
+        """The source's chunk key encoding, as a v3 metadata dict."""
+        return {"name": "default", "configuration": {"separator": "/"}}
+
+    def v3_metadata(self) -> dict[str, Any]:
+        """The source's metadata in v3 form (fill value, attributes, dimension names)."""
+        return {}
+
+    def extensions(self) -> list[str]:
+        """Names of the Zarr extensions and notable codecs this source uses."""
+        return []
+
+    def invalidate(self) -> None:  # noqa: B027 - optional hook
+        """Forget cached store state (after external changes)."""
+
+
+def _collect(aiter: Any) -> list[Any]:
+    async def run() -> list[Any]:
+        return [item async for item in aiter]
+
+    return sync(run())
+
+
+class ZarrChunkSource(ChunkSource):
+    """A zarr-python array (v2 or v3, any codecs, optionally sharded)."""
+
+    def __init__(self, array: zarr.Array, name: str | None = None) -> None:
+        self.array = array
+        self.name = name if name is not None else array.path
+        meta = array.metadata
+        self.zarr_format: int = meta.zarr_format
+        self.shape = tuple(array.shape)
+        self.dtype = np.dtype(array.dtype)
+        self.chunk_shape = tuple(array.chunks)
+        fill = array.fill_value
+        self.fill_value = fill if fill is not None else np.zeros((), self.dtype)[()]
+        self.store = array.store_path.store
+        self.prefix = array.store_path.path + "/" if array.store_path.path else ""
+        self.sharding: ShardingCodec | None = None
+        if self.zarr_format == 3 and meta.codecs and isinstance(meta.codecs[0], ShardingCodec):
+            self.sharding = meta.codecs[0]
+            self.shard_shape = tuple(meta.chunk_grid.chunk_shape)
+            self.chunks_per_shard = tuple(
+                s // c for s, c in zip(self.shard_shape, self.chunk_shape, strict=True)
+            )
+        # Writes store chunks even if they equal the fill value (a file written
+        # through the mount must stay listed); deletes use the default config,
+        # under which zarr drops all-fill inner chunks from a shard.
+        self._writer = array.with_config({"write_empty_chunks": True})
+        self._eraser = array.with_config({"write_empty_chunks": False})
+        self._locks: dict[str, threading.Lock] = {}
+        self._locks_guard = threading.Lock()
+        self._index_cache: dict[str, Any] = {}
+
+    # -- keys -------------------------------------------------------------
+    def _encode_storage_key(self, coords: Coords) -> str:
+        return self.array.metadata.encode_chunk_key(coords)
+
+    def chunk_key(self, coords: Coords) -> str:
+        return self._encode_storage_key(coords)
+
+    def _decode_storage_key(self, key: str, rank: int) -> Coords | None:
+        """Coordinates of a storage key, or None if it is not a chunk key."""
+        if rank == 0:
+            return () if key == self._encode_storage_key(()) else None
+        ints = _INT_RE.findall(key)
+        for candidate in (ints[-rank:], ints[:rank]):
+            if len(candidate) != rank:
+                continue
+            coords = tuple(int(i) for i in candidate)
+            if self._encode_storage_key(coords) == key:
+                return coords
+        return None
+
+    def key_encoding_dict(self) -> dict[str, Any]:
+        meta = self.array.metadata
+        if self.zarr_format == 2:
+            return {"name": "v2", "configuration": {"separator": meta.dimension_separator}}
+        return meta.chunk_key_encoding.to_dict()
+
+    def v3_metadata(self) -> dict[str, Any]:
+        meta = self.array.metadata
+        if self.zarr_format == 2:
+            from zarr.metadata.migrate_v3 import _convert_array_metadata
+
+            meta = _convert_array_metadata(meta)
+        return meta.to_dict()
+
+    def extensions(self) -> list[str]:
+        meta = self.array.metadata
+        if self.zarr_format == 2:
+            out = ["zarr v2"]
+            if meta.compressor is not None:
+                out.append(meta.compressor.codec_id)
+            return out
+        names = [c.to_dict()["name"] for c in meta.codecs]
+        if self.sharding is not None:
+            names += [c.to_dict()["name"] for c in self.sharding.codecs]
+        cke = meta.chunk_key_encoding.to_dict()["name"]
+        if cke not in ("default", "v2"):
+            names.append(f"{cke} chunk keys")
+        return names
+
+    # -- listing ----------------------------------------------------------
+    def _grid_coords_of_keys(self, rank: int) -> list[Coords]:
+        prefix = self.prefix
+        out = []
+        for key in _collect(self.store.list_prefix(prefix)):
+            coords = self._decode_storage_key(key[len(prefix) :], rank)
+            if coords is not None:
+                out.append(coords)
+        return out
+
+    def list_chunks(self) -> list[Coords]:
+        rank = len(self.shape)
+        if self.sharding is None:
+            return sorted(c for c in self._grid_coords_of_keys(rank) if self.in_grid(c))
+        shard_coords = self._grid_coords_of_keys(rank)
+        indexes = sync(self._load_indexes(shard_coords))
+        out: list[Coords] = []
+        for shard, index in zip(shard_coords, indexes, strict=True):
+            if index is None:
+                continue
+            base = np.array(shard) * np.array(self.chunks_per_shard)
+            for local in np.argwhere(index.get_full_chunk_map()):
+                coords = tuple(int(v) for v in base + local)
+                if self.in_grid(coords):
+                    out.append(coords)
+        return sorted(out)
+
+    async def _load_indexes(self, shard_coords: Sequence[Coords]) -> list[Any]:
+        sem = asyncio.Semaphore(16)
+
+        async def one(shard: Coords) -> Any:
+            async with sem:
+                return await self._shard_index(shard)
+
+        return await asyncio.gather(*(one(s) for s in shard_coords))
+
+    async def _shard_index(self, shard: Coords) -> Any:
+        key = self.prefix + self._encode_storage_key(shard)
+        cached = self._index_cache.get(key)
+        if cached is not None:
+            return cached
+        assert self.sharding is not None
+        try:
+            index = await self.sharding._load_shard_index_maybe(
+                StorePath(self.store, key), self.chunks_per_shard
+            )
+        except Exception as e:  # a bad index checksum or a short object
+            raise CorruptDataError(f"{key}: unreadable shard index: {e}") from e
+        if index is not None:
+            self._index_cache[key] = index
+        return index
+
+    # -- reading ----------------------------------------------------------
+    def read_chunk(self, coords: Coords) -> np.ndarray:
+        if self.sharding is not None:
+            return sync(self._read_inner_chunk(coords))
+        return self.full_chunk(np.asarray(self.array[self.chunk_region(coords)]))
+
+    async def _read_inner_chunk(self, coords: Coords) -> np.ndarray:
+        """One inner chunk: the shard index (cached) and one ranged read."""
+        assert self.sharding is not None
+        shard = tuple(c // n for c, n in zip(coords, self.chunks_per_shard, strict=True))
+        key = self.prefix + self._encode_storage_key(shard)
+        index = await self._shard_index(shard)
+        if index is None:
+            return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
+        byte_slice = index.get_chunk_slice(coords)
+        if byte_slice is None:
+            return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
+        start, end = byte_slice
+        proto = default_buffer_prototype()
+        buf = await self.store.get(key, prototype=proto, byte_range=RangeByteRequest(start, end))
+        if buf is None or len(buf) != end - start:
+            self._index_cache.pop(key, None)
+            raise CorruptDataError(f"{key}: inner chunk {coords} lies outside the stored shard")
+        meta = self.array.metadata
+        shard_spec = meta.get_chunk_spec(shard, self.array._async_array._config, proto)
+        chunk_spec = self.sharding._get_chunk_spec(shard_spec)
+        (decoded,) = await self.sharding.codec_pipeline.decode([(buf, chunk_spec)])
+        if decoded is None:
+            return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
+        return np.asarray(decoded.as_numpy_array()).reshape(self.chunk_shape)
+
+    # -- writing ----------------------------------------------------------
+    def _lock_for(self, coords: Coords) -> threading.Lock:
+        if self.sharding is not None:
+            coords = tuple(c // n for c, n in zip(coords, self.chunks_per_shard, strict=True))
+        key = self._encode_storage_key(coords)
+        with self._locks_guard:
+            return self._locks.setdefault(key, threading.Lock())
+
+    def _forget_index(self, coords: Coords) -> None:
+        if self.sharding is not None:
+            shard = tuple(c // n for c, n in zip(coords, self.chunks_per_shard, strict=True))
+            self._index_cache.pop(self.prefix + self._encode_storage_key(shard), None)
+
+    def write_chunk(self, coords: Coords, data: np.ndarray) -> None:
+        region = self.chunk_region(coords)
+        clipped = data[tuple(slice(0, r.stop - r.start) for r in region)]
+        with self._lock_for(coords):
+            try:
+                self._writer[region] = clipped
+            finally:
+                self._forget_index(coords)
+
+    def delete_chunk(self, coords: Coords) -> None:
+        with self._lock_for(coords):
+            try:
+                if self.sharding is None:
+                    key = self.prefix + self._encode_storage_key(coords)
+                    sync(self.store.delete(key))
+                else:
+                    region = self.chunk_region(coords)
+                    self._eraser[region] = self.fill_value
+            finally:
+                self._forget_index(coords)
+
+    def invalidate(self) -> None:
+        self._index_cache.clear()
