@@ -784,8 +784,15 @@ class LegacyV3Store(WrapperStore[Store]):
             await self._store.delete(legacy)
 
     async def delete_dir(self, prefix: str) -> None:
-        # Store's generic version (delete what list_prefix lists), not the inner store's.
-        await Store.delete_dir(self, prefix)
+        # Not the inner store's delete_dir: only what is listed here. Chunks go first,
+        # because a chunk key only resolves while its array's metadata still exists.
+        self._check_writable()
+        if prefix and not prefix.endswith("/"):
+            prefix += "/"
+        keys = [key async for key in self.list_prefix(prefix)]
+        keys.sort(key=lambda k: _node_of_meta_key(k) is not None)
+        for key in keys:
+            await self.delete(key)
 
     async def clear(self) -> None:
         # Keeps the legacy entry point: the store stays a (now empty) legacy hierarchy.
