@@ -29,7 +29,7 @@ from zfuse.concat import (
 from zfuse.errors import MetadataError, SourceMismatchError
 
 HYP = settings(
-    max_examples=25,
+    max_examples=40,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -159,25 +159,31 @@ def concat_setups(draw: st.DrawFn, max_sources: int = 5) -> dict:
     other = [draw(st.integers(1, max_other)) for _ in range(rank)]
     lengths = [draw(st.integers(1, 5)) for _ in range(nsrc)]
     dtype = draw(st.sampled_from(["i4", "u2", "f8"]))
-    shapes, chunks = [], []
+    shapes, chunks, shards = [], [], []
     for n in lengths:
         shape = tuple(n if d == axis % rank else other[d] for d in range(rank))
         shapes.append(shape)
         # chunk shapes differ per source, may exceed the extent
-        chunks.append(tuple(draw(st.integers(1, s + 1)) for s in shape))
-    return {"axis": axis, "shapes": shapes, "chunks": chunks, "dtype": dtype}
+        chunk = tuple(draw(st.integers(1, s + 1)) for s in shape)
+        chunks.append(chunk)
+        # some sources sharded (inner chunks = the chunk shape above)
+        shards.append(
+            tuple(c * draw(st.integers(1, 2)) for c in chunk) if draw(st.booleans()) else None
+        )
+    return {"axis": axis, "shapes": shapes, "chunks": chunks, "shards": shards, "dtype": dtype}
 
 
 def build(root: Path, setup: dict) -> tuple[ConcatArray, np.ndarray]:
     base = root / uuid.uuid4().hex
     datas, arrays = [], []
     start = 1
-    for i, (shape, chunks) in enumerate(zip(setup["shapes"], setup["chunks"], strict=True)):
+    layout = zip(setup["shapes"], setup["chunks"], setup["shards"], strict=True)
+    for i, (shape, chunks, shards) in enumerate(layout):
         n = int(np.prod(shape))
         data = np.arange(start, start + n).reshape(shape).astype(setup["dtype"])
         start += n
         datas.append(data)
-        arrays.append(make_source(base / f"s{i}.zarr", data, chunks))
+        arrays.append(make_source(base / f"s{i}.zarr", data, chunks, shards))
     # mix opened arrays and paths as sources
     srcs = [a if i % 2 == 0 else base / f"s{i}.zarr" for i, a in enumerate(arrays)]
     ca = concat(srcs, setup["axis"], mode="r+")
@@ -334,6 +340,14 @@ def test_mismatch_refused(base_source: Path, tmp_path: Path, shape, dtype, axis,
     with pytest.raises(SourceMismatchError):
         save_concat(tmp_path / "x.json", [str(s) for s in srcs], axis)
     assert not (tmp_path / "x.json").exists()
+
+
+def test_names_and_stores(base_source: Path) -> None:
+    store = zarr.storage.LocalStore(base_source)
+    ca = concat([store, base_source], 2, names=["first", "second"])
+    assert ca.names == ("first", "second") and ca.shape == (4, 5, 12)
+    assert [s["name"] for s in describe(ca)["sources"]] == ["first", "second"]
+    assert concat([store, base_source], 0).names[1] == os.fspath(base_source)
 
 
 def test_bad_arguments_refused(base_source: Path) -> None:

@@ -63,14 +63,14 @@ _MAX_DESCRIPTION_BYTES = 1 << 20
 Region = tuple[slice, ...]
 
 
-def _open(src: Any, mode: str) -> zarr.Array:
+def _open(src: Any, mode: str, **kwargs: Any) -> zarr.Array:
     """Open a path/URL/Store as a zarr array, preferring zfuse's opener
     (which knows zfuse's storage transformers) over plain zarr."""
     try:
         from zfuse.ext.api import open_array
     except ImportError:
-        return zarr.open_array(store=src, mode=mode)
-    return open_array(src, mode=mode)
+        return zarr.open_array(store=src, mode=mode, **kwargs)
+    return open_array(src, mode=mode, **kwargs)
 
 
 def _source_name(src: Any, given: Any) -> str:
@@ -147,7 +147,8 @@ class ConcatArray:
         self.names: tuple[str, ...] = tuple(names)
         self.axis: int = axis
         first = self.sources[0]
-        self.dtype: np.dtype = np.dtype(first.dtype)
+        # native byte order: sources may differ in it and values are compared, not bytes
+        self.dtype: np.dtype = np.dtype(first.dtype).newbyteorder("=")
         self.chunks: tuple[int, ...] = tuple(int(c) for c in first.chunks)
         self.fill_value: Any = _fill_of(first)
         lengths = [int(s.shape[axis]) for s in self.sources]
@@ -285,9 +286,16 @@ class ConcatArray:
 
     def __getitem__(self, key: Any) -> Any:
         dims, newaxes = self._parse(key)
-        block = np.empty(tuple(d[1] for d in dims), dtype=self.dtype)
-        for i, src_sel, out_sel in self._pieces(dims):
-            block[out_sel] = self.sources[i][src_sel]
+        shape = tuple(d[1] for d in dims)
+        pieces = list(self._pieces(dims))
+        if len(pieces) == 1 and pieces[0][2][self.axis] == slice(0, shape[self.axis]):
+            # the common case (selection within one source): no assembly copy
+            i, src_sel, _ = pieces[0]
+            block = np.asarray(self.sources[i][src_sel], dtype=self.dtype)
+        else:
+            block = np.empty(shape, dtype=self.dtype)
+            for i, src_sel, out_sel in pieces:
+                block[out_sel] = self.sources[i][src_sel]
         view = block[tuple(slice(None, None, -1) if d[3] else slice(None) for d in dims)]
         view = view[tuple(0 if d[4] else slice(None) for d in dims)]
         for pos in newaxes:
@@ -468,11 +476,21 @@ class ConcatArray:
                 src[sub] = fill
 
 
-def concat(sources: Sequence[Any], axis: int, *, mode: str = "r") -> ConcatArray:
+def concat(
+    sources: Sequence[Any],
+    axis: int,
+    *,
+    mode: str = "r",
+    names: Sequence[str] | None = None,
+    **open_kwargs: Any,
+) -> ConcatArray:
     """Concatenate ``sources`` along ``axis`` without copying.
 
     ``sources`` are ``zarr.Array`` objects or anything ``zfuse.open_array``
-    opens (paths, URLs, Stores), opened with ``mode`` (use ``"r+"`` to write).
+    opens (paths, URLs, Stores), opened with ``mode`` (use ``"r+"`` to write)
+    and ``open_kwargs`` (e.g. ``storage_options``).  ``names`` overrides how
+    sources are named in messages and ``describe`` (default: the given path,
+    or the array's store path).
     Raises :class:`SourceMismatchError` if there are no sources, ``axis`` is
     out of range, or the sources disagree on dtype, rank or the extent of an
     axis other than ``axis``.
@@ -480,21 +498,24 @@ def concat(sources: Sequence[Any], axis: int, *, mode: str = "r") -> ConcatArray
     sources = list(sources)
     if not sources:
         raise SourceMismatchError("concat needs at least one source array")
+    if names is not None and len(names) != len(sources):
+        raise ValueError(f"{len(names)} names given for {len(sources)} sources")
     arrays: list[zarr.Array] = []
-    names: list[str] = []
+    labels: list[str] = []
     for i, given in enumerate(sources):
         if isinstance(given, zarr.Array):
             arr = given
         else:
             try:
-                arr = _open(os.fspath(given) if isinstance(given, os.PathLike) else given, mode)
+                target = os.fspath(given) if isinstance(given, os.PathLike) else given
+                arr = _open(target, mode, **open_kwargs)
             except Exception as e:
                 e.add_note(f"while opening concat source {i} ({_source_name(None, given)})")
                 raise
         arrays.append(arr)
-        names.append(_source_name(arr, given))
-    axis = _validate(arrays, names, axis)
-    return ConcatArray(arrays, names, axis)
+        labels.append(names[i] if names is not None else _source_name(arr, given))
+    axis = _validate(arrays, labels, axis)
+    return ConcatArray(arrays, labels, axis)
 
 
 def _validate(arrays: Sequence[zarr.Array], names: Sequence[str], axis: int) -> int:
@@ -611,9 +632,10 @@ def is_concat_description(path: str | os.PathLike[str]) -> bool:
     return True
 
 
-def load_concat(path: str | os.PathLike[str], mode: str = "r") -> ConcatArray:
+def load_concat(path: str | os.PathLike[str], mode: str = "r", **open_kwargs: Any) -> ConcatArray:
     """Open the concatenation described by the file at ``path``; relative
-    source paths are resolved against the file's directory."""
+    source paths are resolved against the file's directory.  ``open_kwargs``
+    go to the opener of every source (e.g. ``storage_options``)."""
     doc = _read_description(path)
     where = os.fspath(path)
     if doc[DESCRIPTION_KEY] != DESCRIPTION_VERSION:
@@ -628,7 +650,7 @@ def load_concat(path: str | os.PathLike[str], mode: str = "r") -> ConcatArray:
     if not isinstance(srcs, list) or not all(isinstance(s, str) for s in srcs) or not srcs:
         raise MetadataError(f"{where}: 'sources' must be a non-empty list of strings")
     base = Path(path).expanduser().absolute().parent
-    return concat([_from_stored(s, base) for s in srcs], axis, mode=mode)
+    return concat([_from_stored(s, base) for s in srcs], axis, mode=mode, **open_kwargs)
 
 
 def describe(ca: ConcatArray, max_straddling: int = 100) -> dict[str, Any]:
