@@ -53,7 +53,9 @@ def requires(*programs: str) -> None:
     pytest.skip(msg)
 
 
-def _run(args: Sequence[str | os.PathLike[str]], *, timeout: float = 120) -> subprocess.CompletedProcess:
+def _run(
+    args: Sequence[str | os.PathLike[str]], *, timeout: float = 120
+) -> subprocess.CompletedProcess:
     proc = subprocess.run(
         [os.fspath(a) for a in args], capture_output=True, text=True, timeout=timeout
     )
@@ -241,8 +243,6 @@ def imagej_save_many(
             raise AssertionError(f"ImageJ did not save {dst}; output:\n{out}")
 
 
-def imagej_save_tiff(
-    src: np.ndarray | str | os.PathLike[str], dst: str | os.PathLike[str]
-) -> None:
+def imagej_save_tiff(src: np.ndarray | str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
     """ImageJ writes `src` (an array or a file it can open) as TIFF to `dst`."""
     imagej_save_many([(src, dst)])

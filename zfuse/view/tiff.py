@@ -344,9 +344,7 @@ def _align(n: int) -> int:
     return -(-n // _HEADER_ALIGN) * _HEADER_ALIGN
 
 
-def _position_text(
-    coords: Sequence[int], origin: Sequence[int], shape: Sequence[int]
-) -> bytes:
+def _position_text(coords: Sequence[int], origin: Sequence[int], shape: Sequence[int]) -> bytes:
     c = ",".join(map(str, coords))
     o = ",".join(map(str, origin))
     s = ",".join(map(str, shape))

@@ -1,0 +1,331 @@
+"""Parse a TIFF written into the mount back into one chunk's array: pure, no I/O.
+
+Invariants:
+
+- `decode_tiff` returns an array of exactly the chunk's shape (or the cropped
+  edge shape, when the TIFF has that shape) and exactly the requested dtype,
+  or raises `InvalidTiffError` whose message names the problem. It never
+  casts between dtypes (the one exception: a bool chunk accepts uint8 0/1 and
+  1-bit bilevel images) and never pads or crops.
+- Any valid TIFF layout is accepted (via tifffile): strips or tiles, either
+  byte order, classic or BigTIFF, compressed with anything imagecodecs
+  decodes, one page per flattened leading-axis index, in IFD order.
+  Reduced-resolution pages (thumbnails, NewSubfileType bit 0) are ignored.
+- Geometry, dtype and sample layout are checked on the IFDs *before* any
+  pixel is decoded, so a hostile file cannot make us allocate more than the
+  chunk's size; every strip/tile must lie inside the given bytes.
+- zfuse's own layout (as produced by `build_header`) is recognised without
+  tifffile when the caller passes the `layout`: the header must equal, byte
+  for byte, the header zfuse would generate for the position it records, and
+  the length must be exact. Anything else takes the full parse.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import math
+import struct
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import numpy as np
+import tifffile
+
+from zfuse.errors import InvalidTiffError
+from zfuse.view.tiff import TiffLayout, build_header, read_position
+
+__all__ = ["MAX_TIFF_FACTOR", "MAX_TIFF_SLACK", "decode_tiff", "max_file_size"]
+
+#: A TIFF written for a chunk may be at most this many times the size of
+#: zfuse's own file for it, plus `MAX_TIFF_SLACK`: compression can expand data
+#: slightly, tiles pad edges (up to ~4x for tiles just smaller than the image),
+#: and writers add metadata; anything beyond is a runaway write.
+MAX_TIFF_FACTOR = 4
+MAX_TIFF_SLACK = 16 * 2**20
+
+_MAGICS = {b"II*\0": "classic", b"MM\0*": "classic", b"II+\0": "BigTIFF", b"MM\0+": "BigTIFF"}
+
+_log = logging.getLogger("tifffile")
+_SEPARATE = 2  # PlanarConfiguration: each sample in its own plane
+
+
+def max_file_size(layout: TiffLayout) -> int:
+    """Largest TIFF the writer should buffer for one chunk of `layout`."""
+    return MAX_TIFF_FACTOR * layout.file_size + MAX_TIFF_SLACK
+
+
+def _geometry(shape: Sequence[int]) -> tuple[int, int, int]:
+    """(pages, rows, cols), the same flattening as the header layer."""
+    if len(shape) == 0:
+        return 1, 1, 1
+    if len(shape) == 1:
+        return 1, 1, shape[0]
+    return math.prod(shape[:-2]), shape[-2], shape[-1]
+
+
+def _describe(geom: tuple[int, int, int], shape: Sequence[int]) -> str:
+    pages, rows, cols = geom
+    return f"{pages} page(s) of {rows}x{cols} (rows x columns) for chunk shape {tuple(shape)}"
+
+
+def _dtype_name(dt: np.dtype) -> str:
+    return "bool" if dt.kind == "b" else dt.newbyteorder("=").name
+
+
+class _Collect(logging.Handler):
+    """Collects tifffile's warnings emitted by this thread, for error messages."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.thread = threading.get_ident()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread == self.thread:
+            self.messages.append(record.getMessage())
+
+
+@contextmanager
+def _tifffile_warnings() -> Iterator[list[str]]:
+    handler = _Collect()
+    _log.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        _log.removeHandler(handler)
+
+
+def _fail(message: str, warnings: Sequence[str] = ()) -> InvalidTiffError:
+    if warnings:
+        message += " (tifffile: " + "; ".join(w[:200] for w in warnings[:3]) + ")"
+    return InvalidTiffError(message)
+
+
+def decode_tiff(
+    data: bytes | bytearray | memoryview,
+    *,
+    chunk_shape: tuple[int, ...],
+    dtype: object,
+    cropped_shape: tuple[int, ...] | None = None,
+    layout: TiffLayout | None = None,
+) -> np.ndarray:
+    """The chunk stored in TIFF bytes `data`, shaped `chunk_shape` (or
+    `cropped_shape` for an edge chunk whose TIFF has that shape), of `dtype`.
+
+    Pass the array's `layout` to let zfuse's own files skip the full parse.
+    Raises InvalidTiffError for anything that is not exactly such a chunk.
+    """
+    chunk_shape = tuple(int(n) for n in chunk_shape)
+    want = np.dtype(dtype)  # type: ignore[call-overload]
+    view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
+    size = len(view)
+    if size < 8:
+        raise InvalidTiffError(f"not a TIFF: only {size} bytes")
+    kind = _MAGICS.get(bytes(view[:4]))
+    if kind is None:
+        raise InvalidTiffError(
+            f"not a TIFF: starts with {bytes(view[:4])!r}, expected b'II*\\x00' or b'MM\\x00*'"
+        )
+    shapes = [chunk_shape]
+    if cropped_shape is not None and tuple(cropped_shape) != chunk_shape:
+        shapes.append(tuple(int(n) for n in cropped_shape))
+
+    if layout is not None:
+        if layout.chunk_shape != chunk_shape or layout.dtype != want.newbyteorder("<"):
+            raise ValueError("layout does not belong to this chunk shape/dtype")
+        fast = _own_layout(view, layout, shapes, want)
+        if fast is not None:
+            return fast
+
+    with _tifffile_warnings() as warnings:
+        try:
+            tif = tifffile.TiffFile(io.BytesIO(view))
+        except Exception as exc:
+            raise _fail(f"not a readable TIFF: {_truncation(view) or exc}", warnings) from exc
+        with tif:
+            return _decode_pages(tif, view, shapes, want, warnings)
+
+
+def _truncation(view: memoryview) -> str | None:
+    """A message if the first IFD does not fit in the bytes (a cut-off file)."""
+    bo = "<" if view[0] == 0x49 else ">"
+    big = view[2:4] in (b"+\0", b"\0+")
+    try:
+        if big:
+            (offset,) = struct.unpack(bo + "Q", view[8:16])
+            (count,) = struct.unpack(bo + "Q", view[offset : offset + 8])
+            end = offset + 8 + count * 20 + 8
+        else:
+            (offset,) = struct.unpack(bo + "I", view[4:8])
+            (count,) = struct.unpack(bo + "H", view[offset : offset + 2])
+            end = offset + 2 + count * 12 + 4
+    except struct.error:
+        return f"truncated: the file ({len(view)} bytes) ends before its first IFD"
+    if end > len(view):
+        return f"truncated: the first IFD ends at byte {end}, the file has {len(view)}"
+    return None
+
+
+def _own_layout(
+    view: memoryview, layout: TiffLayout, shapes: list[tuple[int, ...]], want: np.dtype
+) -> np.ndarray | None:
+    """The chunk if `view` is byte-exact zfuse layout, else None (full parse)."""
+    hsize = layout.header_size
+    for shape in shapes:
+        if len(view) == hsize + math.prod(shape) * layout.dtype.itemsize:
+            break
+    else:
+        return None
+    try:
+        record = read_position(view[:hsize])
+        if [int(n) for n in record["shape"]] != list(shape):
+            return None
+        expected = build_header(
+            layout, [int(c) for c in record["chunk"]], shape=shape, origin=record["origin"]
+        )
+    except (ValueError, KeyError, TypeError):
+        return None
+    if view[:hsize] != expected:
+        return None
+    raw = np.frombuffer(view, dtype=layout.dtype, offset=hsize).reshape(shape)
+    if want.kind == "b":
+        return _to_bool(raw.view(np.uint8))
+    return raw.astype(want)  # copies: the result never aliases the caller's buffer
+
+
+def _to_bool(arr: np.ndarray) -> np.ndarray:
+    if arr.dtype.kind == "b":
+        return arr.astype(bool)
+    if arr.size and int(arr.max()) > 1:
+        raise InvalidTiffError(
+            f"chunk dtype is bool: pixel values must be 0 or 1, found {int(arr.max())}"
+        )
+    return arr.astype(bool)
+
+
+def _planes(page: tifffile.TiffPage) -> int:
+    """Y x X planes in a page: ImageDepth slices, times the samples when they
+    are stored as separate planes (tifffile writes a (3, Y, X) array that way,
+    as planar RGB, unless told photometric="minisblack")."""
+    planes = max(int(page.imagedepth), 1)
+    if page.planarconfig == _SEPARATE:
+        planes *= int(page.samplesperpixel)
+    return planes
+
+
+def _dtype_ok(got: np.dtype | None, want: np.dtype) -> bool:
+    if got is None:
+        return False
+    if want.kind == "b":
+        return got.kind == "b" or (got.kind == "u" and got.itemsize == 1)
+    return got.kind == want.kind and got.itemsize == want.itemsize
+
+
+def _decode_pages(
+    tif: tifffile.TiffFile,
+    view: memoryview,
+    shapes: list[tuple[int, ...]],
+    want: np.dtype,
+    warnings: list[str],
+) -> np.ndarray:
+    try:
+        pages = [p for p in tif.pages if not p.is_reduced]  # type: ignore[union-attr]
+    except Exception as exc:
+        raise _fail(f"cannot read the TIFF's IFDs: {exc}", warnings) from exc
+    if not pages:
+        raise _fail("TIFF has no image", warnings)
+
+    first = pages[0]
+    names = f"{len(pages)} page(s) of {first.imagelength}x{first.imagewidth}"
+    for i, page in enumerate(pages):
+        where = f"page {i}" if len(pages) > 1 else "the image"
+        if page.samplesperpixel != 1 and page.planarconfig != _SEPARATE:
+            raise _fail(
+                f"{where} has {page.samplesperpixel} samples per pixel "
+                f"(photometric {getattr(page.photometric, 'name', page.photometric)}: "
+                "RGB or multi-channel, interleaved); "
+                "this chunk is one sample per pixel (grayscale)",
+                warnings,
+            )
+        got = page.dtype
+        if not _dtype_ok(got, want):
+            got_name = (
+                _dtype_name(got)
+                if got is not None
+                else f"an unsupported sample type ({page.bitspersample} bits, "
+                f"sample format {int(page.sampleformat)})"
+            )
+            raise _fail(
+                f"wrong dtype: {where} has {got_name} pixels, the chunk is "
+                f"{_dtype_name(want)}; save the TIFF as {_dtype_name(want)} (zfuse does not convert)",
+                warnings,
+            )
+        if (page.imagelength, page.imagewidth) != (first.imagelength, first.imagewidth):
+            raise _fail(
+                f"pages differ in size: page 0 is {first.imagelength}x{first.imagewidth}, "
+                f"{where} is {page.imagelength}x{page.imagewidth}",
+                warnings,
+            )
+        for offset, count in zip(page.dataoffsets, page.databytecounts, strict=False):
+            if count and offset + count > len(view):
+                raise _fail(
+                    f"TIFF truncated: {where} needs bytes {offset}..{offset + count} "
+                    f"but the file has {len(view)}",
+                    warnings,
+                )
+
+    depth = _planes(first)
+    n_planes = sum(_planes(p) for p in pages)
+    geom = (n_planes, int(first.imagelength), int(first.imagewidth))
+    planes_from_imagej = False
+    if tif.is_imagej and len(pages) == 1 and depth == 1:
+        # ImageJ writes a single IFD for stacks >4 GiB: images=N pages follow contiguously.
+        images = int((tif.imagej_metadata or {}).get("images", 1) or 1)
+        if images > 1:
+            geom = (images, geom[1], geom[2])
+            planes_from_imagej = True
+
+    for shape in shapes:
+        if _geometry(shape) == geom:
+            break
+    else:
+        expected = " or ".join(_describe(_geometry(s), s) for s in shapes)
+        got_desc = f"{geom[0]} page(s) of {geom[1]}x{geom[2]}"
+        if planes_from_imagej:
+            got_desc += " (ImageJ images=)"
+        elif depth > 1:
+            got_desc += f" ({depth} planes per page: ImageDepth or separate samples)"
+        else:
+            got_desc = names if geom[0] == len(pages) else got_desc
+        raise _fail(f"wrong shape: TIFF has {got_desc}; expected {expected}", warnings)
+
+    pages_dtype = np.dtype(first.dtype)
+    out = np.empty(geom, dtype=pages_dtype.newbyteorder("="))
+    where = "ImageJ stack" if planes_from_imagej else "page 0"
+    try:
+        if planes_from_imagej:
+            series = tif.series[0]
+            if int(np.prod(series.shape)) != out.size:
+                raise ValueError(f"ImageJ series has shape {series.shape}")
+            out[...] = series.asarray(maxworkers=1).reshape(geom)
+        else:
+            at = 0
+            for i, page in enumerate(pages):
+                planes = _planes(page)
+                where = f"page {i}"
+                out[at : at + planes] = page.asarray(maxworkers=1).reshape(planes, geom[1], geom[2])
+                at += planes
+    except InvalidTiffError:
+        raise
+    except Exception as exc:
+        compression = getattr(first.compression, "name", str(first.compression))
+        raise _fail(
+            f"cannot decode the pixels ({where}, compression {compression}): {exc}",
+            warnings,
+        ) from exc
+    arr = out.reshape(shape)
+    if want.kind == "b":
+        return _to_bool(arr)
+    return arr.astype(want, copy=False)
