@@ -424,3 +424,29 @@ def test_bad_description_refused(tmp_path: Path, text: str) -> None:
     p.write_text(text)
     with pytest.raises(MetadataError):
         load_concat(p)
+
+
+def test_delete_and_exists_sharded(tmp_path: Path) -> None:
+    d1 = np.arange(1, 1 + 6 * 4, dtype="i4").reshape(6, 4)
+    d2 = np.arange(100, 100 + 3 * 4, dtype="i4").reshape(3, 4)
+    a1 = make_source(tmp_path / "a.zarr", d1, (2, 2), shards=(4, 4))
+    a2 = make_source(tmp_path / "b.zarr", d2, (3, 4))
+    ca = concat([a1, a2], 0)  # view chunks (2, 2): rows [0:2] [2:4] [4:6] [6:8] [8:9]
+    model = np.concatenate([d1, d2])
+    for coords in [(0, 0), (2, 1), (3, 0)]:
+        ca.delete_chunk(coords)
+        model[ca.chunk_region(coords)] = 0
+    np.testing.assert_array_equal(ca[...], model)
+    for got, want in zip(source_data(ca), split_model(model, ca), strict=True):
+        np.testing.assert_array_equal(got, want)
+    # a2 still has data in its only chunk; a1's second shard row still exists
+    assert ca.chunk_exists((4, 0)) and ca.chunk_exists((2, 1))
+    ca[4:6] = 0  # a1's second shard row becomes empty: zarr drops it
+    assert not ca.chunk_exists((2, 0))
+
+
+def test_read_only_sources_refuse_writes(base_source: Path) -> None:
+    ca = concat([base_source, base_source], 0)  # default mode "r"
+    with pytest.raises(ValueError, match="read-only"):  # zarr's own refusal
+        ca[0] = 1
+    np.testing.assert_array_equal(ca[...], 0)
