@@ -51,6 +51,7 @@ ARRAYS = [
     ("empty_chunks", "sparse", True),
     ("big_endian", "be_u2", True),
     ("big_endian", "be_f8", False),
+    ("acquire_style", "0", True),  # hand-made like acquire-driver-zarr, see make_legacy_v3.py
 ]
 UNSHARDED = [(f, p) for f, p, sharded in ARRAYS if not sharded]
 SHARDED = [(f, p) for f, p, sharded in ARRAYS if sharded]
@@ -241,6 +242,24 @@ def test_groups_explicit_and_implicit() -> None:
     assert get(store, "nonexistent/zarr.json") is None
     # A store with arrays only still has an (implicit) root group.
     assert json.loads(get(wrap(DATA / "unsharded"), "zarr.json") or b"")["node_type"] == "group"
+
+
+@pytest.mark.parametrize("spelling", ["<i4", "i4", "int32"])
+def test_data_type_spellings(spelling: str, tmp_path: Path) -> None:
+    """zarr 2.18 writes "<i4"; acquire-driver-zarr wrote "i4" and later "int32" (native LE)."""
+    root = copy_fixture("unsharded", tmp_path)
+    meta_file = root / "meta/root/plain.array.json"
+    meta_file.write_text(json.dumps(json.loads(meta_file.read_text()) | {"data_type": spelling}))
+    a = zarr.open_array(StorePath(wrap(root), "plain"), mode="r")
+    np.testing.assert_array_equal(a[...], expected("unsharded", "plain"))
+
+
+def test_acquire_style_root_group() -> None:
+    store = wrap(DATA / "acquire_style")
+    root = zarr.open_group(StorePath(store, ""), mode="r")
+    assert root.attrs["acquire"] == {"camera": "sim"}
+    assert listing(store, "") == {"zarr.json", "0"}
+    assert json.loads(get(store, "0/zarr.json") or b"")["data_type"] == "uint16"
 
 
 def test_listing() -> None:

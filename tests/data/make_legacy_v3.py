@@ -199,11 +199,102 @@ def big_endian() -> None:
     save_expected("big_endian", store, "be_f8")
 
 
+def acquire_style() -> None:
+    """Written by hand the way acquire-driver-zarr's pre-release v3 writer does
+    (src/driver/writers/zarrv3.array.writer.cpp, czar.v3.cpp): data_type in
+    today's spelling ("uint16", native little-endian bytes), blosc via numcodecs,
+    root group attributes under "acquire", array "0", shards data/root/0/c<t>/<z>/<y>/<x>."""
+    import json
+
+    import numcodecs
+
+    root = OUT / "acquire_style"
+    if root.exists():
+        shutil.rmtree(root)
+    shape, chunks, cps = (3, 1, 12, 10), (2, 1, 4, 5), (1, 1, 2, 2)
+    values = (np.arange(np.prod(shape)).reshape(shape) * 11 % 65536).astype("<u2")
+    blosc = numcodecs.Blosc(cname="zstd", clevel=1, shuffle=1)
+
+    def write(rel: str, data: bytes | str) -> None:
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data.encode() if isinstance(data, str) else data)
+
+    write(
+        "zarr.json",
+        json.dumps(
+            {
+                "extensions": [],
+                "metadata_encoding": "https://purl.org/zarr/spec/protocol/core/3.0",
+                "metadata_key_suffix": ".json",
+                "zarr_format": "https://purl.org/zarr/spec/protocol/core/3.0",
+            },
+            indent=4,
+        ),
+    )
+    write(
+        "meta/root.group.json", json.dumps({"attributes": {"acquire": {"camera": "sim"}}}, indent=4)
+    )
+    write(
+        "meta/root/0.array.json",
+        json.dumps(
+            {
+                "attributes": {},
+                "chunk_grid": {"chunk_shape": list(chunks), "separator": "/", "type": "regular"},
+                "chunk_memory_layout": "C",
+                "data_type": "uint16",
+                "extensions": [],
+                "fill_value": 0,
+                "shape": list(shape),
+                "compressor": {
+                    "codec": "https://purl.org/zarr/spec/codec/blosc/1.0",
+                    "configuration": {"blocksize": 0, "clevel": 1, "cname": "zstd", "shuffle": 1},
+                },
+                "storage_transformers": [
+                    {
+                        "type": "indexed",
+                        "extension": "https://purl.org/zarr/spec/storage_transformers/sharding/1.0",
+                        "configuration": {"chunks_per_shard": list(cps)},
+                    }
+                ],
+            },
+            indent=4,
+        ),
+    )
+    grid = [-(-s // c) for s, c in zip(shape, chunks, strict=True)]
+    shard_grid = [-(-g // p) for g, p in zip(grid, cps, strict=True)]
+    for shard in np.ndindex(*shard_grid):
+        body, index = b"", np.full((*cps, 2), 2**64 - 1, dtype="<u8")
+        for local in np.ndindex(*cps):
+            chunk = [s * p + q for s, p, q in zip(shard, cps, local, strict=True)]
+            if any(c >= g for c, g in zip(chunk, grid, strict=True)):
+                continue  # outside the array: index entry stays empty
+            block = np.zeros(chunks, dtype="<u2")  # edge chunks are written full-size
+            sel = tuple(
+                slice(c * n, min((c + 1) * n, s))
+                for c, n, s in zip(chunk, chunks, shape, strict=True)
+            )
+            block[tuple(slice(0, x.stop - x.start) for x in sel)] = values[sel]
+            encoded = blosc.encode(block.tobytes())
+            index[local] = (len(body), len(encoded))
+            body += encoded
+        write("data/root/0/c" + "/".join(map(str, shard)), body + index.tobytes())
+    np.save(OUT / "acquire_style__0.npy", values)
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     for npy in OUT.glob("*.npy"):
         npy.unlink()
-    for make in (sharded_2d, sharded_3d, unsharded, hierarchy, empty_chunks, big_endian):
+    for make in (
+        sharded_2d,
+        sharded_3d,
+        unsharded,
+        hierarchy,
+        empty_chunks,
+        big_endian,
+        acquire_style,
+    ):
         make()
     total = sum(f.stat().st_size for f in OUT.rglob("*") if f.is_file())
     print(f"zarr {zarr.__version__}: wrote {OUT} ({total} bytes)")

@@ -178,6 +178,11 @@ def _legacy_dtype(value: object, where: str) -> tuple[str, str | None, int]:
         value = value.get("type")
     if value in ("bool", "|b1", "b1"):
         return "bool", None, 1
+    if isinstance(value, str) and value in _NAMES_BACK and not value.startswith("complex"):
+        # acquire-driver-zarr writes today's names ("uint16") into the pre-release
+        # layout, with the camera's native (little-endian) bytes.
+        kind, size = _NAMES_BACK[value]
+        return value, (None if size == 1 else "little"), size
     if not isinstance(value, str) or (m := _LEGACY_DTYPE.match(value)) is None:
         raise MetadataError(f"{where}: unsupported data_type {raw!r}")
     order, kind, size_s = m.groups()
@@ -187,9 +192,10 @@ def _legacy_dtype(value: object, where: str) -> tuple[str, str | None, int]:
         raise MetadataError(f"{where}: unsupported data_type {raw!r}")
     if size == 1:
         return name, None, 1
-    if order not in ("<", ">"):
-        raise MetadataError(f"{where}: data_type {raw!r} has no byte order")
-    return name, ("little" if order == "<" else "big"), size
+    if order == "|":
+        raise MetadataError(f"{where}: data_type {raw!r}: multi-byte type without byte order")
+    # No order at all ("u2"): older acquire-driver-zarr, native little-endian bytes.
+    return name, ("big" if order == ">" else "little"), size
 
 
 def _map_compressor(comp: object, itemsize: int, where: str) -> dict[str, Any]:
