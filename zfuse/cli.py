@@ -124,6 +124,7 @@ def cmd_mount(argv: list[str]) -> int:
 
 def _run_foreground(config: MountConfig, ready_fd: int | None, verbose: int) -> int:
     from zfuse.daemon import check_mountpoint, make_view, serve
+    from zfuse.stats import Stats
 
     def report(message: str) -> None:
         if ready_fd is not None:
@@ -132,7 +133,8 @@ def _run_foreground(config: MountConfig, ready_fd: int | None, verbose: int) -> 
 
     try:
         check_mountpoint(config.mountpoint)
-        view = make_view(config)
+        stats = Stats()
+        view = make_view(config, stats)
     except SystemExit as e:
         report(f"error: {str(e.code).removeprefix('zfuse: ')}")
         print(e.code, file=sys.stderr)
@@ -147,7 +149,7 @@ def _run_foreground(config: MountConfig, ready_fd: int | None, verbose: int) -> 
 
         enable_operation_log()
     try:
-        serve(config, view, on_ready=lambda: report("ready"))
+        serve(config, view, stats, on_ready=lambda: report("ready"))
     except Exception as e:
         report(f"error: mount failed: {e}")
         print(f"zfuse: mount failed: {e}", file=sys.stderr)

@@ -20,6 +20,8 @@ from typing import Any
 
 import trio
 
+from zfuse.stats import Stats
+from zfuse.store import MeteredStore, open_store
 from zfuse.view.tree import View, ViewOptions, build_view
 
 log = logging.getLogger("zfuse.daemon")
@@ -42,41 +44,52 @@ class MountConfig:
     fuse_options: list[str] = field(default_factory=list)
 
 
-def open_source(sources: list[str], concat_axis: int | None = None, *, mode: str = "r+",
-                storage_options: dict[str, Any] | None = None) -> Any:
-    """The zarr group/array (or concatenation) a mount shows."""
+def open_source(
+    sources: list[str],
+    concat_axis: int | None = None,
+    *,
+    read_only: bool = False,
+    storage_options: dict[str, Any] | None = None,
+    stats: Stats | None = None,
+    timeout: float | None = None,
+) -> Any:
+    """The zarr group/array (or concatenation) a mount shows, on metered stores."""
     from zfuse.ext.api import open_array, open_group
 
-    kwargs: dict[str, Any] = {}
-    if storage_options:
-        kwargs["storage_options"] = storage_options
+    mode = "r" if read_only else "r+"
+
+    def store_of(source: str) -> MeteredStore:
+        return MeteredStore(open_store(source, read_only=read_only, storage_options=storage_options),
+                            stats, timeout)
+
     if concat_axis is not None:
         from zfuse.concat import concat
 
-        return concat([open_array(s, mode=mode, **kwargs) for s in sources], axis=concat_axis)
+        return concat([open_array(store_of(s), mode=mode) for s in sources], axis=concat_axis)
     (source,) = sources
     from zfuse.concat import is_concat_description, load_concat
 
     if os.path.isfile(source) and is_concat_description(source):
         return load_concat(source, mode=mode)
+    store = store_of(source)
     try:
-        return open_group(source, mode=mode, **kwargs)
+        return open_group(store, mode=mode)
     except Exception as group_error:
         try:
-            return open_array(source, mode=mode, **kwargs)
+            return open_array(store, mode=mode)
         except Exception:
             raise group_error from None
 
 
-def make_view(config: MountConfig) -> View:
+def make_view(config: MountConfig, stats: Stats | None = None) -> View:
     options = ViewOptions(
         all_chunks=config.all_chunks,
         crop_edges=config.crop_edges,
         cache_bytes=config.cache_bytes,
         read_only=config.read_only,
     )
-    mode = "r" if config.read_only else "r+"
-    obj = open_source(config.sources, config.concat_axis, mode=mode, storage_options=config.storage_options)
+    obj = open_source(config.sources, config.concat_axis, read_only=config.read_only,
+                      storage_options=config.storage_options, stats=stats, timeout=config.timeout)
     from zfuse.concat import ConcatArray
 
     if isinstance(obj, ConcatArray):
@@ -108,13 +121,15 @@ def check_mountpoint(mountpoint: str) -> None:
         raise SystemExit("zfuse: /dev/fuse is missing (is the fuse kernel module loaded?)")
 
 
-def serve(config: MountConfig, view: View, on_ready: Callable[[], None] | None = None) -> None:
+def serve(
+    config: MountConfig, view: View, stats: Stats, on_ready: Callable[[], None] | None = None
+) -> None:
     """Mount `view` at the mountpoint and serve until unmounted or signalled."""
     import pyfuse3
 
     from zfuse.fuse_ops import ZfuseOperations
 
-    ops = ZfuseOperations(view, read_only=config.read_only, max_threads=config.max_threads)
+    ops = ZfuseOperations(view, read_only=config.read_only, max_threads=config.max_threads, stats=stats)
     options = {"fsname=zfuse", "subtype=zfuse", "default_permissions", *config.fuse_options}
     if config.read_only:
         options.add("ro")

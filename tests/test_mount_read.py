@@ -1,0 +1,285 @@
+"""The read path on real mounts: every chunk a TIFF that real readers open."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import stores
+import tifffile
+import zarr
+from tools import imagej_stats_many, requires, tiffcp, tiffinfo
+from zarr.codecs import ZstdCodec
+
+pytestmark = pytest.mark.mount
+
+
+def expected_chunk(arr: zarr.Array, coords: tuple[int, ...]) -> np.ndarray:
+    """The full-shape chunk as Zarr stores it (fill value outside the array)."""
+    chunks = arr.chunks
+    region = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(coords, chunks, arr.shape, strict=True))
+    out = np.full(chunks, arr.fill_value, dtype=arr.dtype)
+    out[tuple(slice(0, r.stop - r.start) for r in region)] = arr[region]
+    return out
+
+
+def chunk_files(root: Path) -> list[Path]:
+    return sorted(p for p in root.rglob("*.tiff"))
+
+
+def coords_of(array_dir: Path, f: Path, sep: str) -> tuple[int, ...]:
+    rel = str(f.relative_to(array_dir))[: -len(".tiff")]
+    if rel.startswith("c/") or rel.startswith("c."):
+        rel = rel[2:]
+    return tuple(int(p) for p in rel.replace("/", sep).split(sep))
+
+
+def assert_all_chunks_equal(array_dir: Path, arr: zarr.Array, sep: str = "/") -> int:
+    files = chunk_files(array_dir)
+    assert files, f"no chunk files under {array_dir}"
+    for f in files:
+        data = tifffile.imread(f)
+        coords = coords_of(array_dir, f, sep)
+        expect = expected_chunk(arr, coords)
+        np.testing.assert_array_equal(data.reshape(expect.shape), expect, err_msg=str(f))
+    return len(files)
+
+
+SOURCES = {
+    "v3-raw": lambda p: stores.v3(p, codecs="raw"),
+    "v3-zstd-crc32c": lambda p: stores.v3(p, codecs="crc32c"),
+    "v3-blosc-3d": lambda p: stores.v3(p, shape=(5, 20, 30), chunks=(2, 8, 16), codecs="blosc"),
+    "v2-dot": lambda p: stores.v2(p, separator="."),
+    "v2-slash": lambda p: stores.v2(p, separator="/"),
+    "sharded": lambda p: stores.sharded(p),
+}
+
+
+@pytest.mark.parametrize("kind", list(SOURCES))
+def test_every_chunk_reads_as_the_source_chunk(tmp_path: Path, mount, kind: str) -> None:
+    src = tmp_path / "a.zarr"
+    SOURCES[kind](src)
+    arr = zarr.open_array(str(src))
+    m = mount(src)
+    sep = "." if kind == "v2-dot" else "/"
+    n = assert_all_chunks_equal(m.path, arr, sep)
+    grid = np.prod([-(-s // c) for s, c in zip(arr.shape, arr.chunks, strict=True)])
+    assert n == grid
+    # dual access: zarr-python reads the mount as an array with the same values
+    view = zarr.open_array(str(m.path))
+    np.testing.assert_array_equal(view[...], arr[...])
+    assert view.chunks == arr.chunks
+
+
+def test_chunk_names_follow_the_source_keys(tmp_path: Path, mount) -> None:
+    stores.v2(tmp_path / "dot.zarr", separator=".")
+    stores.v2(tmp_path / "slash.zarr", separator="/")
+    stores.v3(tmp_path / "v3.zarr")
+    assert (mount(tmp_path / "dot.zarr").path / "0.1.tiff").is_file()
+    assert (mount(tmp_path / "slash.zarr").path / "0" / "1.tiff").is_file()
+    assert (mount(tmp_path / "v3.zarr").path / "c" / "0" / "1.tiff").is_file()
+
+
+DTYPES = ["bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
+          "float16", "float32", "float64", "complex64", "complex128"]
+
+
+def test_every_dtype_reads_with_tifffile_and_libtiff(tmp_path: Path, mount) -> None:
+    requires("tiffinfo", "tiffcp")
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    data = {}
+    for dt in DTYPES:
+        a = root.create_array(dt, shape=(3, 10, 12), chunks=(2, 8, 8), dtype=dt, fill_value=0,
+                              compressors=[ZstdCodec(level=1)])
+        data[dt] = a[...] = stores.values((3, 10, 12), dt)
+    m = mount(tmp_path / "g.zarr")
+    for dt in DTYPES:
+        arr = root[dt]
+        assert_all_chunks_equal(m.path / dt, arr)
+        f = m.path / dt / "c" / "1" / "1" / "1.tiff"
+        info = tiffinfo(f)
+        assert "Bits/Sample" in info
+        if dt not in ("float16", "complex64", "complex128", "bool"):
+            # libtiff copies what it understands; the copy reads back equal
+            out = tmp_path / f"copy-{dt}.tif"
+            tiffcp(f, out)
+            # page by page: tiffcp keeps the ImageJ description but not the
+            # contiguous layout it promises, so whole-file ImageJ reading misleads
+            with tifffile.TiffFile(out) as copy, tifffile.TiffFile(f) as orig:
+                assert len(copy.pages) == len(orig.pages)
+                for pc, po in zip(copy.pages, orig.pages, strict=True):
+                    np.testing.assert_array_equal(pc.asarray(), po.asarray())
+
+
+def test_imagej_opens_chunks_as_stacks(tmp_path: Path, mount) -> None:
+    requires("imagej")
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    cases = {"uint8": 8, "uint16": 16, "float32": 32}
+    for dt in cases:
+        a = root.create_array(dt, shape=(6, 40, 50), chunks=(3, 16, 32), dtype=dt, fill_value=0)
+        a[...] = stores.values((6, 40, 50), dt)
+        b = root.create_array(dt + "_2d", shape=(40, 50), chunks=(16, 32), dtype=dt, fill_value=0)
+        b[...] = stores.values((40, 50), dt, seed=3)
+    m = mount(tmp_path / "g.zarr")
+    paths, expects = [], []
+    for dt, bits in cases.items():
+        for name, coords in ((dt, (1, 2, 1)), (dt + "_2d", (1, 0))):
+            arr = root[name]
+            key = "/".join(map(str, coords))
+            paths.append(m.path / name / "c" / f"{key}.tiff")
+            expects.append((expected_chunk(arr, coords), bits))
+    stats = imagej_stats_many(paths)
+    for st, (expect, bits) in zip(stats, expects, strict=True):
+        assert st["width"] == expect.shape[-1] and st["height"] == expect.shape[-2], st
+        assert st["bitDepth"] == bits, st
+        assert st["nSlices"] == (expect.shape[0] if expect.ndim == 3 else 1), st
+        assert st["mean"] == pytest.approx(float(expect.astype(np.float64).mean()), rel=1e-4), st
+
+
+def test_ome_zarr_group_shows_levels_and_scales(tmp_path: Path, mount) -> None:
+    data = stores.ome_group(tmp_path / "ome.zarr")
+    m = mount(tmp_path / "ome.zarr")
+    assert sorted(os.listdir(m.path)) == ["0", "1", "zarr.json"]
+    group_meta = json.loads((m.path / "zarr.json").read_text())
+    assert group_meta["node_type"] == "group" and "multiscales" in group_meta["attributes"]
+    with tifffile.TiffFile(m.path / "0" / "c" / "0" / "0" / "0.tiff") as tif:
+        ij = tif.imagej_metadata
+        assert ij is not None and ij.get("slices") == 2 and ij.get("spacing") == pytest.approx(2.0)
+        xres = tif.pages[0].tags["XResolution"].value
+        assert xres[0] / xres[1] == pytest.approx(2.0)  # 1 / 0.5 micrometer
+    np.testing.assert_array_equal(zarr.open_array(str(m.path / "1"))[...], data["1"])
+
+
+def test_stat_and_ls_never_read_chunk_data(tmp_path: Path, mount) -> None:
+    stores.v3(tmp_path / "a.zarr", shape=(64, 64), chunks=(8, 8))
+    m = mount(tmp_path / "a.zarr")
+    out = subprocess.run(["ls", "-lR", str(m.path)], capture_output=True, text=True, check=True).stdout
+    assert out.count(".tiff") == 64
+    for f in chunk_files(m.path):
+        assert f.stat().st_size > 128
+    stats = json.loads((m.path / ".zfuse" / "stats").read_text())
+    assert stats.get("store_get_chunk", 0) == 0 and stats.get("store_get_chunk_ranged", 0) == 0, stats
+    assert stats.get("store_list", 0) >= 1
+    (m.path / "c" / "0" / "0.tiff").read_bytes()
+    stats = json.loads((m.path / ".zfuse" / "stats").read_text())
+    assert stats["store_get_chunk"] == 1, stats
+
+
+def test_sharded_listing_reads_only_shard_indexes(tmp_path: Path, mount) -> None:
+    stores.sharded(tmp_path / "s.zarr", shape=(64, 64), shards=(32, 32), chunks=(8, 8))
+    m = mount(tmp_path / "s.zarr")
+    files = chunk_files(m.path)
+    assert len(files) == 64
+    for f in files:
+        f.stat()
+    stats = json.loads((m.path / ".zfuse" / "stats").read_text())
+    assert stats.get("store_get_chunk", 0) == 0, stats
+    assert stats["store_get_chunk_ranged"] == 4  # one index read per shard
+    assert stats["store_bytes_chunk"] == 4 * (16 * 16 + 4)  # 16 entries + crc32c
+    before = stats["store_get_chunk_ranged"]
+    files[5].read_bytes()
+    stats = json.loads((m.path / ".zfuse" / "stats").read_text())
+    assert stats["store_get_chunk_ranged"] == before + 1  # index cached: one ranged read
+
+
+def test_corrupt_chunk_is_eio_and_neighbours_read(tmp_path: Path, mount) -> None:
+    src = tmp_path / "a.zarr"
+    stores.v3(src, codecs="crc32c")
+    stores.v3(tmp_path / "z.zarr", codecs="zstd")
+    bad = src / "c" / "0" / "1"
+    raw = bytearray(bad.read_bytes())
+    raw[len(raw) // 2] ^= 0xFF
+    bad.write_bytes(bytes(raw))
+    truncated = tmp_path / "z.zarr" / "c" / "1" / "0"
+    truncated.write_bytes(truncated.read_bytes()[:-7])
+    m = mount(src)
+    with pytest.raises(OSError) as e:
+        (m.path / "c" / "0" / "1.tiff").read_bytes()
+    assert e.value.errno == errno.EIO
+    arr = zarr.open_array(str(src))
+    np.testing.assert_array_equal(tifffile.imread(m.path / "c" / "0" / "0.tiff"), expected_chunk(arr, (0, 0)))
+    m2 = mount(tmp_path / "z.zarr")
+    with pytest.raises(OSError) as e:
+        (m2.path / "c" / "1" / "0.tiff").read_bytes()
+    assert e.value.errno == errno.EIO
+    tifffile.imread(m2.path / "c" / "1" / "1.tiff")
+    assert "c/0/1" in m.log() or "c/0/1.tiff" in m.log()
+
+
+def test_eight_processes_read_different_chunks(tmp_path: Path, mount) -> None:
+    src = tmp_path / "a.zarr"
+    stores.v3(src, shape=(256, 256), chunks=(64, 64))
+    m = mount(src)
+    script = (
+        "import sys, hashlib, numpy as np, tifffile, zarr\n"
+        "mnt, src, i = sys.argv[1], sys.argv[2], int(sys.argv[3])\n"
+        "a = zarr.open_array(src)\n"
+        "for j in range(4):\n"
+        "    for _ in range(3):\n"
+        "        d = tifffile.imread(f'{mnt}/c/{(i + j) % 4}/{i % 4}.tiff')\n"
+        "        r, c = (i + j) % 4, i % 4\n"
+        "        assert (d == a[r*64:(r+1)*64, c*64:(c+1)*64]).all(), (i, j)\n"
+        "print('ok')\n"
+    )
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(m.path), str(src), str(i)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(8)]
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0 and out.strip() == "ok", err
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_unmounts_cleanly(tmp_path: Path, mount, sig: int) -> None:
+    stores.v3(tmp_path / "a.zarr")
+    m = mount(tmp_path / "a.zarr")
+    (m.path / "c" / "0" / "0.tiff").read_bytes()
+    m.proc.send_signal(sig)
+    assert m.proc.wait(timeout=20) == 0, m.log()
+    assert not os.path.ismount(m.path)
+
+
+def test_many_entries_in_one_directory(tmp_path: Path, mount) -> None:
+    src = tmp_path / "flat.zarr"
+    a = zarr.create_array(str(src), shape=(3000,), chunks=(1,), dtype="uint8", zarr_format=2,
+                          chunk_key_encoding={"name": "v2", "separator": "."}, fill_value=0, compressors=None)
+    a[...] = np.arange(3000) % 250 + 1
+    m = mount(src)
+    names = os.listdir(m.path)
+    assert len(names) == 3001 and "2999.tiff" in names
+    assert tifffile.imread(m.path / "2999.tiff").ravel()[0] == 2999 % 250 + 1
+
+
+def test_all_chunks_lists_missing_as_fill(tmp_path: Path, mount) -> None:
+    src = tmp_path / "sparse.zarr"
+    a = zarr.create_array(str(src), shape=(16, 16), chunks=(8, 8), dtype="int16", fill_value=-7)
+    a[0:8, 0:8] = 5
+    assert len(chunk_files(mount(src).path)) == 1
+    m = mount(src, "--all-chunks")
+    assert len(chunk_files(m.path)) == 4
+    assert (tifffile.imread(m.path / "c" / "1" / "1.tiff") == -7).all()
+
+
+def test_crop_edges(tmp_path: Path, mount) -> None:
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src, shape=(20, 30), chunks=(8, 16))
+    m = mount(src, "--crop-edges")
+    np.testing.assert_array_equal(tifffile.imread(m.path / "c" / "2" / "1.tiff"), data[16:20, 16:30])
+    np.testing.assert_array_equal(tifffile.imread(m.path / "c" / "0" / "0.tiff"), data[0:8, 0:16])
+
+
+def test_strings_array_is_a_directory_without_chunk_files(tmp_path: Path, mount) -> None:
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    s = root.create_array("names", shape=(4,), chunks=(2,), dtype=str)
+    s[...] = np.array(["a", "b", "c", "d"])
+    root.create_array("img", shape=(4, 4), chunks=(4, 4), dtype="uint8")[...] = 3
+    m = mount(tmp_path / "g.zarr")
+    assert os.listdir(m.path / "names") == ["zarr.json"]
+    assert "unsupported" in (m.path / "names" / "zarr.json").read_text()
+    assert (m.path / "img" / "c" / "0" / "0.tiff").is_file()

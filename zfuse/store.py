@@ -1,0 +1,145 @@
+"""Opening the store a mount reads, and the wrapper that measures and bounds it.
+
+`open_store(source)` turns a path or URL into a zarr Store (local directories
+get `AtomicLocalStore`, whose writes are atomic: temporary file, fsync,
+rename). `MeteredStore` wraps any store: it counts requests and bytes into
+`Stats` (the mount's `.zfuse/stats`) and bounds every request by a timeout
+so a hung server gives an error, never a hung `ls`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from collections.abc import AsyncIterator, Iterable
+from pathlib import Path
+from typing import Any
+
+from zarr.abc.store import ByteRequest, Store
+from zarr.core.buffer import Buffer, BufferPrototype
+from zarr.storage import LocalStore, WrapperStore
+
+from zfuse.stats import Stats
+
+METADATA_NAMES = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
+
+
+def _kind(key: str) -> str:
+    return "metadata" if key.rsplit("/", 1)[-1] in METADATA_NAMES or key.endswith(".json") else "chunk"
+
+
+class AtomicLocalStore(LocalStore):
+    """LocalStore whose whole-object writes are atomic: a crash leaves old or new, never torn."""
+
+    async def set(self, key: str, value: Buffer) -> None:
+        await self._ensure_open()
+        self._check_writable()
+        path = Path(self.root) / key
+        await asyncio.to_thread(_atomic_write, path, value.to_bytes())
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    dir_fd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
+class MeteredStore(WrapperStore[Store]):
+    """Counts store requests/bytes and bounds each request by `timeout` seconds."""
+
+    def __init__(self, store: Store, stats: Stats | None = None, timeout: float | None = None) -> None:
+        super().__init__(store)
+        self.stats = stats or Stats()
+        self.timeout = timeout
+
+    def _with_store(self, store: Store) -> MeteredStore:
+        return type(self)(store, self.stats, self.timeout)
+
+    async def _bounded(self, coro: Any) -> Any:
+        if self.timeout is None:
+            return await coro
+        try:
+            return await asyncio.wait_for(coro, self.timeout)
+        except TimeoutError:
+            self.stats.count("store_timeouts")
+            raise TimeoutError(f"store request timed out after {self.timeout}s") from None
+
+    async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
+        kind = _kind(key)
+        self.stats.count(f"store_get_{kind}{'_ranged' if byte_range is not None else ''}")
+        result = await self._bounded(self._store.get(key, prototype, byte_range))
+        if result is not None:
+            self.stats.count(f"store_bytes_{kind}", len(result))
+        return result
+
+    async def get_partial_values(
+        self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
+    ) -> list[Buffer | None]:
+        key_ranges = list(key_ranges)
+        self.stats.count("store_get_partial", len(key_ranges))
+        results = await self._bounded(self._store.get_partial_values(prototype, key_ranges))
+        self.stats.count("store_bytes_chunk", sum(len(r) for r in results if r is not None))
+        return results
+
+    async def exists(self, key: str) -> bool:
+        self.stats.count("store_exists")
+        return await self._bounded(self._store.exists(key))
+
+    async def set(self, key: str, value: Buffer) -> None:
+        self.stats.count("store_set")
+        self.stats.count("store_bytes_written", len(value))
+        await self._bounded(self._store.set(key, value))
+
+    async def delete(self, key: str) -> None:
+        self.stats.count("store_delete")
+        await self._bounded(self._store.delete(key))
+
+    async def _listing(self, it: AsyncIterator[str]) -> AsyncIterator[str]:
+        self.stats.count("store_list")
+        async for key in it:
+            yield key
+
+    def list(self) -> AsyncIterator[str]:
+        return self._listing(self._store.list())
+
+    def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        return self._listing(self._store.list_prefix(prefix))
+
+    def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        return self._listing(self._store.list_dir(prefix))
+
+
+def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] | None = None) -> Store:
+    """A zarr Store for a local path or a URL (s3://, gs://, https://, ...)."""
+    if "://" in source and not source.startswith("file://"):
+        from zarr.storage import FsspecStore
+
+        options = dict(storage_options or {})
+        if source.startswith(("http://", "https://")):
+            read_only = True
+            options.pop("endpoint_url", None)
+            options.pop("client_kwargs", None)
+        else:
+            options.pop("endpoint_url", None)  # lives in client_kwargs for s3fs
+        return FsspecStore.from_url(source, storage_options=options, read_only=read_only)
+    path = source.removeprefix("file://")
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"no such file or directory: {path}")
+    return AtomicLocalStore(path, read_only=read_only)
