@@ -316,8 +316,10 @@ def plan_layout(
     data_size = math.prod(shape) * dt.itemsize
 
     # Classic unless the whole file passes 4 GiB - 1 (offsets are uint32).
-    built = _build(meta, dt, shape, bigtiff=False, data_offset=0)
-    bigtiff = _align(len(built.header)) + data_size > _CLASSIC_LIMIT
+    bigtiff = data_size > _CLASSIC_LIMIT  # no classic header can address that
+    if not bigtiff:
+        built = _build(meta, dt, shape, bigtiff=False, data_offset=0)
+        bigtiff = _align(len(built.header)) + data_size > _CLASSIC_LIMIT
     if bigtiff:
         built = _build(meta, dt, shape, bigtiff=True, data_offset=0)
     header_size = _align(len(built.header))
