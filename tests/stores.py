@@ -76,3 +76,46 @@ def ome_group(path: Path, shape=(4, 40, 50), chunks=(2, 16, 16), seed=0) -> dict
 
 
 __all__ = ["values", "v3", "v2", "sharded", "ome_group", "BytesCodec", "ShardingCodec"]
+
+
+SHARDING_V1 = "https://purl.org/zarr/spec/storage_transformers/sharding/1.0"
+
+
+def with_transformers(path: Path, transformers: list, shape=(20, 30), chunks=(8, 16), dtype="uint16",
+                      seed=0, compressors: Any = "zstd") -> np.ndarray:
+    """An array created through zfuse.open_array with storage transformers."""
+    from zfuse.ext.api import open_array
+
+    data = values(shape, dtype, seed)
+    comp = [ZstdCodec(level=1)] if compressors == "zstd" else list(compressors or [])
+    arr = open_array(str(path), mode="w", shape=shape, chunks=chunks, dtype=dtype, fill_value=0,
+                     codecs=[BytesCodec(), *comp], storage_transformers=transformers)
+    arr[...] = data
+    return data
+
+
+def concat_parts(path: Path, **kw: Any) -> np.ndarray:
+    """The concat-parts seed's layout: zstd data in c/i/j, crc32c in c/i/j.crc32c."""
+    parts = [{"name": "concat-parts", "configuration": {"parts": [
+        {"key_suffix": ""}, {"key_suffix": ".crc32c", "size": 4}]}}]
+    return with_transformers(path, parts, compressors=[ZstdCodec(level=1), Crc32cCodec()], **kw)
+
+
+def sharding_v1(path: Path, chunks_per_shard=(2, 2), **kw: Any) -> np.ndarray:
+    t = [{"name": SHARDING_V1, "type": "indexed", "configuration": {"chunks_per_shard": list(chunks_per_shard)}}]
+    return with_transformers(path, t, **kw)
+
+
+def stacked(path: Path, **kw: Any) -> np.ndarray:
+    """sharding v1 then concat-parts: each shard split into a data part and its 16*n-byte index."""
+    t = [{"name": SHARDING_V1, "type": "indexed", "configuration": {"chunks_per_shard": [2, 2]}},
+         {"name": "concat-parts", "configuration": {"parts": [{"key_suffix": ""},
+                                                              {"key_suffix": ".index", "size": 16 * 4}]}}]
+    return with_transformers(path, t, **kw)
+
+
+def open_any(path: Path) -> Any:
+    """Open any test store the way the mount does (transformers included)."""
+    from zfuse.ext.api import open_array
+
+    return open_array(str(path), mode="r")
