@@ -46,6 +46,15 @@ Invariants:
 - ``storage_transformers`` are carried across unchanged except that the
   legacy ``extension`` key becomes today's ``name`` (and back), so the
   transformer machinery in ``zfuse.ext`` recognises sharding v1.
+
+Mapping notes: ``data_type`` is read in zarr 2.18's spelling ("<u2", "u1",
+"bool", complex as an extension object) and in acquire-driver-zarr's ("u2",
+"<u1", later "uint16"; no byte order means its native little-endian); it is
+written back in zarr 2.18's spelling. zarr 2.18 keeps v3 filters in
+``attributes["filters"]``; arrays using them are refused, not misread.
+``fill_value: null`` reads as the data type's zero. Array metadata is cached
+per path; another process rewriting ``.array.json`` behind an open store is
+not noticed.
 """
 
 from __future__ import annotations
