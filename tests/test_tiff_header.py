@@ -162,7 +162,7 @@ def test_tiffinfo_reports_fields(tmp_path: Path) -> None:
 
 # ----------------------------------------------------------------------- ImageJ
 
-# ImageJ 1.52i opens these natively (u4 is read as *signed* 32-bit: keep < 2**31;
+# ImageJ 1.53t (Debian) opens these natively (u4 is read as *signed* 32-bit: keep < 2**31;
 # i1 is read as unsigned 8-bit; f8, f2, 64-bit ints and complex do not open).
 IJ_DTYPES = {"?": 8, "u1": 8, "u2": 16, "i2": 16, "f4": 32, "i4": 32, "u4": 32}
 

@@ -5,7 +5,7 @@ fails, so a test failure shows what the program said. `requires(...)` skips a
 test when a program is missing, except under ZFUSE_REQUIRE_FUSE=1 (CI), where a
 missing program is a failure: nothing is silently skipped there.
 
-Headless ImageJ notes (ImageJ 1.52i from Debian, OpenJDK 17):
+Headless ImageJ notes (Debian imagej: ij-1.52i.jar, which reports itself as 1.53t; OpenJDK 17):
 - A macro's open() throws HeadlessException (IJ.init builds AWT menus) unless
   the macro first calls ``call("ij.IJ.open", "/nonexistent")``: that call
   initialises ImageJ once (printing the exception trace to stdout), after which
@@ -223,8 +223,8 @@ def imagej_save_many(
 ) -> None:
     """For each (source, destination), ImageJ opens the source and writes
     ``saveAs("Tiff", destination)``; all in one JVM. A source array is first
-    written with tifffile as an ImageJ file (3-D arrays become Z stacks; dtypes
-    as ImageJ supports them)."""
+    written with tifffile as an ImageJ file (3-D arrays become Z stacks), or as
+    a plain grayscale TIFF for dtypes tifffile's ImageJ mode refuses."""
     import tifffile
 
     with tempfile.TemporaryDirectory(prefix="zfuse-ijsrc-") as tmp:
@@ -232,7 +232,12 @@ def imagej_save_many(
         for i, (src, dst) in enumerate(pairs):
             if isinstance(src, np.ndarray):
                 path = Path(tmp) / f"src{i}.tif"
-                tifffile.imwrite(path, src, imagej=True)
+                try:
+                    tifffile.imwrite(path, src, imagej=True)
+                except ValueError:
+                    # tifffile's ImageJ mode takes only u1/u2/i2(?)/f4; ImageJ itself
+                    # also reads plain int32/uint32 TIFFs (as 32-bit float images)
+                    tifffile.imwrite(path, src, photometric="minisblack")
                 src = path
             items += _check_paths([src, dst])
         if not items:

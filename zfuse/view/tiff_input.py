@@ -5,8 +5,10 @@ Invariants:
 - `decode_tiff` returns an array of exactly the chunk's shape (or the cropped
   edge shape, when the TIFF has that shape) and exactly the requested dtype,
   or raises `InvalidTiffError` whose message names the problem. It never
-  casts between dtypes (the one exception: a bool chunk accepts uint8 0/1 and
-  1-bit bilevel images) and never pads or crops.
+  casts between dtypes and never pads or crops. Exceptions, both lossless
+  encodings of the same values: a bool chunk accepts uint8 0/1 and 1-bit
+  bilevel images; an int16 chunk accepts ImageJ's signed-16-bit form (uint16
+  offset by 32768, declared by its calibration function).
 - Any valid TIFF layout is accepted (via tifffile): strips or tiles, either
   byte order, classic or BigTIFF, compressed with anything imagecodecs
   decodes, one page per flattened leading-axis index, in IFD order.
@@ -145,26 +147,43 @@ def decode_tiff(
         except Exception as exc:
             raise _fail(f"not a readable TIFF: {_truncation(view) or exc}", warnings) from exc
         with tif:
-            return _decode_pages(tif, view, shapes, want, warnings)
+            try:
+                return _decode_pages(tif, view, shapes, want, warnings)
+            except InvalidTiffError as exc:
+                # a cut-off file shows up as missing pages or bad data: say so
+                cut = _truncation(view)
+                if cut is None or str(exc).startswith("TIFF truncated"):
+                    raise
+                raise InvalidTiffError(f"{cut}; {exc}") from exc
 
 
 def _truncation(view: memoryview) -> str | None:
-    """A message if the first IFD does not fit in the bytes (a cut-off file)."""
+    """A message if the IFD chain leaves the bytes (a cut-off file), else None.
+
+    tifffile stops quietly at an IFD beyond the end and reports fewer pages;
+    this names the real problem. Only called on error paths."""
+    size = len(view)
     bo = "<" if view[0] == 0x49 else ">"
-    big = view[2:4] in (b"+\0", b"\0+")
-    try:
-        if big:
-            (offset,) = struct.unpack(bo + "Q", view[8:16])
-            (count,) = struct.unpack(bo + "Q", view[offset : offset + 8])
-            end = offset + 8 + count * 20 + 8
-        else:
-            (offset,) = struct.unpack(bo + "I", view[4:8])
-            (count,) = struct.unpack(bo + "H", view[offset : offset + 2])
-            end = offset + 2 + count * 12 + 4
-    except struct.error:
-        return f"truncated: the file ({len(view)} bytes) ends before its first IFD"
-    if end > len(view):
-        return f"truncated: the first IFD ends at byte {end}, the file has {len(view)}"
+    if bytes(view[2:4]) in (b"+\0", b"\0+"):
+        cnt, off, esize, first_at = "Q", "Q", 20, 8
+    else:
+        cnt, off, esize, first_at = "H", "I", 12, 4
+    csize, osize = struct.calcsize(cnt), struct.calcsize(off)
+    if first_at + osize > size:
+        return f"truncated: the file ({size} bytes) ends inside the TIFF header"
+    (offset,) = struct.unpack(bo + off, view[first_at : first_at + osize])
+    seen: set[int] = set()
+    index = 0
+    while offset and offset not in seen and len(seen) < 1_000_000:
+        seen.add(offset)
+        if offset + csize > size:
+            return f"truncated: IFD {index} starts at byte {offset}, the file has {size} bytes"
+        (count,) = struct.unpack(bo + cnt, view[offset : offset + csize])
+        end = offset + csize + count * esize + osize
+        if end > size:
+            return f"truncated: IFD {index} ends at byte {end}, the file has {size} bytes"
+        (offset,) = struct.unpack(bo + off, view[end - osize : end])
+        index += 1
     return None
 
 
@@ -215,6 +234,18 @@ def _planes(page: tifffile.TiffPage) -> int:
     return planes
 
 
+def _imagej_int16(tif: tifffile.TiffFile, got: np.dtype | None, want: np.dtype) -> bool:
+    """ImageJ stores a signed 16-bit image as uint16 + 32768 and declares the
+    linear calibration value = raw - 32768 (cf=0, c0=-32768, c1=1) in its
+    description. That is int16 data in ImageJ's encoding, not a different dtype."""
+    if want.kind != "i" or want.itemsize != 2 or got is None or got.kind != "u":
+        return False
+    if got.itemsize != 2 or not tif.is_imagej:
+        return False
+    md = tif.imagej_metadata or {}
+    return md.get("cf") == 0 and md.get("c0") == -32768 and md.get("c1") == 1
+
+
 def _dtype_ok(got: np.dtype | None, want: np.dtype) -> bool:
     if got is None:
         return False
@@ -238,6 +269,7 @@ def _decode_pages(
         raise _fail("TIFF has no image", warnings)
 
     first = pages[0]
+    signed16 = _imagej_int16(tif, first.dtype, want)
     names = f"{len(pages)} page(s) of {first.imagelength}x{first.imagewidth}"
     for i, page in enumerate(pages):
         where = f"page {i}" if len(pages) > 1 else "the image"
@@ -250,7 +282,7 @@ def _decode_pages(
                 warnings,
             )
         got = page.dtype
-        if not _dtype_ok(got, want):
+        if not _dtype_ok(got, want) and not signed16:
             got_name = (
                 _dtype_name(got)
                 if got is not None
@@ -326,6 +358,8 @@ def _decode_pages(
             warnings,
         ) from exc
     arr = out.reshape(shape)
+    if signed16:
+        return (arr ^ np.uint16(0x8000)).view(np.int16).astype(want)  # raw - 32768
     if want.kind == "b":
         return _to_bool(arr)
     return arr.astype(want, copy=False)

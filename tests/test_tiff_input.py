@@ -1,0 +1,433 @@
+"""decode_tiff against TIFFs really written by tifffile, libtiff's tiffcp and
+headless ImageJ, zfuse's own layout (fast path), and a catalogue of bad files
+that must each raise InvalidTiffError naming the problem."""
+
+from __future__ import annotations
+
+import io
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from tools import imagej_save_many, requires, tiffcp
+
+from zfuse.errors import InvalidTiffError
+from zfuse.view.tiff import build_header, plan_layout
+from zfuse.view.tiff_input import decode_tiff as decode
+from zfuse.view.tiff_input import max_file_size
+
+SHAPE = (3, 40, 50)
+DTYPES = ["?", "u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f2", "f4", "f8", "c8", "c16"]
+
+
+def sample(shape: tuple[int, ...], dtype: str, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    if dt.kind in "ui":
+        info = np.iinfo(dt)
+        return rng.integers(info.min, info.max, shape, dtype=dt, endpoint=True)
+    if dt.kind == "f":
+        return (rng.standard_normal(shape) * 1000).astype(dt)
+    return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt)
+
+
+def tiff_bytes(a: np.ndarray, **kw: object) -> bytes:
+    buf = io.BytesIO()
+    kw.setdefault("photometric", "minisblack")
+    # without metadata=None tifffile squeezes size-1 axes: (3, 2, 1) becomes one
+    # 3x2 page with a trailing "sample" axis instead of three 2x1 pages
+    kw.setdefault("metadata", None)
+    tifffile.imwrite(buf, a, **kw)  # type: ignore[arg-type]
+    return buf.getvalue()
+
+
+def own_file(a: np.ndarray, coords: tuple[int, ...] = (1, 0, 1), **plan: object) -> bytes:
+    layout = plan_layout(a.shape, a.dtype, **plan)  # type: ignore[arg-type]
+    return build_header(layout, coords) + a.astype(layout.dtype).tobytes()
+
+
+def assert_decodes(data: bytes, expect: np.ndarray, **kw: object) -> None:
+    got = decode(data, chunk_shape=expect.shape, dtype=expect.dtype, **kw)  # type: ignore[arg-type]
+    assert got.shape == expect.shape
+    assert got.dtype == expect.dtype
+    np.testing.assert_array_equal(got, expect)
+
+
+def assert_invalid(data: bytes, *words: str, **kw: object) -> str:
+    kw.setdefault("chunk_shape", SHAPE)
+    kw.setdefault("dtype", "u2")
+    with pytest.raises(InvalidTiffError) as info:
+        decode(data, **kw)  # type: ignore[arg-type]
+    message = str(info.value)
+    for word in words:
+        assert word.lower() in message.lower(), message
+    return message
+
+
+# ------------------------------------------------------------------- tifffile
+
+TIFFFILE_VARIANTS = {
+    "contiguous": {},
+    "deflate": {"compression": "zlib"},
+    "lzw": {"compression": "lzw"},
+    "packbits": {"compression": "packbits"},
+    "zstd": {"compression": "zstd"},
+    "lzma": {"compression": "lzma"},
+    "deflate+predictor": {"compression": "zlib", "predictor": True},
+    "tiled": {"tile": (16, 16)},
+    "tiled+lzw": {"tile": (32, 16), "compression": "lzw"},
+    "strips": {"rowsperstrip": 7},
+    "big-endian": {"byteorder": ">"},
+    "big-endian+deflate": {"byteorder": ">", "compression": "zlib"},
+    "bigtiff": {"bigtiff": True},
+    "bigtiff+big-endian+tiled": {"bigtiff": True, "byteorder": ">", "tile": (16, 32)},
+    "imagej": {"imagej": True, "photometric": None},
+    "planar-rgb-default": {"photometric": None},  # tifffile writes (3, Y, X) as planar RGB
+}
+
+
+@pytest.mark.filterwarnings("ignore:.*stored as RGB with separate:DeprecationWarning")
+@pytest.mark.parametrize("variant", TIFFFILE_VARIANTS)
+def test_tifffile_layouts(variant: str) -> None:
+    a = sample(SHAPE, "u2")
+    kw = dict(TIFFFILE_VARIANTS[variant])
+    if kw.get("photometric", "x") is None:
+        del kw["photometric"]
+        buf = io.BytesIO()
+        tifffile.imwrite(buf, a, **kw)  # type: ignore[arg-type]
+        data = buf.getvalue()
+    else:
+        data = tiff_bytes(a, **kw)
+    assert_decodes(data, a)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("compression", [None, "zlib"])
+def test_tifffile_every_dtype(dtype: str, compression: str | None) -> None:
+    a = sample((2, 9, 11), dtype)
+    assert_decodes(tiff_bytes(a, compression=compression), a)
+    assert_decodes(tiff_bytes(a, compression=compression, byteorder=">"), a)
+
+
+def test_imagej_hyperstack_from_tifffile() -> None:
+    a = sample((2, 3, 4, 10, 12), "f4")  # TZCYX: ImageJ's page order is C order here
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, a, imagej=True, metadata={"axes": "TZCYX"})
+    assert_decodes(buf.getvalue(), a)
+
+
+def test_volumetric_tiles_count_as_pages() -> None:
+    a = sample((4, 32, 32), "u1")
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, a, tile=(2, 16, 16), volumetric=True, photometric="minisblack")
+    with tifffile.TiffFile(io.BytesIO(buf.getvalue())) as tif:
+        assert len(tif.pages) == 1 and tif.pages[0].imagedepth == 4
+    assert_decodes(buf.getvalue(), a)
+
+
+def test_low_dimensional_chunks() -> None:
+    line = sample((17,), "i4")
+    assert_decodes(tiff_bytes(line.reshape(1, 17)), line)
+    scalar = np.array(3.5, dtype="f8")
+    assert_decodes(tiff_bytes(scalar.reshape(1, 1)), scalar)
+    five = sample((2, 1, 3, 6, 7), "u2")
+    assert_decodes(tiff_bytes(five.reshape(6, 6, 7)), five)
+
+
+def test_bool_chunk_accepts_uint8_and_bilevel() -> None:
+    a = sample((3, 8, 9), "?")
+    assert_decodes(tiff_bytes(a.astype("u1")), a)
+    assert_decodes(tiff_bytes(a), a)  # tifffile writes bool as 1-bit bilevel
+    bad = a.astype("u1") * 255
+    assert_invalid(tiff_bytes(bad), "0 or 1", "255", chunk_shape=a.shape, dtype="?")
+    assert_invalid(tiff_bytes(a.astype("u2")), "uint16", "bool", chunk_shape=a.shape, dtype="?")
+
+
+def test_jpeg_decodes_when_codec_available() -> None:
+    a = (np.arange(64 * 64).reshape(64, 64) % 251).astype("u1")
+    data = tiff_bytes(a, compression="jpeg")
+    got = decode(data, chunk_shape=(64, 64), dtype="u1")
+    assert got.shape == (64, 64) and got.dtype == np.uint8
+    assert np.abs(got.astype(int) - a).mean() < 8  # lossy, but the right image
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    shape=st.lists(st.integers(1, 6), min_size=2, max_size=4).map(tuple),
+    dtype=st.sampled_from(DTYPES),
+    compression=st.sampled_from([None, "zlib", "lzw", "packbits"]),
+    byteorder=st.sampled_from(["<", ">"]),
+    tiled=st.booleans(),
+)
+def test_property_tifffile_round_trip(
+    shape: tuple[int, ...], dtype: str, compression: str | None, byteorder: str, tiled: bool
+) -> None:
+    a = sample(shape, dtype, seed=len(shape))
+    pages = a.reshape(-1, *shape[-2:])
+    kw: dict[str, object] = {"compression": compression, "byteorder": byteorder}
+    if tiled:
+        kw["tile"] = (16, 16)
+    if np.dtype(dtype).kind == "b" and (compression or tiled):
+        pages = pages.astype("u1")  # tifffile: no compressed/tiled bilevel
+    assert_decodes(tiff_bytes(pages, **kw), a)
+
+
+# ---------------------------------------------------------------------- tiffcp
+
+TIFFCP_VARIANTS = {
+    "lzw": ["-c", "lzw"],
+    "lzw+predictor": ["-c", "lzw:2"],
+    "zip": ["-c", "zip"],
+    "packbits": ["-c", "packbits"],
+    "zstd": ["-c", "zstd"],
+    "lzma": ["-c", "lzma"],
+    "tiles": ["-t", "-w", "16", "-l", "16"],
+    "tiles+zip": ["-t", "-w", "32", "-l", "16", "-c", "zip"],
+    "strips": ["-s", "-r", "3"],
+    "big-endian": ["-B"],
+    "big-endian+lzw+tiles": ["-B", "-c", "lzw", "-t", "-w", "16", "-l", "16"],
+    "bigtiff": ["-8"],
+}
+
+
+@pytest.mark.parametrize("variant", TIFFCP_VARIANTS)
+def test_tiffcp_layouts(tmp_path: Path, variant: str) -> None:
+    requires("tiffcp")
+    for dtype in ("u2", "f4", "i1"):
+        a = sample(SHAPE, dtype)
+        src = tmp_path / f"{dtype}.tiff"
+        src.write_bytes(own_file(a))
+        dst = tmp_path / f"{dtype}-{variant}.tiff"
+        tiffcp(src, dst, *TIFFCP_VARIANTS[variant])
+        assert_decodes(dst.read_bytes(), a)
+
+
+# ---------------------------------------------------------------------- ImageJ
+
+
+@pytest.mark.imagej
+def test_imagej_saved_files(tmp_path: Path) -> None:
+    """One ImageJ run saves every case; ImageJ writes big-endian ("MM") files."""
+    requires("imagej")
+    stack = sample(SHAPE, "u2")
+    own = tmp_path / "own.tiff"
+    own.write_bytes(own_file(stack, axes="zyx", scales=[2.0, 0.5, 0.5]))
+    hyper = sample((2, 3, 4, 10, 12), "u1")
+    own5 = tmp_path / "own5.tiff"
+    own5.write_bytes(own_file(hyper, (0, 0, 0, 0, 0), axes="tzcyx"))
+    signed = np.array([[-32768, -1, 0], [1, 2, 32767]], dtype="i2")
+    signed_own = tmp_path / "signed.tiff"
+    signed_own.write_bytes(own_file(signed, (0, 0)))
+    cases: list[tuple[np.ndarray | Path, np.ndarray | None, str]] = [
+        (sample((40, 50), "u1"), None, "u1"),
+        (sample((40, 50), "u2"), None, "u2"),
+        (sample((40, 50), "f4"), None, "f4"),
+        (sample((3, 40, 50), "f4"), None, "f4 stack"),
+        (own, stack, "own 3-D u2"),
+        (own5, hyper, "own 5-D hyperstack"),
+        (signed_own, signed, "own int16 (ImageJ's offset form)"),
+    ]
+    pairs = [(src, tmp_path / f"saved{i}.tif") for i, (src, _, _) in enumerate(cases)]
+    imagej_save_many(pairs)
+    for (src, expect, name), (_, dst) in zip(cases, pairs, strict=True):
+        want = src if expect is None else expect
+        assert isinstance(want, np.ndarray)
+        data = dst.read_bytes()
+        assert data[:2] == b"MM", name
+        try:
+            assert_decodes(data, want)
+        except InvalidTiffError as exc:  # pragma: no cover - shows which case
+            raise AssertionError(f"{name}: {exc}") from exc
+
+
+@pytest.mark.imagej
+def test_imagej_int32_becomes_float_and_is_refused(tmp_path: Path) -> None:
+    requires("imagej")
+    a = sample((6, 7), "i4") // 1000
+    src = tmp_path / "i4.tiff"
+    src.write_bytes(own_file(a, (0, 0)))
+    dst = tmp_path / "i4-saved.tif"
+    imagej_save_many([(src, dst)])
+    assert_invalid(dst.read_bytes(), "float32", "int32", chunk_shape=(6, 7), dtype="i4")
+
+
+# ------------------------------------------------------------ own layout path
+
+
+def test_own_layout_fast_and_slow_paths_agree() -> None:
+    for dtype in DTYPES:
+        a = sample(SHAPE, dtype)
+        layout = plan_layout(SHAPE, dtype, grid_shape=(5, 5, 5))
+        data = build_header(layout, (4, 0, 2)) + a.astype(layout.dtype).tobytes()
+        assert_decodes(data, a, layout=layout)
+        assert_decodes(data, a)
+        assert_decodes(bytearray(data), a, layout=layout)
+        assert_decodes(memoryview(data), a, layout=layout)
+
+
+def test_own_layout_result_does_not_alias_input() -> None:
+    a = sample(SHAPE, "u2")
+    layout = plan_layout(SHAPE, "u2")
+    buf = bytearray(build_header(layout, (0, 0, 0)) + a.tobytes())
+    got = decode(memoryview(buf), chunk_shape=SHAPE, dtype="u2", layout=layout)
+    buf[-2:] = b"\xff\xff"
+    np.testing.assert_array_equal(got, a)
+    got[0, 0, 0] = 1  # writable
+
+
+def test_own_layout_cropped_edge_chunk() -> None:
+    layout = plan_layout(SHAPE, "f4", grid_shape=(2, 2, 2))
+    crop = (2, 40, 13)
+    a = sample(crop, "f4")
+    data = build_header(layout, (1, 0, 1), shape=crop) + a.tobytes()
+    for kw in ({"layout": layout}, {}):
+        got = decode(data, chunk_shape=SHAPE, dtype="f4", cropped_shape=crop, **kw)
+        np.testing.assert_array_equal(got, a)
+    # without cropped_shape the smaller image is a shape error
+    assert_invalid(data, "shape", "2 page(s) of 40x13", dtype="f4")
+    # and the full shape is still accepted when a cropped shape is allowed
+    full = sample(SHAPE, "f4")
+    got = decode(own_file(full), chunk_shape=SHAPE, dtype="f4", cropped_shape=crop)
+    np.testing.assert_array_equal(got, full)
+
+
+def test_own_layout_with_edited_header_is_parsed_not_trusted() -> None:
+    a = sample(SHAPE, "u2")
+    layout = plan_layout(SHAPE, "u2", grid_shape=(3, 3, 3))
+    header = bytearray(build_header(layout, (0, 1, 2)))
+    # ImageWidth 50 -> 25 in the first IFD only: the file now lies about page 0
+    with tifffile.TiffFile(io.BytesIO(bytes(header))) as tif:
+        width_at = tif.pages[0].tags["ImageWidth"].valueoffset
+    struct.pack_into("<I", header, width_at, 25)
+    data = bytes(header) + a.tobytes()
+    assert_invalid(data, "differ", layout=layout)
+    # a position record claiming another chunk is fine: the pixels are what count
+    header = bytearray(build_header(layout, (0, 1, 2)))
+    at = header.index(b'{"chunk":[0,1,2]')
+    header[at : at + 16] = b'{"chunk":[2,2,2]'
+    assert_decodes(bytes(header) + a.tobytes(), a, layout=layout)
+
+
+def test_layout_must_match_arguments() -> None:
+    layout = plan_layout(SHAPE, "u2")
+    with pytest.raises(ValueError, match="layout"):
+        decode(own_file(sample(SHAPE, "u2")), chunk_shape=SHAPE, dtype="u1", layout=layout)
+
+
+def test_max_file_size_allows_real_writers_and_stops_runaways() -> None:
+    layout = plan_layout((2, 257, 257), "u2")
+    limit = max_file_size(layout)
+    assert limit > layout.file_size
+    # tiles just smaller than the image nearly quadruple the stored pixels
+    a = sample((2, 257, 257), "u2")
+    padded = tiff_bytes(a, tile=(256, 256))
+    assert len(padded) < limit
+    assert limit < 100 * layout.file_size + 64 * 2**20
+
+
+# -------------------------------------------------------------------- bad files
+
+
+def test_not_a_tiff() -> None:
+    assert_invalid(b"", "not a TIFF", "0 bytes")
+    assert_invalid(b"II*", "not a TIFF")
+    assert_invalid(b"\x89PNG\r\n\x1a\n" + bytes(100), "not a TIFF", "PNG")
+    assert_invalid(b"GIF89a" + bytes(100), "not a TIFF")
+
+
+def test_truncated() -> None:
+    a = sample(SHAPE, "u2")
+    full = tiff_bytes(a)
+    assert_invalid(full[:10], "truncated")
+    assert_invalid(full[: len(full) - 1000], "truncated")
+    own = own_file(a)
+    layout = plan_layout(SHAPE, "u2")
+    assert_invalid(own[:-1], "truncated", layout=layout)
+    assert_invalid(own[:-1], "truncated")
+    assert_invalid(own[: layout.header_size // 2], "truncated")
+    compressed = tiff_bytes(a, compression="zlib")
+    assert_invalid(compressed[: len(compressed) // 2], "truncated")
+
+
+def test_wrong_dtype_names_both() -> None:
+    a = sample(SHAPE, "f4")
+    msg = assert_invalid(tiff_bytes(a), "float32", "uint16")
+    assert "convert" in msg
+    assert_invalid(tiff_bytes(sample(SHAPE, "i2")), "int16", "uint16")
+    assert_invalid(tiff_bytes(sample(SHAPE, "u2")), "uint16", "int16", dtype="i2")  # no ImageJ cf
+    assert_invalid(tiff_bytes(sample(SHAPE, "c8")), "complex64", dtype="f8")
+    assert_invalid(tiff_bytes(sample(SHAPE, "u1")), "uint8", "uint16")
+
+
+def test_wrong_shape_and_page_count() -> None:
+    assert_invalid(tiff_bytes(sample((40, 50), "u2")), "shape", "1 page(s)", "3 page(s)")
+    assert_invalid(tiff_bytes(sample((4, 40, 50), "u2")), "shape", "4 page(s)")
+    assert_invalid(tiff_bytes(sample((3, 50, 40), "u2")), "shape", "50x40", "40x50")
+    # a 3-D chunk flattened into one tall image is not accepted
+    assert_invalid(tiff_bytes(sample((120, 50), "u2")), "shape", "120x50")
+    # pages of different sizes
+    buf = io.BytesIO()
+    with tifffile.TiffWriter(buf) as tw:
+        tw.write(sample((40, 50), "u2"), photometric="minisblack")
+        tw.write(sample((40, 51), "u2"), photometric="minisblack")
+        tw.write(sample((40, 50), "u2"), photometric="minisblack")
+    assert_invalid(buf.getvalue(), "differ", "40x51")
+
+
+def test_rgb_refused_for_grayscale_chunk() -> None:
+    rgb = sample((40, 50, 3), "u1")
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, rgb, photometric="rgb")
+    assert_invalid(buf.getvalue(), "3 samples per pixel", "RGB", "grayscale", dtype="u1")
+    rgba = sample((3, 40, 50, 4), "u1")
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, rgba, photometric="rgb")
+    assert_invalid(buf.getvalue(), "4 samples per pixel", dtype="u1")
+
+
+def test_unsupported_compression() -> None:
+    data = bytearray(tiff_bytes(sample(SHAPE, "u2"), compression="zlib"))
+    with tifffile.TiffFile(io.BytesIO(bytes(data))) as tif:
+        offsets = [p.tags["Compression"].valueoffset for p in tif.pages]
+    for at in offsets:
+        struct.pack_into("<H", data, at, 50123)  # no codec has this number
+    assert_invalid(bytes(data), "compression", "50123")
+
+
+def test_corrupt_compressed_data() -> None:
+    a = sample(SHAPE, "u2")
+    data = bytearray(tiff_bytes(a, compression="zlib"))
+    with tifffile.TiffFile(io.BytesIO(bytes(data))) as tif:
+        start = tif.pages[1].dataoffsets[0]
+    data[start : start + 16] = bytes(16)
+    assert_invalid(bytes(data), "decode")
+
+
+def test_garbage_ifd() -> None:
+    data = bytearray(tiff_bytes(sample(SHAPE, "u2")))
+    struct.pack_into("<I", data, 4, len(data) + 100)  # first IFD beyond the end
+    assert_invalid(bytes(data), "truncated")
+    noise = b"II*\0" + np.random.default_rng(1).integers(0, 256, 3000, dtype=np.uint8).tobytes()
+    with pytest.raises(InvalidTiffError):
+        decode(noise, chunk_shape=SHAPE, dtype="u2")
+
+
+@settings(max_examples=200, deadline=None)
+@given(cut=st.integers(0, 10_000), flip=st.integers(0, 10_000), value=st.integers(0, 255))
+def test_mangled_files_never_crash(cut: int, flip: int, value: int) -> None:
+    """Any corruption gives a correct array or InvalidTiffError, nothing else."""
+    a = sample((2, 20, 30), "u2")
+    for base in (tiff_bytes(a, compression="zlib"), own_file(a)):
+        data = bytearray(base[: max(8, len(base) - cut)])
+        data[flip % len(data)] = value
+        try:
+            got = decode(bytes(data), chunk_shape=a.shape, dtype="u2")
+        except InvalidTiffError:
+            continue
+        assert got.shape == a.shape and got.dtype == np.uint16
