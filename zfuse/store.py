@@ -131,15 +131,55 @@ def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] 
     if "://" in source and not source.startswith("file://"):
         from zarr.storage import FsspecStore
 
-        options = dict(storage_options or {})
-        if source.startswith(("http://", "https://")):
+        protocol = source.split("://", 1)[0].lower()
+        if protocol in ("http", "https"):
             read_only = True
-            options.pop("endpoint_url", None)
-            options.pop("client_kwargs", None)
-        else:
-            options.pop("endpoint_url", None)  # lives in client_kwargs for s3fs
+        options = fsspec_options(protocol, storage_options or {})
         return FsspecStore.from_url(source, storage_options=options, read_only=read_only)
     path = source.removeprefix("file://")
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such file or directory: {path}")
     return AtomicLocalStore(path, read_only=read_only)
+
+
+def fsspec_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
+    """The mount's generic options (endpoint_url, region, profile, anon) in the spelling
+    the protocol's fsspec filesystem understands; anything else passes through unchanged.
+
+    Credentials are not options: s3fs/gcsfs find them the usual way (environment,
+    config files, instance metadata), or `profile=` picks an AWS profile.
+    """
+    opts = dict(options)
+    client_kwargs = dict(opts.pop("client_kwargs", None) or {})
+    endpoint = opts.pop("endpoint_url", None) or client_kwargs.pop("endpoint_url", None)
+    region = opts.pop("region", None) or client_kwargs.pop("region_name", None)
+    if protocol in ("s3", "s3a"):
+        # s3fs hands client_kwargs to botocore's create_client: that is where
+        # endpoint_url and region_name take effect.
+        if endpoint:
+            client_kwargs["endpoint_url"] = endpoint
+        if region:
+            client_kwargs["region_name"] = region
+        if client_kwargs:
+            opts["client_kwargs"] = client_kwargs
+        # zfuse lists once and refreshes on metadata_ttl/SIGHUP itself; s3fs's own
+        # listing cache would answer exists()/info() for new keys from a stale listing.
+        opts.setdefault("use_listings_cache", False)
+        # One GET per whole-object read: with max_concurrency > 1 s3fs first HEADs every
+        # object to decide whether to split the download, doubling requests per chunk.
+        opts.setdefault("max_concurrency", 1)
+    elif protocol in ("gs", "gcs"):
+        if endpoint:
+            opts["endpoint_url"] = endpoint
+        if opts.pop("anon", False):
+            opts["token"] = "anon"  # gcsfs spells anonymous access this way
+        opts.pop("profile", None)
+    elif protocol in ("http", "https"):
+        for key in ("anon", "profile"):
+            opts.pop(key, None)
+    else:
+        if endpoint:
+            opts["endpoint_url"] = endpoint
+        if client_kwargs:
+            opts["client_kwargs"] = client_kwargs
+    return opts

@@ -1,0 +1,142 @@
+"""A real S3-compatible server for tests: moto's server mode in a child process.
+
+A separate process (not a thread) so a test can hang it (SIGSTOP), kill it and
+start it again on the same port while a mount is using it. Loopback only.
+Every request the server answers is logged by werkzeug to `log_path`; the
+parsed log (`requests()`) is the server's own count of GETs, independent of
+zfuse's `.zfuse/stats` counters.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+HOST = "127.0.0.1"  # never another address: the tests' server is loopback only
+KEY = SECRET = "test"
+# `127.0.0.1 - - [date] "GET /bucket/key?x=y HTTP/1.1" 206 -`; werkzeug colours some lines
+_LOG_RE = re.compile(r'"(?P<method>[A-Z]+) (?P<path>\S+) HTTP/[\d.]+" (?P<status>\d{3})')
+_ANSI_RE = re.compile(r"\x1b\[[\d;]*m")
+
+
+@dataclass(frozen=True)
+class Request:
+    method: str
+    path: str  # URL path without the query string, e.g. /bucket/a.zarr/c/0/0
+    query: str
+    status: int
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+class S3Server:
+    """`python -m moto.server` on 127.0.0.1:port; start/stop/pause/resume at will."""
+
+    def __init__(self, log_path: Path, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.log_path = log_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{HOST}:{self.port}"
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        """For zarr/fsspec in the test process (the mount gets credentials from env)."""
+        return {"key": KEY, "secret": SECRET, "client_kwargs": {"endpoint_url": self.endpoint_url,
+                                                                "region_name": "us-east-1"}}
+
+    def env(self) -> dict[str, str]:
+        """Environment for a zfuse process: credentials the usual way, no real AWS config."""
+        env = dict(os.environ)
+        env.update(AWS_ACCESS_KEY_ID=KEY, AWS_SECRET_ACCESS_KEY=SECRET, AWS_DEFAULT_REGION="us-east-1",
+                   AWS_CONFIG_FILE="/dev/null", AWS_SHARED_CREDENTIALS_FILE="/dev/null")
+        env.pop("AWS_PROFILE", None)
+        return env
+
+    def start(self, timeout: float = 30) -> None:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "moto.server", "-H", HOST, "-p", str(self.port)],
+            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=self.env(),
+        )
+        log.close()
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"moto server exited ({self.proc.returncode}):\n{self.log()}")
+            try:
+                with urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1):
+                    return
+            except OSError:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"moto server not up after {timeout}s:\n{self.log()}") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        """Kill the server (works on a paused one too); its state is lost."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        self.proc = None
+
+    def restart(self) -> None:
+        """Same port again (HTTPServer sets SO_REUSEADDR); moto starts empty."""
+        self.stop()
+        self.start()
+
+    def pause(self) -> None:
+        """A hung server: the socket still accepts connections, nothing answers."""
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGCONT)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def requests(self) -> list[Request]:
+        out = []
+        for m in _LOG_RE.finditer(_ANSI_RE.sub("", self.log())):
+            path, _, query = m["path"].partition("?")
+            out.append(Request(m["method"], path, query, int(m["status"])))
+        return out
+
+    def __enter__(self) -> S3Server:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def make_bucket(server: S3Server, name: str) -> Any:
+    """Create `name` (if missing) with boto3; returns the client."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=server.endpoint_url, aws_access_key_id=KEY,
+                          aws_secret_access_key=SECRET, region_name="us-east-1")
+    try:
+        client.create_bucket(Bucket=name)
+    except client.exceptions.BucketAlreadyOwnedByYou:
+        pass
+    return client
