@@ -262,58 +262,59 @@ def test_disk_full_in_the_store(tmp_path: Path, mount) -> None:
         subprocess.run(["umount", "-l", str(small)])
 
 
-def test_writers_and_readers_on_one_shard(tmp_path: Path, mount) -> None:
+@pytest.mark.parametrize("kind", ["sharding_indexed", "sharding-v1"])
+def test_writers_and_readers_on_one_shard(tmp_path: Path, mount, kind: str) -> None:
     """4 writers and 4 readers at once on different chunks of one shard: no lost update, no torn read."""
-    for kind, build in (("sharding_indexed", stores.sharded), ("sharding-v1", stores.sharding_v1)):
-        src = tmp_path / f"{kind}.zarr"
-        if kind == "sharding_indexed":
-            data = build(src, shape=(16, 64), shards=(16, 64), chunks=(8, 16))
-        else:
-            data = build(src, shape=(16, 64), chunks=(8, 16), chunks_per_shard=(2, 4))
-        m = mount(src)
-        written = [(0, 0), (0, 1), (1, 2), (1, 3)]
-        read = [(0, 2), (0, 3), (1, 0), (1, 1)]
-        rounds = 5
-        news = {c: [stores.values((8, 16), "uint16", seed=100 + 10 * i + r) for r in range(rounds)]
-                for i, c in enumerate(written)}
-        blobs = {}
-        for c in written:
+    build = stores.sharded if kind == "sharding_indexed" else stores.sharding_v1
+    src = tmp_path / f"{kind}.zarr"
+    if kind == "sharding_indexed":
+        data = build(src, shape=(16, 64), shards=(16, 64), chunks=(8, 16))
+    else:
+        data = build(src, shape=(16, 64), chunks=(8, 16), chunks_per_shard=(2, 4))
+    m = mount(src)
+    written = [(0, 0), (0, 1), (1, 2), (1, 3)]
+    read = [(0, 2), (0, 3), (1, 0), (1, 1)]
+    rounds = 5
+    news = {c: [stores.values((8, 16), "uint16", seed=100 + 10 * i + r) for r in range(rounds)]
+            for i, c in enumerate(written)}
+    blobs = {}
+    for c in written:
+        for r in range(rounds):
+            blobs[c, r] = tmp_path / f"{kind}-{c[0]}{c[1]}-{r}.tif"
+            tifffile.imwrite(blobs[c, r], news[c][r])
+    errors: list[BaseException] = []
+
+    def block(c: tuple[int, int]) -> np.ndarray:
+        return data[c[0] * 8:(c[0] + 1) * 8, c[1] * 16:(c[1] + 1) * 16]
+
+    def writer(c: tuple[int, int]) -> None:
+        try:
             for r in range(rounds):
-                blobs[c, r] = tmp_path / f"{kind}-{c[0]}{c[1]}-{r}.tif"
-                tifffile.imwrite(blobs[c, r], news[c][r])
-        errors: list[BaseException] = []
+                shutil.copyfile(blobs[c, r], m.path / "c" / f"{c[0]}/{c[1]}.tiff")
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
 
-        def block(c: tuple[int, int]) -> np.ndarray:
-            return data[c[0] * 8:(c[0] + 1) * 8, c[1] * 16:(c[1] + 1) * 16]
+    def reader(c: tuple[int, int]) -> None:
+        try:
+            for _ in range(rounds * 3):
+                got = tifffile.imread(m.path / "c" / f"{c[0]}/{c[1]}.tiff")
+                np.testing.assert_array_equal(got, block(c), err_msg=f"torn read of {c}")
+        except BaseException as e:  # noqa: BLE001
+            errors.append(e)
 
-        def writer(c: tuple[int, int]) -> None:
-            try:
-                for r in range(rounds):
-                    shutil.copyfile(blobs[c, r], m.path / "c" / f"{c[0]}/{c[1]}.tiff")
-            except BaseException as e:  # noqa: BLE001 - reported below
-                errors.append(e)
-
-        def reader(c: tuple[int, int]) -> None:
-            try:
-                for _ in range(rounds * 3):
-                    got = tifffile.imread(m.path / "c" / f"{c[0]}/{c[1]}.tiff")
-                    np.testing.assert_array_equal(got, block(c), err_msg=f"torn read of {c}")
-            except BaseException as e:  # noqa: BLE001
-                errors.append(e)
-
-        threads = [threading.Thread(target=writer, args=(c,)) for c in written]
-        threads += [threading.Thread(target=reader, args=(c,)) for c in read]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=120)
-        assert not errors, errors
-        arr = stores.open_any(src)
-        for c in written:
-            np.testing.assert_array_equal(arr[c[0] * 8:(c[0] + 1) * 8, c[1] * 16:(c[1] + 1) * 16],
-                                          news[c][-1], err_msg=f"{kind} lost update at {c}")
-        for c in read:
-            np.testing.assert_array_equal(arr[c[0] * 8:(c[0] + 1) * 8, c[1] * 16:(c[1] + 1) * 16], block(c))
+    threads = [threading.Thread(target=writer, args=(c,)) for c in written]
+    threads += [threading.Thread(target=reader, args=(c,)) for c in read]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not errors, errors
+    arr = stores.open_any(src)
+    for c in written:
+        np.testing.assert_array_equal(arr[c[0] * 8:(c[0] + 1) * 8, c[1] * 16:(c[1] + 1) * 16],
+                                      news[c][-1], err_msg=f"{kind} lost update at {c}")
+    for c in read:
+        np.testing.assert_array_equal(arr[c[0] * 8:(c[0] + 1) * 8, c[1] * 16:(c[1] + 1) * 16], block(c))
 
 
 def test_zarr_python_writes_through_the_mount(tmp_path: Path, mount) -> None:
