@@ -198,15 +198,17 @@ def test_imagej_opens_chunks(tmp_path: Path) -> None:
         # (axes, types, shape, (channels, slices, frames))
         ("tzcyx", None, (2, 3, 4, 5, 6), (4, 3, 2)),
         ("tczyx", None, (2, 3, 4, 5, 6), (1, 24, 1)),  # z fastest: not ImageJ order
+        ("tczyx", None, (1, 1, 4, 5, 6), (1, 4, 1)),  # size-1 axes do not matter
+        ("tczyx", None, (2, 1, 4, 5, 6), (1, 4, 2)),
         ("cyx", ["channel", "space", "space"], (3, 5, 6), (3, 1, 1)),
         ("tyx", ["time", "space", "space"], (4, 5, 6), (1, 1, 4)),
         ("zyx", None, (4, 5, 6), (1, 4, 1)),
         ("abcyx", None, (2, 2, 2, 5, 6), (1, 8, 1)),
     ]
-    for axes, types, shape, (c, z, t) in hyper:
+    for i, (axes, types, shape, (c, z, t)) in enumerate(hyper):
         chunk = ij_sample(shape, "u2", 7)
         layout = plan_layout(shape, "u2", axes=list(axes), axis_types=types)
-        add(f"hyper_{axes}", chunk, layout, {"channels": c, "slices": z, "frames": t})
+        add(f"hyper{i}_{axes}", chunk, layout, {"channels": c, "slices": z, "frames": t})
 
     calib = plan_layout(
         (4, 5, 6), "u1", axes="zyx", scales=[2.0, 0.5, 0.25], units=["micrometer"] * 3
@@ -317,6 +319,53 @@ def imagej_metadata(header: bytes) -> dict:
         md = tif.imagej_metadata
     assert md is not None
     return md
+
+
+@pytest.mark.parametrize(
+    "shape, axes, types, expect",
+    [
+        ((2, 3, 4, 5, 6), "tzcyx", None, {"channels": 4, "slices": 3, "frames": 2}),
+        ((2, 3, 4, 5, 6), "tczyx", None, {"slices": 24}),
+        ((1, 1, 16, 5, 6), "tczyx", None, {"slices": 16}),
+        ((1, 3, 1, 5, 6), "tczyx", None, {"channels": 3}),
+        ((3, 5, 6), "cyx", ["channel", "space", "space"], {"channels": 3}),
+        ((3, 5, 6), "qyx", ["time", "space", "space"], {"frames": 3}),
+        ((3, 5, 6), None, None, {"slices": 3}),
+        ((2, 4, 5, 6), None, None, {"slices": 8}),
+        ((2, 4, 5, 6), ["a", "b", "y", "x"], ["custom", "space", "space", "space"], {"slices": 8}),
+        ((2, 4, 5, 6), "zzyx", None, {"slices": 8}),
+    ],
+)
+def test_imagej_dimensions(
+    shape: tuple[int, ...], axes: str | None, types: list[str] | None, expect: dict[str, int]
+) -> None:
+    layout = plan_layout(shape, "u1", axes=None if axes is None else list(axes), axis_types=types)
+    md = imagej_metadata(build_header(layout, (0,) * len(shape)))
+    assert md["images"] == math.prod(shape[:-2])
+    got = {k: md[k] for k in ("channels", "slices", "frames") if k in md}
+    assert got == expect
+    assert md.get("hyperstack", False) == (
+        expect.get("channels", 1) > 1 or expect.get("frames", 1) > 1
+    )
+
+
+def test_calibration_from_ome_axes() -> None:
+    layout = plan_layout(
+        (1, 1, 4, 5, 6),
+        "u2",
+        axes="tczyx",
+        axis_types=["time", "channel", "space", "space", "space"],
+        scales=[1.5, 1.0, 2.0, 0.5, 0.25],
+        units=["second", None, "micrometer", "micrometer", "micrometer"],
+    )
+    header = build_header(layout, (0, 0, 0, 0, 0))
+    md = imagej_metadata(header)
+    assert md["unit"] == "micron" and md["spacing"] == 2.0 and md["finterval"] == 1.5
+    with tifffile.TiffFile(io.BytesIO(header)) as tif:
+        tags = tif.pages[0].tags
+        assert tags["XResolution"].value == (4, 1)
+        assert tags["YResolution"].value == (2, 1)
+        assert tags["ResolutionUnit"].value == 1
 
 
 def test_position_in_document_name_and_page_name(tmp_path: Path) -> None:

@@ -397,7 +397,7 @@ def test_unsupported_compression() -> None:
         offsets = [p.tags["Compression"].valueoffset for p in tif.pages]
     for at in offsets:
         struct.pack_into("<H", data, at, 50123)  # no codec has this number
-    assert_invalid(bytes(data), "compression", "50123")
+    assert_invalid(bytes(data), "unsupported compression", "50123")
 
 
 def test_corrupt_compressed_data() -> None:

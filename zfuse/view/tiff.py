@@ -129,7 +129,8 @@ class _Meta:
     """Everything the header needs besides shape, dtype and bigtiff."""
 
     ndim: int
-    roles: tuple[str, ...] | None  # ImageJ role ("c"/"z"/"t") per leading axis; None = plain stack
+    # ImageJ role ("c"/"z"/"t"/None for size 1) per leading axis; None = plain stack
+    roles: tuple[str | None, ...] | None
     xres: tuple[int, int, int, int] | None  # XResolution num/den, YResolution num/den
     unit: str | None
     zspacing: float | None
@@ -183,24 +184,32 @@ def _axis_role(name: str | None, kind: str | None) -> str | None:
 
 
 def _roles(
-    ndim: int, axes: Sequence[str] | None, axis_types: Sequence[str | None] | None
-) -> tuple[str, ...] | None:
-    """ImageJ roles of the leading axes, or None if they cannot be named
-    consistently with ImageJ's C-order page order T, Z, C (C fastest)."""
+    shape: tuple[int, ...], axes: Sequence[str] | None, axis_types: Sequence[str | None] | None
+) -> tuple[str | None, ...] | None:
+    """ImageJ role ("c"/"z"/"t") of each leading axis, or None if the leading
+    axes cannot be named consistently with ImageJ's page order T, Z, C (C
+    fastest). Axes of size 1 do not affect the page order: they get no role
+    and are not checked (OME-Zarr t,c,z chunks of (1, 1, 16) are a z stack)."""
+    ndim = len(shape)
     lead = max(ndim - 2, 0)
     if lead == 0:
         return ()
     names = list(axes) if axes is not None else [None] * ndim
     kinds = list(axis_types) if axis_types is not None else [None] * ndim
     roles = [_axis_role(names[i], kinds[i]) for i in range(lead)]
-    if lead == 1:
-        return (roles[0] or "z",)
-    if any(r is None for r in roles) or len(set(roles)) != lead:
+    big = [i for i in range(lead) if shape[i] > 1]
+    if len(big) <= 1:
+        # one axis carries the pages: unnamed means slices, as ImageJ assumes
+        only = big[0] if big else lead - 1
+        return tuple((roles[i] or "z") if i == only else None for i in range(lead))
+    picked = [roles[i] for i in big]
+    if any(r is None for r in picked) or len(set(picked)) != len(picked):
         return None
     rank = {"t": 0, "z": 1, "c": 2}
-    if [rank[r] for r in roles] != sorted(rank[r] for r in roles):  # type: ignore[index]
+    order = [rank[r] for r in picked]  # type: ignore[index]
+    if order != sorted(order):
         return None
-    return tuple(roles)  # type: ignore[arg-type]
+    return tuple(roles[i] if shape[i] > 1 else None for i in range(lead))
 
 
 def _ij_unit(unit: str | None) -> str | None:
@@ -285,7 +294,7 @@ def plan_layout(
         [10**d - 1 for d in coord_digits], [10**d - 1 for d in origin_digits], shape
     )
 
-    roles = _roles(ndim, axes, axis_types)
+    roles = _roles(shape, axes, axis_types)
     sc = [_good_scale(s) for s in scales] if scales is not None else [None] * ndim
     un = list(units) if units is not None else [None] * ndim
     xres = unit = zspacing = tinterval = tunit = None
@@ -294,8 +303,12 @@ def plan_layout(
         ys = (sc[-2] if ndim >= 2 else sc[-1]) or 1.0
         xres = (*_rational(1.0 / xs), *_rational(1.0 / ys))
         unit = _ij_unit(un[-1])
-        if roles:
+        if roles is not None:
+            names = list(axes) if axes is not None else [None] * ndim
+            kinds = list(axis_types) if axis_types is not None else [None] * ndim
             for i, r in enumerate(roles):
+                # a size-1 axis has no ImageJ role but its scale still calibrates
+                r = r or _axis_role(names[i], kinds[i])
                 if r == "z" and sc[i] is not None:
                     zspacing = sc[i]
                 elif r == "t" and sc[i] is not None:
@@ -386,7 +399,8 @@ def _description(meta: _Meta, shape: Sequence[int]) -> tuple[str, list[tuple[int
         else:
             size = {"c": 1, "z": 1, "t": 1}
             for r, n in zip(meta.roles, shape, strict=False):
-                size[r] = n
+                if r is not None:
+                    size[r] = n
             for key, r in (("channels", "c"), ("slices", "z"), ("frames", "t")):
                 if size[r] > 1:
                     lines.append(f"{key}={size[r]}")

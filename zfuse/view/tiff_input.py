@@ -148,7 +148,13 @@ def decode_tiff(
             raise _fail(f"not a readable TIFF: {_truncation(view) or exc}", warnings) from exc
         with tif:
             try:
-                return _decode_pages(tif, view, shapes, want, warnings)
+                try:
+                    return _decode_pages(tif, view, shapes, want, warnings)
+                except InvalidTiffError:
+                    raise
+                except Exception as exc:
+                    # tifffile meets malformed tags lazily, as any exception type
+                    raise _fail(f"malformed TIFF: {exc!r}", warnings) from exc
             except InvalidTiffError as exc:
                 # a cut-off file shows up as missing pages or bad data: say so
                 cut = _truncation(view)
@@ -224,6 +230,11 @@ def _to_bool(arr: np.ndarray) -> np.ndarray:
     return arr.astype(bool)
 
 
+def _compression_name(value: object) -> str:
+    name = getattr(value, "name", None)
+    return f"{name} ({value:d})" if name else str(value)
+
+
 def _planes(page: tifffile.TiffPage) -> int:
     """Y x X planes in a page: ImageDepth slices, times the samples when they
     are stored as separate planes (tifffile writes a (3, Y, X) array that way,
@@ -287,7 +298,7 @@ def _decode_pages(
                 _dtype_name(got)
                 if got is not None
                 else f"an unsupported sample type ({page.bitspersample} bits, "
-                f"sample format {int(page.sampleformat)})"
+                f"sample format {page.sampleformat!s})"
             )
             raise _fail(
                 f"wrong dtype: {where} has {got_name} pixels, the chunk is "
@@ -298,6 +309,12 @@ def _decode_pages(
             raise _fail(
                 f"pages differ in size: page 0 is {first.imagelength}x{first.imagewidth}, "
                 f"{where} is {page.imagelength}x{page.imagewidth}",
+                warnings,
+            )
+        if page.compression not in tifffile.TIFF.DECOMPRESSORS:
+            raise _fail(
+                f"unsupported compression {_compression_name(page.compression)} in {where}: "
+                "save uncompressed or with deflate/LZW/packbits/zstd",
                 warnings,
             )
         for offset, count in zip(page.dataoffsets, page.databytecounts, strict=False):
@@ -352,9 +369,8 @@ def _decode_pages(
     except InvalidTiffError:
         raise
     except Exception as exc:
-        compression = getattr(first.compression, "name", str(first.compression))
         raise _fail(
-            f"cannot decode the pixels ({where}, compression {compression}): {exc}",
+            f"cannot decode the pixels ({where}, compression {_compression_name(first.compression)}): {exc}",
             warnings,
         ) from exc
     arr = out.reshape(shape)
