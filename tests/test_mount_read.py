@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import stores
 import tifffile
 import zarr
-from tools import imagej_stats_many, requires, tiffcp, tiffinfo
 from zarr.codecs import ZstdCodec
+
+import stores
+from tools import imagej_stats_many, requires, tiffcp, tiffinfo
 
 pytestmark = pytest.mark.mount
 

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import stores
 import tifffile
+
+import stores
 from tools import imagej_save_many, requires, tiffcp
 
 pytestmark = pytest.mark.mount
