@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import zarr
@@ -50,9 +51,10 @@ def read_specs(cfg: Config) -> list[Spec]:
     ]
 
 
-def create(path: Path, spec: Spec) -> zarr.Array:
+def create(store: Path | Any, spec: Spec) -> zarr.Array:
+    """An empty array of `spec` at a local path or in a zarr Store."""
     return zarr.create_array(
-        store=str(path), shape=spec.shape, chunks=spec.chunks, shards=spec.shards,
+        store=str(store) if isinstance(store, Path) else store, shape=spec.shape, chunks=spec.chunks, shards=spec.shards,
         dtype="uint16", compressors=[ZstdCodec(level=3)] if spec.zstd else None,
         fill_value=0, zarr_format=3, overwrite=True,
     )

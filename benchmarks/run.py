@@ -159,8 +159,10 @@ def main(argv: list[str] | None = None) -> int:
                 results += fn(cfg)
             except Exception as e:
                 traceback.print_exc()
+                lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+                summary = " / ".join(dict.fromkeys([lines[0], lines[-1]])) if lines else ""
                 results.append(Result(name=name, what=f"{name} benchmark failed",
-                                      error=f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"))
+                                      error=f"{type(e).__name__}: {summary[:300]}"))
             cfg.log(f"  ({time.perf_counter() - t0:.0f} s)")
     finally:
         cleanup_tmp()

@@ -1,0 +1,116 @@
+"""Issue 4 figure: `cp` of prepared chunk TIFFs into the mount vs zarr-python writes."""
+
+from __future__ import annotations
+
+import shutil
+from functools import partial
+from pathlib import Path
+
+import numpy as np
+import tifffile
+import zarr
+
+from benchmarks.arrays import Spec, build, chunk_paths, read_specs
+from benchmarks.common import (
+    DATA,
+    Config,
+    Result,
+    build_once,
+    drop_caches,
+    fresh_copy,
+    image,
+    median,
+    mounted,
+    timed,
+)
+
+NEW_SEED = 1  # the written pixels differ from the stored ones
+
+
+def prepared_tiffs(cfg: Config, spec: Spec) -> Path:
+    """One tifffile-written TIFF per chunk (full chunk shape; same grid for every variant)."""
+    def make(path: Path) -> None:
+        data = image(spec.shape, NEW_SEED)
+        for (i, j), out in zip(spec.coords(), chunk_paths(path, spec.coords()), strict=True):
+            Path(out).parent.mkdir(parents=True, exist_ok=True)
+            tifffile.imwrite(out, data[spec.region(i, j)])
+
+    return build_once(DATA / f"tiffs-{spec.shape[0]}x{spec.shape[1]}-{spec.chunks[0]}", make, cfg,
+                      f"{len(spec.coords())} chunk TIFFs (tifffile)")
+
+
+def check_store(store: Path, spec: Spec) -> str:
+    """'' if the store now holds the written pixels, else what is wrong."""
+    got = zarr.open_array(str(store), mode="r")[...]
+    want = image(spec.shape, NEW_SEED)
+    if np.array_equal(got, want):
+        return ""
+    bad = [(i, j) for i, j in spec.coords() if not np.array_equal(got[spec.region(i, j)], want[spec.region(i, j)])]
+    return f"{len(bad)} of {len(spec.coords())} chunks not written, e.g. {bad[:3]}"
+
+
+def copy_all(srcs: list[str], dests: list[str]) -> None:
+    for s, d in zip(srcs, dests, strict=True):
+        shutil.copyfile(s, d)
+
+
+def zarr_write_all(arr: zarr.Array, spec: Spec, blocks: list[np.ndarray]) -> None:
+    for (i, j), b in zip(spec.coords(), blocks, strict=True):
+        arr[spec.region(i, j)] = b
+
+
+def bench_write(cfg: Config) -> list[Result]:
+    from zfuse.store import AtomicLocalStore
+
+    results = []
+    for spec in read_specs(cfg):
+        src = build(cfg, spec)
+        tiffs = prepared_tiffs(cfg, spec)
+        tiff_paths = chunk_paths(tiffs, spec.coords())
+        data = image(spec.shape, NEW_SEED)
+        blocks = [np.ascontiguousarray(data[spec.region(i, j)]) for i, j in spec.coords()]
+        z_t, r_t, a_t = [], [], []
+        problem = ""
+        nbytes = sum(Path(p).stat().st_size for p in tiff_paths)
+        for _ in range(cfg.reps):
+            # zfuse: cp of each prepared TIFF onto its chunk file (commit at close)
+            store = fresh_copy(src, f"w-{spec.name}.zarr")
+            try:
+                with mounted([store]) as m:
+                    dests = chunk_paths(m.path, spec.coords())
+                    drop_caches(cfg)
+                    t, _ = timed(partial(copy_all, tiff_paths, dests))
+                    z_t.append(t)
+                problem = problem or check_store(store, spec)
+            except OSError as e:
+                problem = f"{type(e).__name__}: {e}"
+                break
+            # zarr-python in-process: array[region] = data for the same chunks (data in memory)
+            store = fresh_copy(src, f"w-{spec.name}.zarr")
+            arr = zarr.open_array(str(store), mode="r+")
+            drop_caches(cfg)
+            t, _ = timed(partial(zarr_write_all, arr, spec, blocks))
+            r_t.append(t)
+            # the same, on zfuse's fsync'ing store (what the mount writes through)
+            store = fresh_copy(src, f"w-{spec.name}.zarr")
+            arr = zarr.open_array(AtomicLocalStore(str(store)), mode="r+")
+            drop_caches(cfg)
+            t, _ = timed(partial(zarr_write_all, arr, spec, blocks))
+            a_t.append(t)
+        what = (f"cp of {len(spec.coords())} chunk TIFFs into the mount, {spec.name}"
+                + (f" shards {spec.shards}" if spec.shards else ""))
+        if not z_t or problem:
+            results.append(Result(name=f"write_{spec.name}", what=what, goal=">= 0.7x", met=False,
+                                  error=problem or "no run"))
+            cfg.log(f"  {spec.name}: write failed: {problem}")
+            continue
+        zt, rt, at = median(z_t), median(r_t), median(a_t)
+        results.append(Result(
+            name=f"write_{spec.name}", what=what, zfuse_s=zt, ref_s=rt,
+            ref_name="zarr-python array[region] = data", nbytes=nbytes, ref_nbytes=spec.nbytes,
+            ratio=rt / zt, goal=">= 0.7x", met=rt / zt >= 0.7,
+            extra={"zarr_on_fsync_store_s": at, "zfuse_vs_zarr_on_fsync_store": at / zt,
+                   "zfuse_runs_s": z_t, "zarr_runs_s": r_t, "zarr_fsync_runs_s": a_t},
+        ))
+        cfg.log(f"  {spec.name}: zfuse cp {zt:.3f}s zarr {rt:.3f}s zarr+fsync store {at:.3f}s")
+    return results
