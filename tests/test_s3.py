@@ -1,0 +1,360 @@
+"""End to end against a real S3 server (moto's server mode, a child process on loopback).
+
+The mounts get credentials from the environment and the endpoint from
+`-o endpoint_url=...`, as a user would. Request counts are checked twice: by
+zfuse's own `.zfuse/stats` and by the server's request log.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import shutil
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import tifffile
+import zarr
+from zarr.storage import FsspecStore
+
+import stores
+from s3server import KEY, SECRET, S3Server, make_bucket
+
+pytest.importorskip("s3fs")
+pytestmark = pytest.mark.mount
+
+
+# -- helpers -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """One server for the module's read tests (a fresh bucket per test)."""
+    server = S3Server(tmp_path_factory.mktemp("moto") / "server.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def aws_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Credentials the usual way (environment) for the zfuse processes the test starts."""
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", KEY)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", SECRET)
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    # never read a developer's real AWS config, never probe instance metadata
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.delenv("AWS_PROFILE", raising=False)
+
+
+_bucket_counter = iter(range(10**6))
+
+
+def new_bucket(server: S3Server) -> str:
+    name = f"b{os.getpid()}-{next(_bucket_counter)}"
+    make_bucket(server, name)
+    return name
+
+
+def upload(server: S3Server, local: Path, bucket: str, prefix: str, acl: str | None = None) -> int:
+    """Copy a local store into s3://bucket/prefix/ object by object; returns the object count."""
+    client = make_bucket(server, bucket)
+    n = 0
+    for f in sorted(local.rglob("*")):
+        if f.is_file():
+            extra = {"ACL": acl} if acl else {}
+            client.put_object(Bucket=bucket, Key=f"{prefix}/{f.relative_to(local)}", Body=f.read_bytes(), **extra)
+            n += 1
+    return n
+
+
+def s3_store(server: S3Server, url: str, read_only: bool = True) -> FsspecStore:
+    return FsspecStore.from_url(url, storage_options={**server.storage_options, "skip_instance_cache": True,
+                                                     "use_listings_cache": False}, read_only=read_only)
+
+
+def read_direct(path: Path) -> bytes:
+    """Read through the daemon, bypassing the kernel page cache (FUSE allows unaligned O_DIRECT)."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECT)
+    try:
+        out = []
+        while chunk := os.read(fd, 1 << 20):
+            out.append(chunk)
+        return b"".join(out)
+    finally:
+        os.close(fd)
+
+
+def stats(mnt: Path) -> dict[str, Any]:
+    # O_DIRECT: the stats file is opened keep_cache with a 5 s attribute timeout, so a
+    # plain read within 5 s of the last one can return the kernel's cached old counters.
+    return json.loads(read_direct(mnt / ".zfuse" / "stats"))
+
+
+def delta(before: dict[str, Any], after: dict[str, Any]) -> dict[str, float]:
+    return {k: after[k] - before.get(k, 0) for k in after
+            if k.startswith("store_") and after[k] != before.get(k, 0)}
+
+
+def expected_chunk(arr: zarr.Array, coords: tuple[int, ...]) -> np.ndarray:
+    region = tuple(slice(i * c, min((i + 1) * c, n)) for i, c, n in zip(coords, arr.chunks, arr.shape, strict=True))
+    out = np.full(arr.chunks, arr.fill_value, dtype=arr.dtype)
+    out[tuple(slice(0, r.stop - r.start) for r in region)] = arr[region]
+    return out
+
+
+def assert_every_chunk_equal(array_dir: Path, arr: zarr.Array) -> int:
+    files = sorted(array_dir.rglob("*.tiff"))
+    assert files, f"no chunk files under {array_dir}"
+    for f in files:
+        coords = tuple(int(p) for p in str(f.relative_to(array_dir / "c"))[: -len(".tiff")].split("/"))
+        expect = expected_chunk(arr, coords)
+        np.testing.assert_array_equal(tifffile.imread(f).reshape(expect.shape), expect, err_msg=str(f))
+    return len(files)
+
+
+def s3_mount(mount: Any, server: S3Server, url: str, *args: str, options: str = "") -> Any:
+    opts = f"endpoint_url={server.endpoint_url},timeout=5" + (f",{options}" if options else "")
+    return mount(url, "-o", opts, *args)
+
+
+def object_gets(server: S3Server, since: int, path_prefix: str) -> list[tuple[str, int]]:
+    """(path, status) of the server's object GETs under path_prefix after request #since."""
+    return [(r.path, r.status) for r in server.requests()[since:]
+            if r.method == "GET" and r.path.startswith(path_prefix) and not r.query]
+
+
+# -- tests -------------------------------------------------------------------
+
+
+def test_every_chunk_reads_equal_from_s3(s3: S3Server, aws_env: None, mount: Any, tmp_path: Path) -> None:
+    local = tmp_path / "g.zarr"
+    root = zarr.open_group(str(local), mode="w")
+    stores.v3(local / "zstd", codecs="crc32c")
+    stores.v3(local / "blosc3d", shape=(5, 20, 30), chunks=(2, 8, 16), codecs="blosc")
+    root.attrs["note"] = "on s3"
+    stores.v2(tmp_path / "v2.zarr", separator="/")
+    bucket = new_bucket(s3)
+    upload(s3, local, bucket, "g.zarr")
+    upload(s3, tmp_path / "v2.zarr", bucket, "v2.zarr")
+    m = s3_mount(mount, s3, f"s3://{bucket}/g.zarr")
+    assert sorted(os.listdir(m.path)) == ["blosc3d", "zarr.json", "zstd"]
+    assert json.loads((m.path / "zarr.json").read_text())["attributes"]["note"] == "on s3"
+    assert assert_every_chunk_equal(m.path / "zstd", zarr.open_array(str(local / "zstd"))) == 3 * 2
+    assert assert_every_chunk_equal(m.path / "blosc3d", zarr.open_array(str(local / "blosc3d"))) == 3 * 3 * 2
+    s = stats(m.path)
+    assert s["store_get_chunk"] == 6 + 18 and s.get("store_timeouts", 0) == 0
+    # zarr-python reading the mount sees the S3 array
+    np.testing.assert_array_equal(zarr.open_array(str(m.path / "zstd"))[...],
+                                  zarr.open_array(str(local / "zstd"))[...])
+
+    m2 = s3_mount(mount, s3, f"s3://{bucket}/v2.zarr")
+    v2 = zarr.open_array(str(tmp_path / "v2.zarr"))
+    files = sorted(m2.path.rglob("*.tiff"))
+    assert len(files) == 6
+    for f in files:
+        coords = tuple(int(p) for p in str(f.relative_to(m2.path))[: -len(".tiff")].split("/"))
+        np.testing.assert_array_equal(tifffile.imread(f), expected_chunk(v2, coords))
+
+
+def test_whole_chunk_read_is_one_get(s3: S3Server, aws_env: None, mount: Any, tmp_path: Path) -> None:
+    """Unsharded: one GET per chunk file, no HEAD first (s3fs max_concurrency=1)."""
+    stores.v3(tmp_path / "a.zarr")
+    bucket = new_bucket(s3)
+    upload(s3, tmp_path / "a.zarr", bucket, "a.zarr")
+    m = s3_mount(mount, s3, f"s3://{bucket}/a.zarr", "--cache-size", "0")
+    os.listdir(m.path / "c" / "0")
+    before, since = stats(m.path), len(s3.requests())
+    tifffile.imread(m.path / "c" / "1" / "1.tiff")
+    assert delta(before, stats(m.path)) == {"store_get_chunk": 1, "store_bytes_chunk": pytest.approx(
+        (tmp_path / "a.zarr" / "c" / "1" / "1").stat().st_size)}
+    reqs = [(r.method, r.path) for r in s3.requests()[since:] if r.path.startswith(f"/{bucket}/")]
+    assert reqs == [("GET", f"/{bucket}/a.zarr/c/1/1")]
+
+
+def test_write_through_mount_lands_on_s3(s3: S3Server, aws_env: None, mount: Any, tmp_path: Path) -> None:
+    stores.v3(tmp_path / "a.zarr", codecs="crc32c")
+    bucket = new_bucket(s3)
+    upload(s3, tmp_path / "a.zarr", bucket, "a.zarr")
+    m = s3_mount(mount, s3, f"s3://{bucket}/a.zarr")
+    new = (np.arange(8 * 16, dtype="uint16").reshape(8, 16) * 7 + 3).astype("uint16")
+    made = tmp_path / "new.tif"
+    tifffile.imwrite(made, new, compression="zlib")
+    target = m.path / "c" / "1" / "0.tiff"
+    shutil.copyfile(made, target)  # what `cp` does: open(O_TRUNC), write, close
+    np.testing.assert_array_equal(tifffile.imread(target), new)
+    assert stats(m.path)["store_set"] >= 1
+    on_s3 = zarr.open_array(s3_store(s3, f"s3://{bucket}/a.zarr"), mode="r")
+    np.testing.assert_array_equal(on_s3[8:16, 0:16], new)
+    # the neighbours are untouched
+    np.testing.assert_array_equal(on_s3[0:8, :], zarr.open_array(str(tmp_path / "a.zarr"))[0:8, :])
+
+
+def test_shard_sub_chunk_is_two_ranged_gets_cold_one_warm(
+    s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
+) -> None:
+    # shards of 2x2 inner chunks of 8x16: four shards, 12 inner chunks in the grid
+    stores.sharded(tmp_path / "s.zarr", shape=(20, 30), shards=(16, 32), chunks=(8, 16))
+    arr = zarr.open_array(str(tmp_path / "s.zarr"))
+    bucket = new_bucket(s3)
+    upload(s3, tmp_path / "s.zarr", bucket, "s.zarr")
+    shard_prefix = f"/{bucket}/s.zarr/c/"
+    # --all-chunks lists the grid without reading shard indexes, so the first read is cold;
+    # --cache-size 0 makes every read reach the store.
+    m = s3_mount(mount, s3, f"s3://{bucket}/s.zarr", "--all-chunks", "--cache-size", "0")
+    os.listdir(m.path / "c" / "0")
+    counts = {}
+    reads = (("cold", (0, 0)), ("warm", (0, 1)), ("warm", (1, 1)), ("again", (0, 0)))
+    for i, (label, coords) in enumerate(reads):
+        before, since = stats(m.path), len(s3.requests())
+        # O_DIRECT: a re-read must reach the daemon, not the kernel's page cache
+        got = tifffile.imread(io.BytesIO(read_direct(m.path / "c" / f"{coords[0]}" / f"{coords[1]}.tiff")))
+        np.testing.assert_array_equal(got, expected_chunk(arr, coords))
+        d, gets = delta(before, stats(m.path)), object_gets(s3, since, shard_prefix)
+        counts[i, label] = (d.get("store_get_chunk_ranged", 0), len(gets))
+        assert d.get("store_get_chunk", 0) == 0, (label, d)  # never a whole-shard GET
+        assert all(status == 206 for _, status in gets), (label, gets)  # the server sent ranges
+        assert {p for p, _ in gets} == {f"{shard_prefix}0/0"}, (label, gets)
+        # bytes fetched: an inner chunk (plus the index when cold), never the whole shard
+        shard_size = (tmp_path / "s.zarr" / "c" / "0" / "0").stat().st_size
+        assert d["store_bytes_chunk"] < shard_size / 2 + 16 * 4 + 4, (label, d)
+    # (zfuse's count, the server's count): index + inner chunk cold, the inner chunk alone warm
+    assert counts == {(0, "cold"): (2, 2), (1, "warm"): (1, 1), (2, "warm"): (1, 1), (3, "again"): (1, 1)}
+
+
+def test_shard_listing_reads_each_index_once(s3: S3Server, aws_env: None, mount: Any, tmp_path: Path) -> None:
+    stores.sharded(tmp_path / "s.zarr", shape=(20, 30), shards=(16, 32), chunks=(8, 16))
+    arr = zarr.open_array(str(tmp_path / "s.zarr"))
+    bucket = new_bucket(s3)
+    upload(s3, tmp_path / "s.zarr", bucket, "s.zarr")
+    m = s3_mount(mount, s3, f"s3://{bucket}/s.zarr", "--cache-size", "0")
+    before, since = stats(m.path), len(s3.requests())
+    files = sorted(m.path.rglob("*.tiff"))
+    assert len(files) == 6  # 3x2 inner chunks hold data
+    listing = delta(before, stats(m.path))
+    assert listing.get("store_get_chunk_ranged") == 2  # two shards exist: one index GET each
+    before, since = stats(m.path), len(s3.requests())
+    for f in files:
+        coords = tuple(int(p) for p in str(f.relative_to(m.path / "c"))[: -len(".tiff")].split("/"))
+        np.testing.assert_array_equal(tifffile.imread(f), expected_chunk(arr, coords))
+    d = delta(before, stats(m.path))
+    assert d.get("store_get_chunk_ranged") == 6 and d.get("store_get_chunk", 0) == 0
+    gets = object_gets(s3, since, f"/{bucket}/s.zarr/c/")
+    assert len(gets) == 6 and all(status == 206 for _, status in gets)
+
+
+def test_concat_parts_array_reads_from_s3(s3: S3Server, aws_env: None, mount: Any, tmp_path: Path) -> None:
+    stores.concat_parts(tmp_path / "cp.zarr")
+    local = stores.open_any(tmp_path / "cp.zarr")
+    bucket = new_bucket(s3)
+    upload(s3, tmp_path / "cp.zarr", bucket, "cp.zarr")
+    m = s3_mount(mount, s3, f"s3://{bucket}/cp.zarr")
+    names = sorted(str(f.relative_to(m.path)) for f in m.path.rglob("*.tiff"))
+    assert names == [f"c/{i}/{j}.tiff" for i in range(3) for j in range(2)]  # no .crc32c parts shown
+    assert assert_every_chunk_equal(m.path, local) == 6
+
+
+def test_anonymous_access_to_a_public_bucket(
+    s3: S3Server, mount: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stores.v3(tmp_path / "a.zarr")
+    bucket = new_bucket(s3)
+    upload(s3, tmp_path / "a.zarr", bucket, "pub.zarr", acl="public-read")
+    upload(s3, tmp_path / "a.zarr", bucket, "private.zarr")
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_PROFILE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    m = s3_mount(mount, s3, f"s3://{bucket}/pub.zarr", options="anon,ro")
+    assert assert_every_chunk_equal(m.path, zarr.open_array(str(tmp_path / "a.zarr"))) == 6
+    # unsigned requests really are anonymous: the private copy is refused (403)
+    import subprocess
+    import sys
+
+    mnt = tmp_path / "private-mnt"
+    mnt.mkdir()
+    result = subprocess.run(
+        [sys.executable, "-m", "zfuse.cli", "mount", f"s3://{bucket}/private.zarr", str(mnt),
+         "-o", f"anon,ro,endpoint_url={s3.endpoint_url},timeout=5"],
+        capture_output=True, text=True, timeout=60,
+    )
+    if os.path.ismount(mnt):
+        subprocess.run(["fusermount3", "-u", str(mnt)])
+    assert result.returncode != 0 and "Forbidden" in result.stderr, result.stderr
+
+
+def test_metadata_ttl_shows_new_chunks(s3: S3Server, aws_env: None, mount: Any, tmp_path: Path) -> None:
+    local = tmp_path / "a.zarr"
+    arr = zarr.create_array(str(local), shape=(16, 32), chunks=(8, 16), dtype="uint16", fill_value=0)
+    arr[0:8, 0:16] = 5  # one chunk of four
+    bucket = new_bucket(s3)
+    upload(s3, local, bucket, "a.zarr")
+    m = s3_mount(mount, s3, f"s3://{bucket}/a.zarr", options="metadata_ttl=1")
+    assert sorted(str(f.relative_to(m.path)) for f in m.path.rglob("*.tiff")) == ["c/0/0.tiff"]
+    on_s3 = zarr.open_array(s3_store(s3, f"s3://{bucket}/a.zarr", read_only=False), mode="r+")
+    on_s3[8:16, 16:32] = 9  # another writer adds chunk (1, 1) on S3 directly
+    deadline = time.monotonic() + 10
+    while not (m.path / "c" / "1" / "1.tiff").exists():
+        assert time.monotonic() < deadline, "new chunk not listed 10 s after a 1 s metadata_ttl"
+        time.sleep(0.2)
+    np.testing.assert_array_equal(tifffile.imread(m.path / "c" / "1" / "1.tiff"), np.full((8, 16), 9, "uint16"))
+
+
+def test_hung_or_stopped_server_gives_eio_then_recovers(aws_env: None, mount: Any, tmp_path: Path) -> None:
+    # 512 KiB raw chunks: a chunk file is read in several requests, so the server can hang mid-file
+    stores.v3(tmp_path / "a.zarr", shape=(1024, 1024), chunks=(512, 512), codecs="raw")
+    arr = zarr.open_array(str(tmp_path / "a.zarr"))
+    with S3Server(tmp_path / "own-server.log") as server:  # own server: this test kills it
+        make_bucket(server, "data")
+        upload(server, tmp_path / "a.zarr", "data", "a.zarr")
+        # --cache-size 0: every read of pixel data goes to the store
+        m = s3_mount(mount, server, "s3://data/a.zarr", "--cache-size", "0")
+        chunk = m.path / "c" / "0" / "1.tiff"
+        size = chunk.stat().st_size
+        assert size > 512 * 512 * 2
+
+        # a hung server (accepts, never answers) in the middle of reading a file: EIO within the timeout
+        fd = os.open(chunk, os.O_RDONLY | os.O_DIRECT)  # no readahead: each pread is one FUSE read
+        try:
+            assert len(os.pread(fd, 64 * 1024, size // 4)) == 64 * 1024
+            server.pause()
+            try:
+                t0 = time.monotonic()
+                with pytest.raises(OSError) as e:
+                    os.pread(fd, 64 * 1024, size // 2)
+                hung_s = time.monotonic() - t0
+            finally:
+                server.resume()
+        finally:
+            os.close(fd)
+        assert e.value.errno == errno.EIO
+        assert 4 <= hung_s < 15, hung_s  # bounded by timeout=5, not by botocore's 60 s
+
+        # a server that is gone (connection refused): EIO too, also bounded
+        server.stop()
+        t0 = time.monotonic()
+        with pytest.raises(OSError) as e:
+            read_direct(m.path / "c" / "1" / "1.tiff")
+        gone_s = time.monotonic() - t0
+        assert e.value.errno == errno.EIO and gone_s < 15
+        assert stats(m.path).get("store_timeouts", 0) >= 1
+        assert os.path.ismount(m.path)
+
+        # back on the same port (moto starts empty: put the data back): reads work again
+        server.start()
+        upload(server, tmp_path / "a.zarr", "data", "a.zarr")
+        for coords in ((0, 1), (1, 1), (1, 0)):
+            got = tifffile.imread(io.BytesIO(read_direct(m.path / "c" / f"{coords[0]}" / f"{coords[1]}.tiff")))
+            np.testing.assert_array_equal(got, expected_chunk(arr, coords))
+    assert "store request timed out" in m.log() or "timed out" in m.log(), m.log()[-2000:]
