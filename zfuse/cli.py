@@ -130,6 +130,8 @@ def _run_foreground(config: MountConfig, ready_fd: int | None, verbose: int) -> 
         if ready_fd is not None:
             os.write(ready_fd, message.encode())
             os.close(ready_fd)
+            if message == "ready":
+                _detach_stdio()
 
     try:
         check_mountpoint(config.mountpoint)
@@ -155,6 +157,16 @@ def _run_foreground(config: MountConfig, ready_fd: int | None, verbose: int) -> 
         print(f"zfuse: mount failed: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def _detach_stdio() -> None:
+    """A backgrounded daemon lets go of its caller's stdout/stderr, as libfuse's
+    fuse_daemonize does: `mount -t fuse.zfuse` run with pipes (`$(mount ...)`,
+    subprocess) would otherwise wait for EOF until the filesystem is unmounted."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 def _spawn_daemon(argv: list[str]) -> int:
