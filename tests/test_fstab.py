@@ -188,3 +188,30 @@ def test_mount_t_fuse_zfuse_reports_a_bad_source(zfuse_on_default_path: None, tm
         assert time.monotonic() - t0 < 30
     finally:
         cleanup(mnt)
+
+
+def test_fstab_line_with_an_s3_source(zfuse_on_default_path: None, tmp_path: Path) -> None:
+    """`s3://...` as the fstab source; credentials reach zfuse through mount(8)'s environment."""
+    pytest.importorskip("s3fs")
+    from s3server import S3Server, make_bucket
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    with S3Server(tmp_path / "s3.log") as server:
+        make_bucket(server, "fstab")
+        from zarr.storage import FsspecStore
+
+        arr = zarr.create_array(FsspecStore.from_url("s3://fstab/a.zarr", storage_options=server.storage_options),
+                                shape=(20, 30), chunks=(8, 16), dtype="uint16", fill_value=0)
+        arr[...] = data = stores.values((20, 30), "uint16")
+        fstab = tmp_path / "fstab"
+        fstab.write_text(f"s3://fstab/a.zarr {mnt} fuse.zfuse "
+                         f"ro,endpoint_url={server.endpoint_url},timeout=5,_netdev 0 0\n")
+        try:
+            result = subprocess.run(["mount", "-T", str(fstab), str(mnt)], capture_output=True, text=True,
+                                    timeout=60, stdin=subprocess.DEVNULL, env=server.env())
+            assert result.returncode == 0, result.stderr
+            assert proc_mounts_entry(mnt)[2] == "fuse.zfuse"
+            np.testing.assert_array_equal(tifffile.imread(mnt / "c" / "1" / "0.tiff"), data[8:16, 0:16])
+        finally:
+            cleanup(mnt)
