@@ -65,6 +65,7 @@ def machine() -> dict[str, str]:
     except OSError:
         commit = "?"
     return {
+        "busy": busy(),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "nproc": str(os.cpu_count()),
         "cpu": cpu_model(),
@@ -74,6 +75,21 @@ def machine() -> dict[str, str]:
         "loadavg_at_start": load(),
         "commit": commit,
     }
+
+
+def busy() -> str:
+    """Other processes using CPU right now (other people's test suites share the machine)."""
+    try:
+        out = subprocess.run(["ps", "-eo", "pcpu=,pid=,args=", "--sort=-pcpu"], capture_output=True,
+                             text=True).stdout.splitlines()
+    except OSError:
+        return "?"
+    rows = []
+    for line in out[:12]:
+        pcpu, pid, args = line.split(None, 2)
+        if float(pcpu) >= 5 and int(pid) != os.getpid():
+            rows.append(f"{pcpu}% {args[:80]}")
+    return "; ".join(rows) or "none"
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:
@@ -167,7 +183,9 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         cleanup_tmp()
     info["total_s"] = f"{time.perf_counter() - t_start:.0f}"
-    info["loadavg_at_end"] = machine()["loadavg_at_start"]
+    end = machine()
+    info["loadavg_at_end"] = end["loadavg_at_start"]
+    info["busy_at_end"] = end["busy"]
     print()
     print(table(results))
     print()
