@@ -218,6 +218,10 @@ class ShardingV1IO(ChunkIO):
         self.encoding = encoding
         self.n = math.prod(chunks_per_shard)
         self.index_nbytes = 16 * self.n
+        depth, layer = 0, inner
+        while hasattr(layer, "inner"):
+            depth, layer = depth + 1, layer.inner
+        self._depth = depth
 
     def full_key(self, key: str) -> str:
         return self.inner.full_key(key)
@@ -248,7 +252,11 @@ class ShardingV1IO(ChunkIO):
         return self.encoding.encode_chunk_key(coords)
 
     def _lock(self, shard_key: str, *, write: bool) -> Any:
-        return SHARD_LOCKS.hold(f"{self.lock_namespace}\0{self.full_key(shard_key)}", write=write)
+        # The layer's depth is part of the key: in a [sharding, sharding] stack both layers
+        # lock the same full key, and the outer one holds its lock while calling the inner.
+        return SHARD_LOCKS.hold(
+            f"{self.lock_namespace}\0{self._depth}\0{self.full_key(shard_key)}", write=write
+        )
 
     # -- reading ---------------------------------------------------------------------
 
