@@ -49,6 +49,7 @@ class S3Server:
         self.port = port or free_port()
         self.log_path = log_path
         self.proc: subprocess.Popen | None = None
+        self.client: Any = None  # boto3 client, made once by make_bucket (clients are slow to make)
 
     @property
     def endpoint_url(self) -> str:
@@ -130,11 +131,14 @@ class S3Server:
 
 
 def make_bucket(server: S3Server, name: str) -> Any:
-    """Create `name` (if missing) with boto3; returns the client."""
+    """Create `name` (if missing) with boto3; returns the server's client."""
     import boto3
 
-    client = boto3.client("s3", endpoint_url=server.endpoint_url, aws_access_key_id=KEY,
-                          aws_secret_access_key=SECRET, region_name="us-east-1")
+    client = server.client
+    if client is None:
+        client = server.client = boto3.client(
+            "s3", endpoint_url=server.endpoint_url, aws_access_key_id=KEY, aws_secret_access_key=SECRET,
+            region_name="us-east-1")
     try:
         client.create_bucket(Bucket=name)
     except client.exceptions.BucketAlreadyOwnedByYou:

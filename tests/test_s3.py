@@ -249,6 +249,8 @@ def test_shard_listing_reads_each_index_once(s3: S3Server, aws_env: None, mount:
         np.testing.assert_array_equal(tifffile.imread(f), expected_chunk(arr, coords))
     d = delta(before, stats(m.path))
     assert d.get("store_get_chunk_ranged") == 6 and d.get("store_get_chunk", 0) == 0
+    # metadata was listed once, at mount: reading chunks lists nothing and reads no metadata again
+    assert set(d) == {"store_get_chunk_ranged", "store_bytes_chunk"}, d
     gets = object_gets(s3, since, f"/{bucket}/s.zarr/c/")
     assert len(gets) == 6 and all(status == 206 for _, status in gets)
 
