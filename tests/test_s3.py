@@ -360,3 +360,22 @@ def test_hung_or_stopped_server_gives_eio_then_recovers(aws_env: None, mount: An
             got = tifffile.imread(io.BytesIO(read_direct(m.path / "c" / f"{coords[0]}" / f"{coords[1]}.tiff")))
             np.testing.assert_array_equal(got, expected_chunk(arr, coords))
     assert "store request timed out" in m.log() or "timed out" in m.log(), m.log()[-2000:]
+
+
+def test_mount_options_reach_s3fs_in_its_spelling() -> None:
+    """-o endpoint_url/region/profile/anon as `zfuse mount` parses them, as s3fs/gcsfs/http take them."""
+    from zfuse.cli import apply_mount_options
+    from zfuse.daemon import MountConfig
+    from zfuse.store import fsspec_options, open_store
+
+    config = MountConfig(sources=["s3://b/a.zarr"], mountpoint="/m")
+    apply_mount_options(config, ["endpoint_url=http://127.0.0.1:9,region=eu-west-3,profile=p,anon"])
+    s3 = fsspec_options("s3", config.storage_options)
+    assert s3["client_kwargs"] == {"endpoint_url": "http://127.0.0.1:9", "region_name": "eu-west-3"}
+    assert s3["profile"] == "p" and s3["anon"] is True and "endpoint_url" not in s3 and "region" not in s3
+    fs = open_store("s3://b/a.zarr", read_only=True, storage_options=config.storage_options).fs
+    assert fs.client_kwargs["endpoint_url"] == "http://127.0.0.1:9" and fs.anon is True
+    gs = fsspec_options("gs", config.storage_options)
+    assert gs["endpoint_url"] == "http://127.0.0.1:9" and gs["token"] == "anon" and "client_kwargs" not in gs
+    assert fsspec_options("https", config.storage_options) == {}
+    assert open_store("https://example.invalid/a.zarr", read_only=False, storage_options={}).read_only
