@@ -680,19 +680,14 @@ class TransformerStore(WrapperStore[Store]):
         container = await self._container(prefix) if prefix else None
         if container is not None:
             arrays[container.path] = container
+        _metadata_keys = {_join(p, METADATA_KEY) for p in arrays}
 
         def hidden(key: str) -> bool:
             # raw objects inside a transformed array's directory, except its zarr.json
-            for path in arrays:
-                if path == "":
-                    rel: str | None = key
-                elif key.startswith(path + "/"):
-                    rel = key[len(path) + 1 :]
-                else:
-                    rel = None
-                if rel is not None and rel != METADATA_KEY:
-                    return True
-            return False
+            # (checked through the key's ancestors: O(depth), not O(arrays))
+            if not arrays or key in _metadata_keys:
+                return False
+            return any(p in arrays for p in _ancestors(key))
 
         for key in raw:
             if not hidden(key):
