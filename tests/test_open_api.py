@@ -261,3 +261,14 @@ def test_store_api_plain_keys_pass_through(wrapped: TransformerStore) -> None:
     with pytest.raises(ValueError, match="read-only"):
         sync(ro.set("arr/c/0/0", PROTO.buffer.from_bytes(bytes(16))))
     assert wrapped == TransformerStore(raw)
+
+
+def test_writing_metadata_with_bad_transformers_changes_nothing(wrapped: TransformerStore) -> None:
+    before = sync(wrapped.raw_store.get("arr/zarr.json", PROTO)).to_bytes()  # type: ignore[union-attr]
+    doc = json.loads(before)
+    doc["storage_transformers"] = [
+        {"name": "sharding", "type": "indexed", "configuration": {"chunks_per_shard": [2]}}
+    ]
+    with pytest.raises(MetadataError, match=r"chunks_per_shard: has 1 entries but the array has 2"):
+        sync(wrapped.set("arr/zarr.json", PROTO.buffer.from_bytes(json.dumps(doc).encode())))
+    assert sync(wrapped.raw_store.get("arr/zarr.json", PROTO)).to_bytes() == before  # type: ignore[union-attr]

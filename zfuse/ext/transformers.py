@@ -619,11 +619,11 @@ class TransformerStore(WrapperStore[Store]):
         if isinstance(doc, dict):
             new = self._inject(path, doc)
             if new is not doc:
-                # validate before writing: a bad stack must leave the store unchanged
-                if is_transformed_array(new):
-                    build_stack(list(new["storage_transformers"]), new, StoreIO(self._store, path))
                 value = default_buffer_prototype().buffer.from_bytes(_dumps(new))
                 doc = new
+            if is_transformed_array(doc):
+                # validate before writing: a bad stack must leave the store unchanged
+                build_stack(list(doc["storage_transformers"]), doc, StoreIO(self._store, path))
         await self._store.set(key, value)
         await self._register(path, doc)
 
