@@ -39,6 +39,7 @@ KINDS = {
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_sigkill_during_write_storm(tmp_path: Path, mount, kind: str) -> None:
+    """[write-10] SIGKILL mid write storm: every chunk old or new."""
     src = tmp_path / "a.zarr"
     old = KINDS[kind](src)
     coords = [(0, 0), (0, 1), (1, 0), (1, 1)]

@@ -68,6 +68,7 @@ SOURCES = {
 
 @pytest.mark.parametrize("kind", list(SOURCES))
 def test_every_chunk_reads_as_the_source_chunk(tmp_path: Path, mount, kind: str) -> None:
+    """[tree-1] [read-6] v2 and v3 sources, transformers included; zarr-python reads the mount."""
     src = tmp_path / "a.zarr"
     SOURCES[kind](src)
     arr = stores.open_any(src)
@@ -83,6 +84,7 @@ def test_every_chunk_reads_as_the_source_chunk(tmp_path: Path, mount, kind: str)
 
 
 def test_chunk_names_follow_the_source_keys(tmp_path: Path, mount) -> None:
+    """[tree-2] chunk file names follow the source's own chunk keys."""
     stores.v2(tmp_path / "dot.zarr", separator=".")
     stores.v2(tmp_path / "slash.zarr", separator="/")
     stores.v3(tmp_path / "v3.zarr")
@@ -96,6 +98,7 @@ DTYPES = ["bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64
 
 
 def test_every_dtype_reads_with_tifffile_and_libtiff(tmp_path: Path, mount) -> None:
+    """[read-1] every dtype is a valid TIFF for tifffile, tiffinfo and tiffcp."""
     requires("tiffinfo", "tiffcp")
     root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
     data = {}
@@ -123,6 +126,7 @@ def test_every_dtype_reads_with_tifffile_and_libtiff(tmp_path: Path, mount) -> N
 
 
 def test_imagej_opens_chunks_as_stacks(tmp_path: Path, mount) -> None:
+    """[read-1] ImageJ sees dimensions, bit depth, stack size and mean."""
     requires("imagej")
     root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
     cases = {"uint8": 8, "uint16": 16, "float32": 32}
@@ -148,6 +152,7 @@ def test_imagej_opens_chunks_as_stacks(tmp_path: Path, mount) -> None:
 
 
 def test_ome_zarr_group_shows_levels_and_scales(tmp_path: Path, mount) -> None:
+    """[tree-1] groups are directories; OME-Zarr scales reach the TIFF."""
     data = stores.ome_group(tmp_path / "ome.zarr")
     m = mount(tmp_path / "ome.zarr")
     assert sorted(os.listdir(m.path)) == ["0", "1", "zarr.json"]
@@ -162,6 +167,7 @@ def test_ome_zarr_group_shows_levels_and_scales(tmp_path: Path, mount) -> None:
 
 
 def test_stat_and_ls_never_read_chunk_data(tmp_path: Path, mount) -> None:
+    """[read-3] [tree-6] stat/ls read no chunk data (counted in .zfuse/stats)."""
     stores.v3(tmp_path / "a.zarr", shape=(64, 64), chunks=(8, 8))
     m = mount(tmp_path / "a.zarr")
     out = subprocess.run(["ls", "-lR", str(m.path)], capture_output=True, text=True, check=True).stdout
@@ -177,6 +183,7 @@ def test_stat_and_ls_never_read_chunk_data(tmp_path: Path, mount) -> None:
 
 
 def test_sharded_listing_reads_only_shard_indexes(tmp_path: Path, mount) -> None:
+    """[read-3] [read-4] shards: one index read each, then one ranged read per chunk."""
     stores.sharded(tmp_path / "s.zarr", shape=(64, 64), shards=(32, 32), chunks=(8, 8))
     m = mount(tmp_path / "s.zarr")
     files = chunk_files(m.path)
@@ -194,6 +201,7 @@ def test_sharded_listing_reads_only_shard_indexes(tmp_path: Path, mount) -> None
 
 
 def test_corrupt_chunk_is_eio_and_neighbours_read(tmp_path: Path, mount) -> None:
+    """[read-5] a corrupt chunk is EIO for that file only."""
     src = tmp_path / "a.zarr"
     stores.v3(src, codecs="crc32c")
     stores.v3(tmp_path / "z.zarr", codecs="zstd")
@@ -218,6 +226,7 @@ def test_corrupt_chunk_is_eio_and_neighbours_read(tmp_path: Path, mount) -> None
 
 
 def test_eight_processes_read_different_chunks(tmp_path: Path, mount) -> None:
+    """[read-1] 8 concurrent readers all get correct bytes."""
     src = tmp_path / "a.zarr"
     stores.v3(src, shape=(256, 256), chunks=(64, 64))
     m = mount(src)
@@ -241,6 +250,7 @@ def test_eight_processes_read_different_chunks(tmp_path: Path, mount) -> None:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_unmounts_cleanly(tmp_path: Path, mount, sig: int) -> None:
+    """[cons-3] SIGTERM/SIGINT unmount cleanly."""
     stores.v3(tmp_path / "a.zarr")
     m = mount(tmp_path / "a.zarr")
     (m.path / "c" / "0" / "0.tiff").read_bytes()
@@ -250,6 +260,7 @@ def test_signal_unmounts_cleanly(tmp_path: Path, mount, sig: int) -> None:
 
 
 def test_many_entries_in_one_directory(tmp_path: Path, mount) -> None:
+    """[tree-2] paged readdir with thousands of entries."""
     src = tmp_path / "flat.zarr"
     a = zarr.create_array(str(src), shape=(3000,), chunks=(1,), dtype="uint8", zarr_format=2,
                           chunk_key_encoding={"name": "v2", "separator": "."}, fill_value=0, compressors=None)
@@ -261,6 +272,7 @@ def test_many_entries_in_one_directory(tmp_path: Path, mount) -> None:
 
 
 def test_all_chunks_lists_missing_as_fill(tmp_path: Path, mount) -> None:
+    """[tree-3] only stored chunks are listed; --all-chunks lists all."""
     src = tmp_path / "sparse.zarr"
     a = zarr.create_array(str(src), shape=(16, 16), chunks=(8, 8), dtype="int16", fill_value=-7)
     a[0:8, 0:8] = 5
@@ -271,6 +283,7 @@ def test_all_chunks_lists_missing_as_fill(tmp_path: Path, mount) -> None:
 
 
 def test_crop_edges(tmp_path: Path, mount) -> None:
+    """[read-2] edge chunks full-size by default, cropped with --crop-edges."""
     src = tmp_path / "a.zarr"
     data = stores.v3(src, shape=(20, 30), chunks=(8, 16))
     m = mount(src, "--crop-edges")
@@ -279,6 +292,7 @@ def test_crop_edges(tmp_path: Path, mount) -> None:
 
 
 def test_strings_array_is_a_directory_without_chunk_files(tmp_path: Path, mount) -> None:
+    """[tree-5] arrays without a TIFF form have no chunk files."""
     root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
     s = root.create_array("names", shape=(4,), chunks=(2,), dtype=str)
     s[...] = np.array(["a", "b", "c", "d"])

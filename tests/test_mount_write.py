@@ -40,7 +40,7 @@ def store_files(root: Path) -> dict[str, bytes]:
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_round_trip_from_every_writer(tmp_path: Path, mount, kind: str) -> None:
-    """TIFFs made by tifffile (several layouts), tiffcp and ImageJ land in the store exactly."""
+    """[write-1] [write-4] [cons-1] TIFFs made by tifffile (several layouts), tiffcp and ImageJ land in the store exactly."""
     requires("tiffcp", "imagej")
     src = tmp_path / "a.zarr"
     KINDS[kind](src)
@@ -75,7 +75,7 @@ def test_round_trip_from_every_writer(tmp_path: Path, mount, kind: str) -> None:
 
 
 def test_seek_back_writer_and_reading_own_output(tmp_path: Path, mount) -> None:
-    """Pixel data first, header patched last, reading back before close (libtiff/Bio-Formats style)."""
+    """[write-2] pixel data first, header patched last, reading back before close (libtiff/Bio-Formats style)."""
     stores.v3(tmp_path / "a.zarr")
     m = mount(tmp_path / "a.zarr")
     values = stores.values((8, 16), "uint16", seed=5)
@@ -98,6 +98,7 @@ def test_seek_back_writer_and_reading_own_output(tmp_path: Path, mount) -> None:
 
 
 def test_in_place_pixel_patch(tmp_path: Path, mount) -> None:
+    """[write-3] patching pixel bytes in place, also with dd conv=notrunc."""
     data = stores.v3(tmp_path / "a.zarr")
     m = mount(tmp_path / "a.zarr")
     target = m.path / "c" / "0" / "0.tiff"
@@ -117,6 +118,7 @@ def test_in_place_pixel_patch(tmp_path: Path, mount) -> None:
 
 
 def test_atomic_save_pattern_and_scratch_files(tmp_path: Path, mount) -> None:
+    """[ns-1] [ns-2] scratch files stay in the daemon; rename onto a chunk commits."""
     src = tmp_path / "a.zarr"
     stores.v3(src)
     before = set(store_files(src))
@@ -140,6 +142,7 @@ def test_atomic_save_pattern_and_scratch_files(tmp_path: Path, mount) -> None:
 
 
 def test_unlink_truncate_mv_cp_p_rsync(tmp_path: Path, mount) -> None:
+    """[ns-3] [ns-4] [ns-5] [ns-6] rm, truncate, mv, cp -p and rsync behave as users expect."""
     src = tmp_path / "a.zarr"
     data = stores.v3(src)
     m = mount(src)
@@ -174,6 +177,7 @@ BAD_INPUTS = ["not-tiff", "truncated", "wrong-dtype", "wrong-shape", "wrong-page
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
 def test_bad_input_fails_close_and_keeps_the_chunk(tmp_path: Path, mount, case: str) -> None:
+    """[write-5] [write-7] bad files fail close() with EINVAL; the chunk is unchanged."""
     src = tmp_path / "a.zarr"
     stores.v3(src, shape=(4, 20, 30), chunks=(2, 8, 16))
     before = store_files(src)
@@ -205,6 +209,7 @@ def test_bad_input_fails_close_and_keeps_the_chunk(tmp_path: Path, mount, case: 
 
 
 def test_runaway_write_is_refused(tmp_path: Path, mount) -> None:
+    """[write-6] writes past the size limit fail with EFBIG."""
     stores.v3(tmp_path / "a.zarr")
     m = mount(tmp_path / "a.zarr")
     fd = os.open(m.path / "c" / "0" / "0.tiff", os.O_WRONLY | os.O_TRUNC)
@@ -220,6 +225,7 @@ def test_runaway_write_is_refused(tmp_path: Path, mount) -> None:
 
 
 def test_read_only_mount_refuses_every_write(tmp_path: Path, mount) -> None:
+    """[ns-8] -o ro: EROFS on every write path."""
     src = tmp_path / "a.zarr"
     stores.v3(src)
     before = store_files(src)
@@ -241,6 +247,7 @@ def test_read_only_mount_refuses_every_write(tmp_path: Path, mount) -> None:
 
 
 def test_disk_full_in_the_store(tmp_path: Path, mount) -> None:
+    """[write-8] ENOSPC from the store fails close(); nothing changes."""
     if os.geteuid() != 0:
         pytest.skip("needs root to mount a small tmpfs")
     small = tmp_path / "small"
@@ -265,7 +272,7 @@ def test_disk_full_in_the_store(tmp_path: Path, mount) -> None:
 
 @pytest.mark.parametrize("kind", ["sharding_indexed", "sharding-v1"])
 def test_writers_and_readers_on_one_shard(tmp_path: Path, mount, kind: str) -> None:
-    """4 writers and 4 readers at once on different chunks of one shard: no lost update, no torn read."""
+    """[write-9] 4 writers and 4 readers at once on different chunks of one shard: no lost update, no torn read."""
     build = stores.sharded if kind == "sharding_indexed" else stores.sharding_v1
     src = tmp_path / f"{kind}.zarr"
     if kind == "sharding_indexed":
@@ -319,7 +326,7 @@ def test_writers_and_readers_on_one_shard(tmp_path: Path, mount, kind: str) -> N
 
 
 def test_zarr_python_writes_through_the_mount(tmp_path: Path, mount) -> None:
-    """Dual access both ways: zarr-python opens the mount and writes chunks as TIFFs."""
+    """[read-6] dual access both ways: zarr-python opens the mount and writes chunks as TIFFs."""
     import zarr
 
     src = tmp_path / "a.zarr"

@@ -172,7 +172,7 @@ async def _watch_signals(ops: Any) -> None:
         async for signum in signals:
             if signum == signal.SIGHUP:
                 log.info("SIGHUP: reloading metadata and dropping caches")
-                await trio.to_thread.run_sync(ops.view.refresh)
+                await trio.to_thread.run_sync(ops.refresh)
                 continue
             log.info("%s: unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()
@@ -182,4 +182,4 @@ async def _watch_signals(ops: Any) -> None:
 async def _refresh_every(ops: Any, seconds: float) -> None:
     while True:
         await trio.sleep(seconds)
-        await trio.to_thread.run_sync(ops.view.refresh)
+        await trio.to_thread.run_sync(ops.refresh)

@@ -193,7 +193,7 @@ class ZfuseOperations(pyfuse3.Operations):
         attrs.st_atime_ns = attrs.st_mtime_ns = attrs.st_ctime_ns = mtime
         attrs.st_blksize = 128 * 1024
         attrs.st_blocks = (entry.size + 511) // 512
-        attrs.attr_timeout = attrs.entry_timeout = ATTR_TIMEOUT
+        attrs.attr_timeout = attrs.entry_timeout = 0 if entry.node == "stats" else ATTR_TIMEOUT
         return attrs
 
     # -- lookup and attributes ---------------------------------------------
@@ -310,8 +310,10 @@ class ZfuseOperations(pyfuse3.Operations):
         fh = self._next_fh
         self._next_fh += 1
         self._files[fh] = handle
-        # Unchanged chunks keep their kernel page cache across opens; writers don't.
-        return pyfuse3.FileInfo(fh=fh, keep_cache=not handle.writable, direct_io=False)
+        # Unchanged chunks keep their kernel page cache across opens; writers
+        # don't; the live stats file is never cached.
+        live = entry is not None and entry.node == "stats"
+        return pyfuse3.FileInfo(fh=fh, keep_cache=not (handle.writable or live), direct_io=live)
 
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
@@ -406,6 +408,16 @@ class ZfuseOperations(pyfuse3.Operations):
         raise pyfuse3.FUSEError(errno.EROFS if self.read_only else errno.EPERM)
 
     # -- cache invalidation --------------------------------------------------
+    def refresh(self) -> None:
+        """Forget listings, shard indexes and decoded chunks, and the kernel's caches (blocking)."""
+        self.view.refresh()
+        for inode in list(self._path_of):
+            if inode != pyfuse3.ROOT_INODE:
+                try:
+                    pyfuse3.invalidate_inode(inode)
+                except OSError:
+                    pass
+
     def _forget_path(self, path: tuple[str, ...]) -> None:
         """Drop the inode of a path that changed identity (unlinked/renamed)."""
         inode = self._inode_of.pop(path, None)

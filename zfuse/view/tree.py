@@ -481,11 +481,11 @@ class View:
         if arr is None or arr.layout is None:
             return None
         keydir = arr.keydir(rest[:-1])
-        if keydir is None:
-            return None
-        child = keydir.children.get(rest[-1])
+        child = keydir.children.get(rest[-1]) if keydir is not None else None
         if child is None:
-            return None
+            # A directory some chunk key of the grid would live in exists even
+            # when empty, so `cp x c/3/0.tiff` works after `rm c/3/*`.
+            return Entry(DIR, array=arr, node="keydir") if arr.is_key_prefix(rest) else None
         if isinstance(child, _KeyDir):
             return Entry(DIR, array=arr, node="keydir")
         return Entry(FILE, size=arr.file_size(child), array=arr, coords=child, node="chunk")

@@ -430,6 +430,7 @@ def _commit_chunk(arr: ArrayView, coords: tuple[int, ...], data: bytes) -> None:
         chunk_shape=tuple(source.chunk_shape),
         dtype=source.dtype,
         cropped_shape=cropped if cropped != tuple(source.chunk_shape) else None,
+        layout=arr.layout,
     )
     source.write_chunk(coords, values)
     arr.forget(coords)
