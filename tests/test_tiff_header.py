@@ -14,7 +14,6 @@ import pytest
 import tifffile
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from tools import have, imagej_stats_many, requires, tiffcp, tiffinfo
 
 from zfuse.view.tiff import (
     POSITION_TAG,
@@ -25,6 +24,8 @@ from zfuse.view.tiff import (
     read_position,
     tiff_unsupported_reason,
 )
+
+from tools import have, imagej_stats_many, requires, tiffcp, tiffinfo
 
 DTYPES = ["?", "u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f2", "f4", "f8", "c8", "c16"]
 SHAPES = [(), (7,), (5, 6), (1, 5, 6), (3, 5, 6), (2, 3, 4, 5), (2, 1, 3, 4, 5)]

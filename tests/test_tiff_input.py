@@ -13,12 +13,13 @@ import pytest
 import tifffile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tools import imagej_save_many, requires, tiffcp
 
 from zfuse.errors import InvalidTiffError
 from zfuse.view.tiff import build_header, plan_layout
 from zfuse.view.tiff_input import decode_tiff as decode
 from zfuse.view.tiff_input import max_file_size
+
+from tools import imagej_save_many, requires, tiffcp
 
 SHAPE = (3, 40, 50)
 DTYPES = ["?", "u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f2", "f4", "f8", "c8", "c16"]
