@@ -37,6 +37,39 @@ def build_sample(path: Path) -> None:
     }]
 
 
+IJ_JAR = Path("/usr/share/java/ij.jar")
+# In ImageJ 1.53t a macro's open() throws HeadlessException unless ImageJ is
+# first initialised through IJ.open on a missing file.
+IJ_MACRO = """
+call("ij.IJ.open", "/nonexistent");
+setBatchMode(true);
+args = split(getArgument(), "\\n");
+open(args[0]);
+print("ImageJ: " + getTitle() + " " + getWidth() + "x" + getHeight() + ", " + nSlices + " slices, " + bitDepth() + "-bit");
+setSlice(1);
+getStatistics(area, mean, min, max);
+setMinAndMax(min, max);
+call("ij.IJ.saveAs", "png", args[1]);
+"""
+
+
+def imagej_picture(chunk: Path, png: Path) -> Path | None:
+    """Open a chunk in headless ImageJ and save what it shows as a PNG (if ImageJ is here)."""
+    if not IJ_JAR.exists() or shutil.which("java") is None:
+        return None
+    macro = png.with_suffix(".ijm")
+    macro.write_text(IJ_MACRO)
+    result = subprocess.run(
+        ["java", "-Djava.awt.headless=true", "-jar", str(IJ_JAR), "-batch", str(macro), f"{chunk}\n{png}"],
+        capture_output=True, text=True, timeout=120,
+    )
+    for line in result.stdout.splitlines():
+        if line.startswith("ImageJ: "):
+            print(line)
+    macro.unlink()
+    return png if png.exists() else None
+
+
 def run(cmd: list[str], **kw: object) -> subprocess.CompletedProcess:
     print("$ " + " ".join(cmd), flush=True)
     return subprocess.run(cmd, **kw)  # type: ignore[call-overload]
@@ -63,6 +96,9 @@ def main(argv: list[str]) -> int:
         data = tifffile.imread(chunk)
         print(f"tifffile reads {chunk.relative_to(mnt)}: shape {data.shape}, dtype {data.dtype}, "
               f"mean {data.mean():.1f}")
+        picture = imagej_picture(chunk, work / "chunk-in-imagej.png")
+        if picture:
+            print(f"ImageJ opened it headless and saved a rendering: {picture}")
     finally:
         for _ in range(50):
             if run(["fusermount3", "-u", str(mnt)]).returncode == 0:
