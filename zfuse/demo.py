@@ -38,35 +38,38 @@ def build_sample(path: Path) -> None:
 
 
 IJ_JAR = Path("/usr/share/java/ij.jar")
-# In ImageJ 1.53t a macro's open() throws HeadlessException unless ImageJ is
-# first initialised through IJ.open on a missing file.
-IJ_MACRO = """
-call("ij.IJ.open", "/nonexistent");
-setBatchMode(true);
-args = split(getArgument(), "\\n");
-open(args[0]);
-print("ImageJ: " + getTitle() + " " + getWidth() + "x" + getHeight() + ", " + nSlices + " slices, " + bitDepth() + "-bit");
-setSlice(1);
-getStatistics(area, mean, min, max);
-setMinAndMax(min, max);
-call("ij.IJ.saveAs", "png", args[1]);
+# ImageJ's own API, driven from jshell: the macro language cannot save PNGs
+# headless (its file-format commands need the GUI menus).
+IJ_SCRIPT = """
+import ij.*;
+import ij.io.*;
+import ij.process.*;
+ImagePlus imp = IJ.openImage(System.getProperty("chunk"));
+System.out.println("ImageJ " + IJ.getVersion() + " opened " + imp.getTitle() + ": " + imp.getWidth() + "x" + imp.getHeight() + ", " + imp.getStackSize() + " slices, " + imp.getBitDepth() + "-bit");
+imp.setSlice(1);
+ImageStatistics st = imp.getStatistics();
+imp.setDisplayRange(st.min, st.max);
+ImageProcessor big = imp.flatten().getProcessor().resize(imp.getWidth() * 2, imp.getHeight() * 2);
+new FileSaver(new ImagePlus(imp.getTitle(), big)).saveAsPng(System.getProperty("png"));
+/exit
 """
 
 
 def imagej_picture(chunk: Path, png: Path) -> Path | None:
-    """Open a chunk in headless ImageJ and save what it shows as a PNG (if ImageJ is here)."""
-    if not IJ_JAR.exists() or shutil.which("java") is None:
+    """Open a chunk with ImageJ (headless) and save what it shows as a PNG, if a JDK is here."""
+    if not IJ_JAR.exists() or shutil.which("jshell") is None:
         return None
-    macro = png.with_suffix(".ijm")
-    macro.write_text(IJ_MACRO)
+    script = png.with_suffix(".jsh")
+    script.write_text(IJ_SCRIPT)
     result = subprocess.run(
-        ["java", "-Djava.awt.headless=true", "-jar", str(IJ_JAR), "-batch", str(macro), f"{chunk}\n{png}"],
-        capture_output=True, text=True, timeout=120,
+        ["jshell", "--class-path", str(IJ_JAR), "-R-Djava.awt.headless=true",
+         f"-R-Dchunk={chunk}", f"-R-Dpng={png}", str(script)],
+        capture_output=True, text=True, timeout=300,
     )
     for line in result.stdout.splitlines():
-        if line.startswith("ImageJ: "):
+        if line.startswith("ImageJ "):
             print(line)
-    macro.unlink()
+    script.unlink()
     return png if png.exists() else None
 
 
