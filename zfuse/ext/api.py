@@ -98,6 +98,12 @@ def open_array(
     ``storage_transformers``: a list of transformer documents to create the
     array with (ignored when an existing array is opened).
     """
+    if isinstance(store, (str, Path)) and path is None and Path(store).is_file():
+        # a saved virtual concatenation (zfuse concat OUT SRC...): a ConcatArray
+        from zfuse.concat import is_concat_description, load_concat
+
+        if is_concat_description(store):
+            return load_concat(store, mode=mode)  # type: ignore[return-value]
     transformers = create_kwargs.pop("storage_transformers", None)
     wrapped, array_path = resolve_store(store, mode, path=path, storage_options=storage_options)
     creating = mode in ("w", "w-") or (

@@ -1,0 +1,111 @@
+"""Virtual concatenation through the mount: one array made of several, read and write."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+import zarr
+
+import stores
+
+pytestmark = pytest.mark.mount
+
+
+def tsconcat_sources(tmp_path: Path) -> tuple[Path, Path, np.ndarray, np.ndarray]:
+    """tsconcat's own example: shapes [2,2,2] and [2,3,2], block [1,2,1]."""
+    a = zarr.create_array(str(tmp_path / "ds1.zarr"), shape=(2, 2, 2), chunks=(1, 2, 1), dtype="int32",
+                          fill_value=0, zarr_format=2, chunk_key_encoding={"name": "v2", "separator": "/"})
+    b = zarr.create_array(str(tmp_path / "ds2.zarr"), shape=(2, 3, 2), chunks=(1, 2, 1), dtype="int32",
+                          fill_value=0, zarr_format=2, chunk_key_encoding={"name": "v2", "separator": "/"})
+    da = np.arange(8, dtype="int32").reshape(2, 2, 2) + 1
+    db = np.arange(12, dtype="int32").reshape(2, 3, 2) + 100
+    a[...] = da
+    b[...] = db
+    return tmp_path / "ds1.zarr", tmp_path / "ds2.zarr", da, db
+
+
+@pytest.mark.parametrize("order", ["ds1,ds2", "ds2,ds1"])
+def test_tsconcat_example_through_the_mount(tmp_path: Path, mount, order: str) -> None:
+    p1, p2, d1, d2 = tsconcat_sources(tmp_path)
+    paths, datas = ([p1, p2], [d1, d2]) if order == "ds1,ds2" else ([p2, p1], [d2, d1])
+    expect = np.concatenate(datas, axis=1)
+    m = mount(paths, "--concat", "1")
+    view = zarr.open_array(str(m.path))
+    np.testing.assert_array_equal(view[...], expect)
+    # every chunk file, including those that straddle the boundary, holds exactly its region
+    for i in range(2):
+        for j in range(3):
+            for k in range(2):
+                got = tifffile.imread(m.path / "c" / str(i) / str(j) / f"{k}.tiff").reshape(1, 2, 1)
+                full = np.zeros((1, 2, 1), "int32")
+                part = expect[i:i + 1, 2 * j:2 * j + 2, k:k + 1]
+                full[:, : part.shape[1]] = part
+                np.testing.assert_array_equal(got, full, err_msg=f"chunk {(i, j, k)}")
+
+
+def test_writes_land_in_the_right_sources(tmp_path: Path, mount) -> None:
+    """A straddling view chunk is split between the two sources on write."""
+    p1, p2, d1, d2 = tsconcat_sources(tmp_path)
+    m = mount([p2, p1], "--concat", "1")  # 3 + 2: view chunk j=1 straddles
+    new = np.array([[[7], [8]]], dtype="int32")
+    tifffile.imwrite(tmp_path / "n.tif", new.reshape(2, 1))
+    import shutil
+
+    shutil.copyfile(tmp_path / "n.tif", m.path / "c" / "0" / "1" / "0.tiff")
+    s2, s1 = zarr.open_array(str(p2))[...], zarr.open_array(str(p1))[...]
+    assert s2[0, 2, 0] == 7 and s1[0, 0, 0] == 8
+    e2, e1 = d2.copy(), d1.copy()
+    e2[0, 2, 0], e1[0, 0, 0] = 7, 8
+    np.testing.assert_array_equal(s2, e2)
+    np.testing.assert_array_equal(s1, e1)
+
+
+def test_sources_with_different_chunks_and_codecs(tmp_path: Path, mount) -> None:
+    d1 = stores.v3(tmp_path / "a.zarr", shape=(13, 30), chunks=(8, 16), codecs="zstd")
+    d2 = stores.sharded(tmp_path / "b.zarr", shape=(9, 30), shards=(8, 32), chunks=(4, 8), seed=2)
+    d3 = stores.v2(tmp_path / "c.zarr", shape=(5, 30), chunks=(5, 10), seed=3)
+    m = mount([tmp_path / "a.zarr", tmp_path / "b.zarr", tmp_path / "c.zarr"], "--concat", "0")
+    expect = np.concatenate([d1, d2, d3])
+    np.testing.assert_array_equal(zarr.open_array(str(m.path))[...], expect)
+    assert len(list(m.path.rglob("*.tiff"))) == 4 * 2  # grid of the first source's chunks
+
+
+def test_mismatched_sources_are_refused_before_mounting(tmp_path: Path) -> None:
+    stores.v3(tmp_path / "a.zarr", shape=(10, 30))
+    stores.v3(tmp_path / "b.zarr", shape=(10, 31))
+    stores.v3(tmp_path / "c.zarr", shape=(10, 30), dtype="int16")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    for other, word in (("b.zarr", "extent"), ("c.zarr", "dtype")):
+        r = subprocess.run([sys.executable, "-m", "zfuse.cli", "mount", "--concat", "0",
+                            str(tmp_path / "a.zarr"), str(tmp_path / other), str(mnt)],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode != 0
+        assert word in r.stderr and other in r.stderr, r.stderr
+        assert not mnt.is_mount()
+
+
+def test_saved_description_mounts_and_opens(tmp_path: Path, mount) -> None:
+    p1, p2, d1, d2 = tsconcat_sources(tmp_path)
+    out = tmp_path / "cat.json"
+    r = subprocess.run([sys.executable, "-m", "zfuse.cli", "concat", "--axis", "1", str(out), str(p1), str(p2)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    desc = json.loads(out.read_text())
+    assert desc["axis"] == 1 and len(desc["sources"]) == 2
+    import zfuse
+
+    arr = zfuse.open_array(str(out))
+    np.testing.assert_array_equal(arr[...], np.concatenate([d1, d2], axis=1))
+    m = mount(out)
+    np.testing.assert_array_equal(zarr.open_array(str(m.path))[...], np.concatenate([d1, d2], axis=1))
+    info = subprocess.run([sys.executable, "-m", "zfuse.cli", "info", str(out)],
+                          capture_output=True, text=True, timeout=60)
+    assert info.returncode == 0, info.stderr
+    assert "offset 2" in info.stdout and "straddling" in info.stdout, info.stdout
