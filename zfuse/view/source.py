@@ -189,6 +189,12 @@ class ZarrChunkSource(ChunkSource):
         cke = meta.chunk_key_encoding.to_dict()["name"]
         if cke not in ("default", "v2"):
             names.append(f"{cke} chunk keys")
+        from zfuse.ext.api import raw_array_metadata
+
+        # zarr-python never sees storage transformers: ask for the stored document
+        for t in raw_array_metadata(self.array).get("storage_transformers") or []:
+            name = t.get("name") or t.get("extension")
+            names.append("sharding v1" if "sharding" in str(name) else str(name))
         return names
 
     # -- listing ----------------------------------------------------------
