@@ -79,3 +79,28 @@ def test_info_describes_arrays(tmp_path: Path) -> None:
     by_path = {a["path"]: a for a in report["arrays"]}
     assert by_path["sharded"]["files"] == 6  # 20x30 in inner chunks of 8x16: a 3x2 grid
     assert by_path["names"]["shown"] is False and by_path["names"]["why_not"]
+
+
+@pytest.mark.mount
+def test_verbose_logs_every_operation(tmp_path: Path, mount) -> None:
+    stores.v3(tmp_path / "a.zarr")
+    m = mount(tmp_path / "a.zarr", "-v")
+    os.listdir(m.path / "c" / "0")
+    (m.path / "c" / "0" / "0.tiff").read_bytes()
+    log = m.log()
+    for op in ("lookup(2, '0')", "opendir(", "readdir(", "open(", "read(", "flush("):
+        assert op in log, op
+
+
+@pytest.mark.mount
+def test_missing_dev_fuse_is_a_clear_error(tmp_path: Path) -> None:
+    """In a private mount namespace whose /dev has no fuse device, mount fails clearly."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a private mount namespace")
+    stores.v3(tmp_path / "a.zarr")
+    (tmp_path / "mnt").mkdir()
+    script = (f"mount -t tmpfs tmpfs /dev && exec {sys.executable} -m zfuse.cli mount "
+              f"{tmp_path / 'a.zarr'} {tmp_path / 'mnt'}")
+    r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    assert "/dev/fuse is missing" in r.stderr, r.stderr

@@ -47,7 +47,12 @@ def enable_operation_log() -> None:
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         async def logged(self: Any, *args: Any) -> Any:
-            shown = ", ".join(repr(a) for a in args if not isinstance(a, (bytes, bytearray)) or len(a) < 64)
+            shown = ", ".join(
+                repr(os.fsdecode(a)) if isinstance(a, bytes) and len(a) < 256 else
+                f"<{len(a)} bytes>" if isinstance(a, (bytes, bytearray)) else repr(a)
+                for a in args
+                if not isinstance(a, (pyfuse3.RequestContext, pyfuse3.ReaddirToken))
+            )
             try:
                 result = await fn(self, *args)
             except pyfuse3.FUSEError as e:
@@ -148,8 +153,18 @@ class ZfuseOperations(pyfuse3.Operations):
             return exc
         code = errno_for(exc)
         self.stats.count("errors")
-        log.error("%s %s: %s (%s)", op, "/".join(path) or "/", exc, errno.errorcode.get(code, code))
+        log.error("%s %s [store key %s]: %s (%s)", op, "/".join(path) or "/", self._store_key(path),
+                  exc, errno.errorcode.get(code, code))
         return pyfuse3.FUSEError(code)
+
+    def _store_key(self, path: tuple[str, ...]) -> str:
+        """The store key behind a path, for log lines (the chunk's key, or the path)."""
+        arr, rest = self.view.array_at(path)
+        coords = arr.coords_of(rest) if arr is not None and rest else None
+        if arr is None or coords is None:
+            return "/".join(path) or "/"
+        prefix = f"{arr.source.name}/" if arr.source.name else ""
+        return prefix + arr.source.chunk_key(coords)
 
     def _stats_entry(self, path: tuple[str, ...]) -> Entry | None:
         if path == (STATS_DIR,):
