@@ -169,7 +169,7 @@ def test_ome_zarr_group_shows_levels_and_scales(tmp_path: Path, mount) -> None:
 def test_stat_and_ls_never_read_chunk_data(tmp_path: Path, mount) -> None:
     """[read-3] [tree-6] stat/ls read no chunk data (counted in .zfuse/stats)."""
     stores.v3(tmp_path / "a.zarr", shape=(64, 64), chunks=(8, 8))
-    m = mount(tmp_path / "a.zarr")
+    m = mount(tmp_path / "a.zarr", "--cache-size", "0")  # no read-ahead: exact counts
     out = subprocess.run(["ls", "-lR", str(m.path)], capture_output=True, text=True, check=True).stdout
     assert out.count(".tiff") == 64
     for f in chunk_files(m.path):
@@ -185,7 +185,7 @@ def test_stat_and_ls_never_read_chunk_data(tmp_path: Path, mount) -> None:
 def test_sharded_listing_reads_only_shard_indexes(tmp_path: Path, mount) -> None:
     """[read-3] [read-4] shards: one index read each, then one ranged read per chunk."""
     stores.sharded(tmp_path / "s.zarr", shape=(64, 64), shards=(32, 32), chunks=(8, 8))
-    m = mount(tmp_path / "s.zarr")
+    m = mount(tmp_path / "s.zarr", "--cache-size", "0")  # no read-ahead: exact counts
     files = chunk_files(m.path)
     assert len(files) == 64
     for f in files:
@@ -280,6 +280,20 @@ def test_all_chunks_lists_missing_as_fill(tmp_path: Path, mount) -> None:
     m = mount(src, "--all-chunks")
     assert len(chunk_files(m.path)) == 4
     assert (tifffile.imread(m.path / "c" / "1" / "1.tiff") == -7).all()
+
+
+def test_read_ahead_decodes_the_next_chunks(tmp_path: Path, mount) -> None:
+    """[read-1] a sequential reader finds the next chunks already decoded (read-ahead)."""
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src, shape=(64, 64), chunks=(16, 16))
+    m = mount(src)
+    for i in range(4):
+        for j in range(4):
+            got = tifffile.imread(m.path / "c" / str(i) / f"{j}.tiff")
+            np.testing.assert_array_equal(got, data[16 * i:16 * i + 16, 16 * j:16 * j + 16])
+    stats = json.loads((m.path / ".zfuse" / "stats").read_text())
+    assert stats.get("read_ahead", 0) >= 1, stats
+    assert stats["store_get_chunk"] == 16, stats  # each chunk decoded once
 
 
 def test_crop_edges(tmp_path: Path, mount) -> None:

@@ -34,6 +34,7 @@ from zfuse.view.writes import FileTooLargeError, OpenFile, ReadOnlyError, Writes
 log = logging.getLogger("zfuse.fuse")
 T = TypeVar("T")
 
+READ_AHEAD = 4  # chunk files decoded ahead of a sequential reader
 STATS_DIR = ".zfuse"
 STATS_FILE = "stats"
 ATTR_TIMEOUT = 5.0
@@ -127,6 +128,8 @@ class ZfuseOperations(pyfuse3.Operations):
         self._files: dict[int, OpenFile] = {}
         self._next_fh = 1
         self.nursery: trio.Nursery | None = None
+        self.ahead_limiter = trio.CapacityLimiter(READ_AHEAD)
+        self._reading_ahead: set[Any] = set()
 
     # -- helpers ----------------------------------------------------------
     async def _thread(self, fn: Callable[..., T], *args: Any) -> T:
@@ -325,6 +328,8 @@ class ZfuseOperations(pyfuse3.Operations):
         fh = self._next_fh
         self._next_fh += 1
         self._files[fh] = handle
+        if handle.state is None and handle.array is not None and handle.coords is not None:
+            self._read_ahead(handle.array, handle.coords)
         # Unchanged chunks keep their kernel page cache across opens; writers
         # don't; the live stats file is never cached.
         live = entry is not None and entry.node == "stats"
@@ -377,6 +382,35 @@ class ZfuseOperations(pyfuse3.Operations):
         handle = self._files.pop(fh, None)
         if handle is not None:
             self.writes.release(handle)
+
+    # -- read-ahead across files --------------------------------------------
+    def _read_ahead(self, arr: Any, coords: tuple[int, ...]) -> None:
+        """Decode the next chunks in C order in the background while this one is read.
+
+        A reader going through chunk files one by one otherwise waits for each
+        decode in turn; with read-ahead, decoding overlaps the transfer.
+        """
+        if self.nursery is None or arr.layout is None:
+            return
+        if arr.cache.max_bytes < 4 * arr.layout.data_size:
+            return  # no room to keep what is decoded ahead
+        if arr.is_cached(coords):
+            return  # a re-read, not a cold scan: the kernel's page cache serves it
+        for nxt in arr.successors(coords, READ_AHEAD):
+            key = (id(arr), nxt)
+            if key in self._reading_ahead or arr.is_cached(nxt):
+                continue
+            self._reading_ahead.add(key)
+            self.nursery.start_soon(self._decode_ahead, arr, nxt, key)
+
+    async def _decode_ahead(self, arr: Any, coords: tuple[int, ...], key: Any) -> None:
+        try:
+            await trio.to_thread.run_sync(arr.pixel_bytes, coords, limiter=self.ahead_limiter)
+            self.stats.count("read_ahead")
+        except Exception as e:  # the real read reports it, with its errno
+            log.debug("read-ahead of %s failed: %s", coords, e)
+        finally:
+            self._reading_ahead.discard(key)
 
     # -- namespace changes --------------------------------------------------
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:

@@ -48,6 +48,10 @@ class ChunkSource(ABC):
     def grid_shape(self) -> tuple[int, ...]:
         return tuple(-(-s // c) for s, c in zip(self.shape, self.chunk_shape, strict=True))
 
+    def list_chunk_keys(self) -> list[tuple[Coords, str]]:
+        """Existing chunks with their keys (sources that list keys avoid re-encoding)."""
+        return [(c, self.chunk_key(c)) for c in self.list_chunks()]
+
     def chunk_region(self, coords: Coords) -> tuple[slice, ...]:
         """The part of the array chunk `coords` covers, clipped to the array bounds."""
         return tuple(
@@ -56,9 +60,8 @@ class ChunkSource(ABC):
         )
 
     def in_grid(self, coords: Coords) -> bool:
-        return len(coords) == len(self.shape) and all(
-            0 <= i < g for i, g in zip(coords, self.grid_shape, strict=True)
-        )
+        grid = self.grid_shape
+        return len(coords) == len(grid) and all(0 <= i < g for i, g in zip(coords, grid, strict=True))
 
     def full_chunk(self, clipped: np.ndarray) -> np.ndarray:
         """Pad a clipped edge chunk to the full chunk shape with the fill value."""
@@ -122,6 +125,7 @@ class ZarrChunkSource(ChunkSource):
         self.shape = tuple(array.shape)
         self.dtype = np.dtype(array.dtype)
         self.chunk_shape = tuple(array.chunks)
+        self._grid = tuple(-(-s // c) for s, c in zip(self.shape, self.chunk_shape, strict=True))
         fill = array.fill_value
         self.fill_value = fill if fill is not None else np.zeros((), self.dtype)[()]
         self.store = array.store_path.store
@@ -141,18 +145,39 @@ class ZarrChunkSource(ChunkSource):
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._index_cache: dict[str, Any] = {}
+        # (key head, separator) for the default and v2 encodings: fast key decoding
+        self._standard: tuple[str, str] | None = None
+        if self.zarr_format == 2:
+            self._standard = ("", meta.dimension_separator)
+        else:
+            cke = meta.chunk_key_encoding.to_dict()
+            sep = (cke.get("configuration") or {}).get("separator", "/" if cke["name"] == "default" else ".")
+            if cke["name"] == "default":
+                self._standard = ("c" + sep, sep)
+            elif cke["name"] == "v2":
+                self._standard = ("", sep)
+
+    @property
+    def grid_shape(self) -> tuple[int, ...]:
+        return self._grid
 
     # -- keys -------------------------------------------------------------
     def _encode_storage_key(self, coords: Coords) -> str:
         return self.array.metadata.encode_chunk_key(coords)
 
     def chunk_key(self, coords: Coords) -> str:
+        if self._standard is not None and coords:
+            head, sep = self._standard
+            return head + sep.join(map(str, coords))
         return self._encode_storage_key(coords)
 
     def _decode_storage_key(self, key: str, rank: int) -> Coords | None:
         """Coordinates of a storage key, or None if it is not a chunk key."""
         if rank == 0:
             return () if key == self._encode_storage_key(()) else None
+        fast = self._fast_decode(key, rank)
+        if fast is not None:
+            return fast if fast != () else None
         ints = _INT_RE.findall(key)
         for candidate in (ints[-rank:], ints[:rank]):
             if len(candidate) != rank:
@@ -161,6 +186,27 @@ class ZarrChunkSource(ChunkSource):
             if self._encode_storage_key(coords) == key:
                 return coords
         return None
+
+    def _fast_decode(self, key: str, rank: int) -> Coords | None:
+        """The standard encodings by splitting (no regex, no re-encoding): listing
+        100,000 keys is dominated by this otherwise. () = not a chunk key; None =
+        not a standard encoding, use the general path."""
+        if self._standard is None:
+            return None
+        head, sep = self._standard
+        if head:
+            if not key.startswith(head):
+                return ()
+            key = key[len(head):]
+        parts = key.split(sep)
+        if len(parts) != rank:
+            return ()
+        try:
+            coords = tuple(map(int, parts))
+        except ValueError:
+            return ()
+        # int() also takes "+1", " 1", "01": only the canonical spelling is a key
+        return coords if sep.join(map(str, coords)) == key else ()
 
     def key_encoding_dict(self) -> dict[str, Any]:
         meta = self.array.metadata
@@ -198,20 +244,32 @@ class ZarrChunkSource(ChunkSource):
         return names
 
     # -- listing ----------------------------------------------------------
-    def _grid_coords_of_keys(self, rank: int) -> list[Coords]:
-        prefix = self.prefix
+    def _keys_with_coords(self, rank: int) -> list[tuple[Coords, str]]:
+        """(coords, key) of every storage object of the array that is a chunk (or shard) key."""
+        prefix, n = self.prefix, len(self.prefix)
+        decode = self._decode_storage_key
         out = []
         for key in _collect(self.store.list_prefix(prefix)):
-            coords = self._decode_storage_key(key[len(prefix) :], rank)
+            rel = key[n:]
+            coords = decode(rel, rank)
             if coords is not None:
-                out.append(coords)
+                out.append((coords, rel))
         return out
+
+    def list_chunk_keys(self) -> list[tuple[Coords, str]]:
+        if self.sharding is not None:
+            return super().list_chunk_keys()
+        grid = self.grid_shape
+        return [
+            (c, k) for c, k in self._keys_with_coords(len(grid))
+            if all(i < g for i, g in zip(c, grid, strict=True))
+        ]
 
     def list_chunks(self) -> list[Coords]:
         rank = len(self.shape)
         if self.sharding is None:
-            return sorted(c for c in self._grid_coords_of_keys(rank) if self.in_grid(c))
-        shard_coords = self._grid_coords_of_keys(rank)
+            return [c for c, _ in self.list_chunk_keys()]
+        shard_coords = [c for c, _ in self._keys_with_coords(rank)]
         indexes = sync(self._load_indexes(shard_coords))
         out: list[Coords] = []
         for shard, index in zip(shard_coords, indexes, strict=True):
@@ -222,7 +280,7 @@ class ZarrChunkSource(ChunkSource):
                 coords = tuple(int(v) for v in base + local)
                 if self.in_grid(coords):
                     out.append(coords)
-        return sorted(out)
+        return out
 
     async def _load_indexes(self, shard_coords: Sequence[Coords]) -> list[Any]:
         sem = asyncio.Semaphore(16)
@@ -253,7 +311,23 @@ class ZarrChunkSource(ChunkSource):
     def read_chunk(self, coords: Coords) -> np.ndarray:
         if self.sharding is not None:
             return sync(self._read_inner_chunk(coords))
-        return self.full_chunk(np.asarray(self.array[self.chunk_region(coords)]))
+        return sync(self._read_stored_chunk(coords))
+
+    async def _read_stored_chunk(self, coords: Coords) -> np.ndarray:
+        """One stored chunk: one get and the codec pipeline, without zarr's selection
+        machinery (which costs more than decoding a raw chunk). Zarr stores edge
+        chunks at full shape, so the result is the full chunk as is."""
+        proto = default_buffer_prototype()
+        key = self.prefix + self._encode_storage_key(coords)
+        buf = await self.store.get(key, prototype=proto)
+        if buf is None:
+            return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
+        async_array = self.array._async_array
+        spec = self.array.metadata.get_chunk_spec(coords, async_array._config, proto)
+        (decoded,) = await async_array.codec_pipeline.decode([(buf, spec)])
+        if decoded is None:
+            return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
+        return np.asarray(decoded.as_numpy_array()).reshape(self.chunk_shape)
 
     async def _read_inner_chunk(self, coords: Coords) -> np.ndarray:
         """One inner chunk: the shard index (cached) and one ranged read."""

@@ -82,6 +82,10 @@ class ChunkCache:
             self.hits += 1
             return data
 
+    def contains(self, key: tuple[int, Coords]) -> bool:
+        with self._lock:
+            return key in self._items
+
     def peek(self, key: tuple[int, Coords]) -> bytes | None:
         """A cache hit without a miss being counted (the caller falls back to `get`)."""
         with self._lock:
@@ -189,16 +193,16 @@ class ArrayView:
             if self._root is None:
                 self._root = _KeyDir()
             return
-        if self.options.all_chunks:
-            coords_iter: Any = np.ndindex(*self.source.grid_shape)
-        else:
-            coords_iter = self.source.list_chunks()
         root = _KeyDir()
         existing = set()
-        for coords in coords_iter:
-            coords = tuple(int(c) for c in coords)
-            existing.add(coords)
-            _insert(root, self.file_parts(coords), coords)
+        if self.options.all_chunks:
+            for coords in np.ndindex(*self.source.grid_shape):
+                existing.add(coords)
+                _insert(root, self.file_parts(coords), coords)
+        else:
+            for coords, key in self.source.list_chunk_keys():
+                existing.add(coords)
+                _insert(root, tuple((key + CHUNK_SUFFIX).split("/")), coords)
         with self._lock:
             self._root, self._existing = root, existing
 
@@ -225,6 +229,29 @@ class ArrayView:
 
     def exists(self, coords: Coords) -> bool:
         return coords in self._existing
+
+    def successors(self, coords: Coords, count: int) -> list[Coords]:
+        """The next `count` existing chunks after `coords` in C order (for read-ahead)."""
+        grid = self.source.grid_shape
+        out: list[Coords] = []
+        current = list(coords)
+        for _ in range(count * 4):  # skip a few missing positions, not the whole grid
+            for axis in range(len(grid) - 1, -1, -1):
+                current[axis] += 1
+                if current[axis] < grid[axis]:
+                    break
+                current[axis] = 0
+            else:
+                return out
+            candidate = tuple(current)
+            if candidate in self._existing:
+                out.append(candidate)
+                if len(out) == count:
+                    break
+        return out
+
+    def is_cached(self, coords: Coords) -> bool:
+        return self.cache.contains((id(self), coords))
 
     def keydir(self, parts: tuple[str, ...]) -> _KeyDir | None:
         node: _KeyDir | Coords | None = self._root
