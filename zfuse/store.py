@@ -78,7 +78,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
-            os.fsync(f.fileno())
+            os.fdatasync(f.fileno())  # data (and its size) on disk before the rename
         os.replace(tmp, path)
     except BaseException:
         try:

@@ -372,9 +372,24 @@ class ZarrChunkSource(ChunkSource):
         clipped = data[tuple(slice(0, r.stop - r.start) for r in region)]
         with self._lock_for(coords):
             try:
-                self._writer[region] = clipped
+                if self.sharding is None:
+                    sync(self._write_stored_chunk(coords, self.full_chunk(clipped)))
+                else:
+                    self._writer[region] = clipped  # zarr rewrites the shard
             finally:
                 self._forget_index(coords)
+
+    async def _write_stored_chunk(self, coords: Coords, full: np.ndarray) -> None:
+        """Encode one whole chunk with the codec pipeline and store it (one set)."""
+        proto = default_buffer_prototype()
+        async_array = self.array._async_array
+        spec = self.array.metadata.get_chunk_spec(coords, async_array._config, proto)
+        values = proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype))
+        (encoded,) = await async_array.codec_pipeline.encode([(values, spec)])
+        key = self.prefix + self._encode_storage_key(coords)
+        if encoded is None:  # cannot happen with write_empty_chunks semantics; be safe
+            raise CorruptDataError(f"{key}: the codecs produced no bytes")
+        await self.store.set(key, encoded)
 
     def delete_chunk(self, coords: Coords) -> None:
         with self._lock_for(coords):

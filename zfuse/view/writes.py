@@ -251,9 +251,12 @@ class Writes:
             await thread(_loaded, state)
         buffer = state.buffer
         assert buffer is not None
-        if end > len(buffer):
-            buffer.extend(bytes(end - len(buffer)))
-        buffer[off:end] = buf
+        if off == len(buffer):
+            buffer += buf  # the common sequential case: one copy
+        else:
+            if end > len(buffer):
+                buffer.extend(bytes(end - len(buffer)))
+            buffer[off:end] = buf
         state.dirty = True
         state.mtime_ns = time.time_ns()
         return len(buf)
