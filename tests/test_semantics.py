@@ -139,3 +139,25 @@ def test_sigterm_commits_dirty_open_files(tmp_path: Path, mount) -> None:
     np.testing.assert_array_equal(stores.open_any(src)[8:16, 0:16], values)
     stats_tag = json.dumps({"ok": True})  # the stats file is JSON; see [tree-6]
     assert stats_tag
+
+
+@pytest.mark.mount
+def test_sighup_reloads_metadata(tmp_path: Path, mount) -> None:
+    """[cons-2] arrays added or resized behind the mount's back appear after SIGHUP."""
+    import time
+
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    a = root.create_array("a", shape=(8, 8), chunks=(8, 8), dtype="uint8", fill_value=0)
+    a[...] = 1
+    m = mount(tmp_path / "g.zarr")
+    assert sorted(os.listdir(m.path)) == ["a", "zarr.json"]
+    root.create_array("b", shape=(4, 4), chunks=(4, 4), dtype="uint8", fill_value=0)[...] = 2
+    a.resize((16, 8))
+    a[8:16] = 3
+    m.proc.send_signal(signal.SIGHUP)
+    deadline = time.monotonic() + 20
+    while "b" not in os.listdir(m.path) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tifffile.imread(m.path / "b" / "c" / "0" / "0.tiff").max() == 2
+    assert tifffile.imread(m.path / "a" / "c" / "1" / "0.tiff").max() == 3
+    assert json.loads((m.path / "a" / "zarr.json").read_text())["shape"] == [16, 8]

@@ -151,7 +151,8 @@ def _run_foreground(config: MountConfig, ready_fd: int | None, verbose: int) -> 
 
         enable_operation_log()
     try:
-        serve(config, view, stats, on_ready=lambda: report("ready"))
+        serve(config, view, stats, on_ready=lambda: report("ready"),
+              reload=lambda: make_view(config, stats))
     except Exception as e:
         report(f"error: mount failed: {e}")
         print(f"zfuse: mount failed: {e}", file=sys.stderr)

@@ -122,7 +122,11 @@ def check_mountpoint(mountpoint: str) -> None:
 
 
 def serve(
-    config: MountConfig, view: View, stats: Stats, on_ready: Callable[[], None] | None = None
+    config: MountConfig,
+    view: View,
+    stats: Stats,
+    on_ready: Callable[[], None] | None = None,
+    reload: Callable[[], View] | None = None,
 ) -> None:
     """Mount `view` at the mountpoint and serve until unmounted or signalled."""
     import pyfuse3
@@ -130,6 +134,7 @@ def serve(
     from zfuse.fuse_ops import ZfuseOperations
 
     ops = ZfuseOperations(view, read_only=config.read_only, max_threads=config.max_threads, stats=stats)
+    ops.reload = reload
     options = {"fsname=zfuse", "subtype=zfuse", "default_permissions", *config.fuse_options}
     if config.read_only:
         options.add("ro")

@@ -128,6 +128,7 @@ class ZfuseOperations(pyfuse3.Operations):
         self._files: dict[int, OpenFile] = {}
         self._next_fh = 1
         self.nursery: trio.Nursery | None = None
+        self.reload: Callable[[], View] | None = None
         self.ahead_limiter = trio.CapacityLimiter(READ_AHEAD)
         self._reading_ahead: set[Any] = set()
 
@@ -458,8 +459,24 @@ class ZfuseOperations(pyfuse3.Operations):
 
     # -- cache invalidation --------------------------------------------------
     def refresh(self) -> None:
-        """Forget listings, shard indexes and decoded chunks, and the kernel's caches (blocking)."""
-        self.view.refresh()
+        """Reload metadata and forget listings, shard indexes, decoded chunks and the
+        kernel's caches (blocking: run in a worker thread).
+
+        With a `reload` callable the source is opened again and a new view built
+        (arrays added, removed or resized are seen); open files keep the objects
+        they were opened on until closed.
+        """
+        if self.reload is not None:
+            try:
+                view = self.reload()
+            except Exception as e:  # keep serving the old view rather than nothing
+                log.error("reload failed, keeping the previous view: %s", e)
+                self.view.refresh()
+            else:
+                self.view.cache.clear()
+                self.view = self.writes.view = view
+        else:
+            self.view.refresh()
         for inode in list(self._path_of):
             if inode != pyfuse3.ROOT_INODE:
                 try:
