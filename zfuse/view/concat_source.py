@@ -31,7 +31,8 @@ class ConcatChunkSource(ChunkSource):
     def chunk_key(self, coords: Coords) -> str:
         return "/".join(("c", *map(str, coords)))
 
-    def _decode_storage_key(self, key: str, rank: int) -> Coords | None:
+    def decode_key(self, key: str) -> Coords | None:
+        rank = len(self.shape)
         parts = key.split("/")
         if parts[0] != "c" or len(parts) != rank + 1 or not all(p.isdigit() for p in parts[1:]):
             return None

@@ -75,6 +75,24 @@ class ChunkSource(ABC):
     def chunk_key(self, coords: Coords) -> str:
         """The source's own key of chunk `coords`, relative to the array (e.g. ``c/0/1``)."""
 
+    def decode_key(self, key: str) -> Coords | None:
+        """The chunk a key names (any rank, in or out of the grid), or None.
+
+        Works for any chunk key encoding: candidate coordinates are the key's
+        integers, accepted only if encoding them gives the key back.
+        """
+        rank = len(self.shape)
+        if rank == 0:
+            return () if key == self.chunk_key(()) else None
+        ints = _INT_RE.findall(key)
+        for candidate in (ints[-rank:], ints[:rank]):
+            if len(candidate) != rank:
+                continue
+            coords = tuple(int(i) for i in candidate)
+            if self.chunk_key(coords) == key:
+                return coords
+        return None
+
     @abstractmethod
     def list_chunks(self) -> Iterable[Coords]:
         """Coordinates of the chunks that exist in the store."""
@@ -171,21 +189,11 @@ class ZarrChunkSource(ChunkSource):
             return head + sep.join(map(str, coords))
         return self._encode_storage_key(coords)
 
-    def _decode_storage_key(self, key: str, rank: int) -> Coords | None:
-        """Coordinates of a storage key, or None if it is not a chunk key."""
-        if rank == 0:
-            return () if key == self._encode_storage_key(()) else None
-        fast = self._fast_decode(key, rank)
+    def decode_key(self, key: str) -> Coords | None:
+        fast = self._fast_decode(key, len(self.shape)) if self.shape else None
         if fast is not None:
             return fast if fast != () else None
-        ints = _INT_RE.findall(key)
-        for candidate in (ints[-rank:], ints[:rank]):
-            if len(candidate) != rank:
-                continue
-            coords = tuple(int(i) for i in candidate)
-            if self._encode_storage_key(coords) == key:
-                return coords
-        return None
+        return super().decode_key(key)
 
     def _fast_decode(self, key: str, rank: int) -> Coords | None:
         """The standard encodings by splitting (no regex, no re-encoding): listing
@@ -244,14 +252,14 @@ class ZarrChunkSource(ChunkSource):
         return names
 
     # -- listing ----------------------------------------------------------
-    def _keys_with_coords(self, rank: int) -> list[tuple[Coords, str]]:
+    def _keys_with_coords(self) -> list[tuple[Coords, str]]:
         """(coords, key) of every storage object of the array that is a chunk (or shard) key."""
         prefix, n = self.prefix, len(self.prefix)
-        decode = self._decode_storage_key
+        decode = self.decode_key
         out = []
         for key in _collect(self.store.list_prefix(prefix)):
             rel = key[n:]
-            coords = decode(rel, rank)
+            coords = decode(rel)
             if coords is not None:
                 out.append((coords, rel))
         return out
@@ -261,15 +269,14 @@ class ZarrChunkSource(ChunkSource):
             return super().list_chunk_keys()
         grid = self.grid_shape
         return [
-            (c, k) for c, k in self._keys_with_coords(len(grid))
+            (c, k) for c, k in self._keys_with_coords()
             if all(i < g for i, g in zip(c, grid, strict=True))
         ]
 
     def list_chunks(self) -> list[Coords]:
-        rank = len(self.shape)
         if self.sharding is None:
             return [c for c, _ in self.list_chunk_keys()]
-        shard_coords = [c for c, _ in self._keys_with_coords(rank)]
+        shard_coords = [c for c, _ in self._keys_with_coords()]
         indexes = sync(self._load_indexes(shard_coords))
         out: list[Coords] = []
         for shard, index in zip(shard_coords, indexes, strict=True):

@@ -172,12 +172,7 @@ class ArrayView:
         return self._decode_key(key)
 
     def _decode_key(self, key: str) -> Coords | None:
-        rank = len(self.source.shape)
-        decode = getattr(self.source, "_decode_storage_key", None)
-        if decode is not None:
-            coords = decode(key, rank)
-        else:
-            coords = _decode_by_reencoding(self.source, key, rank)
+        coords = self.source.decode_key(key)
         if coords is None or not self.source.in_grid(coords):
             return None
         return coords
@@ -397,19 +392,6 @@ def to_pixel_bytes(values: np.ndarray, dtype: np.dtype) -> bytes:
     if dtype.kind == "b":
         return np.ascontiguousarray(values, dtype=np.uint8).tobytes()
     return np.ascontiguousarray(values, dtype=dtype.newbyteorder("<")).tobytes()
-
-
-def _decode_by_reencoding(source: ChunkSource, key: str, rank: int) -> Coords | None:
-    import re
-
-    ints = re.findall(r"\d+", key)
-    for candidate in (ints[-rank:] if rank else [], ints[:rank]):
-        if len(candidate) != rank:
-            continue
-        coords = tuple(int(i) for i in candidate)
-        if source.chunk_key(coords) == key:
-            return coords
-    return None
 
 
 def _decode_dir(view: ArrayView, parts: tuple[str, ...]) -> bool:

@@ -298,18 +298,21 @@ class Writes:
     async def _commit(self, state: FileState, thread: Thread) -> None:
         arr, coords = state.array, state.coords
         assert arr is not None and coords is not None and arr.layout is not None
-        data = bytes(state.buffer or b"")
+        await self._store_tiff(arr, coords, bytes(state.buffer or b""), thread)
+        state.dirty = False
+        # Readers now see the stored chunk; the buffer is dropped so they get
+        # our canonical TIFF of the new values.
+        state.buffer = None
+        self.mtimes[state.path] = state.mtime_ns
+
+    async def _store_tiff(self, arr: ArrayView, coords: tuple[int, ...], data: bytes, thread: Thread) -> None:
+        """Parse `data` as a TIFF of chunk `coords` and store it; errors name the chunk's key."""
         try:
             await thread(_commit_chunk, arr, coords, data)
         except InvalidTiffError as e:
             self.stats.count("rejected_writes")
             raise InvalidTiffError(f"{arr.source.name}/{arr.source.chunk_key(coords)}: {e}") from e
-        state.dirty = False
-        # Readers now see the stored chunk; the buffer is dropped so they get
-        # our canonical TIFF of the new values.
-        state.buffer = None
         self.stats.count("chunks_written")
-        self.mtimes[state.path] = state.mtime_ns
 
     async def commit_all(self, thread: Thread) -> None:
         """On shutdown: commit what open files hold, if it parses (best effort, logged)."""
@@ -362,14 +365,8 @@ class Writes:
                 src.path = new
                 self.states[new] = src
                 return
-            data = bytes(src.buffer or b"")
-            try:
-                await thread(_commit_chunk, new_arr, new_coords, data)
-            except InvalidTiffError as e:
-                self.stats.count("rejected_writes")
-                raise InvalidTiffError(f"{'/'.join(new)}: {e}") from e
+            await self._store_tiff(new_arr, new_coords, bytes(src.buffer or b""), thread)
             del self.states[old]
-            self.stats.count("chunks_written")
             return
         old_arr, old_rest = self.view.array_at(old)
         old_coords = old_arr.coords_of(old_rest) if old_arr is not None and old_rest else None
