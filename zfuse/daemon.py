@@ -96,7 +96,7 @@ def make_view(config: MountConfig, stats: Stats | None = None) -> View:
         from zfuse.view.concat_source import ConcatChunkSource
 
         obj = ConcatChunkSource(obj)
-    return build_view(obj, options)
+    return build_view(obj, options, stats)
 
 
 def sd_notify(message: str) -> None:

@@ -23,6 +23,7 @@ import base64
 import json
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -31,6 +32,7 @@ from typing import Any
 import numpy as np
 import zarr
 
+from zfuse.stats import Stats
 from zfuse.view.source import ChunkSource, Coords, ZarrChunkSource
 from zfuse.view.tiff import TiffLayout, build_header, plan_layout, tiff_unsupported_reason
 
@@ -136,10 +138,12 @@ class ArrayView:
         options: ViewOptions,
         cache: ChunkCache,
         ome: dict[str, Any] | None = None,
+        stats: Stats | None = None,
     ) -> None:
         self.source = source
         self.options = options
         self.cache = cache
+        self.stats = stats or Stats()
         self.unsupported: str | None = tiff_unsupported_reason(source.dtype)
         self.layout: TiffLayout | None = None
         if self.unsupported is None:
@@ -308,7 +312,10 @@ class ArrayView:
             return data
 
     def _decode(self, coords: Coords) -> bytes:
+        started = time.perf_counter()
         values = self.source.read_chunk(coords)
+        self.stats.count("chunks_decoded")
+        self.stats.count("decode_seconds", time.perf_counter() - started)
         if self.options.crop_edges:
             region = self.source.chunk_region(coords)
             values = values[tuple(slice(0, r.stop - r.start) for r in region)]
@@ -558,12 +565,14 @@ def _group_metadata(group: zarr.Group) -> bytes:
     return json.dumps(meta, indent=2).encode()
 
 
-def build_view(obj: zarr.Group | zarr.Array | ChunkSource, options: ViewOptions) -> View:
+def build_view(
+    obj: zarr.Group | zarr.Array | ChunkSource, options: ViewOptions, stats: Stats | None = None
+) -> View:
     """The view of a zarr group/array (or any chunk source) opened by the caller."""
     cache = ChunkCache(options.cache_bytes)
 
     def array_node(source: ChunkSource, ome: dict[str, Any] | None) -> _Node:
-        view = ArrayView(source, options, cache, ome)
+        view = ArrayView(source, options, cache, ome, stats)
         if view.unsupported:
             log.warning("array %r shown without chunk files: %s", source.name, view.unsupported)
         return _Node("array", array=view, metadata=view.metadata_bytes)
