@@ -5,6 +5,10 @@ PY := $(VENV)/bin/python
 DEB_PACKAGES := fuse3 libfuse3-dev pkg-config libtiff-tools imagej default-jre-headless systemd rsync util-linux
 STAMP_DEB := $(VENV)/.deb-installed
 STAMP_PY := $(VENV)/.py-installed
+# zarr-python 2.18 in its own venv: the tests check that it reads what zfuse writes
+# in the pre-release v3 layout (sharding v1) and vice versa
+VENV_ZARR2 := .venv-zarr2
+STAMP_ZARR2 := $(VENV_ZARR2)/.installed
 
 .PHONY: all setup demo test lint bench clean
 
@@ -25,14 +29,20 @@ $(STAMP_PY): pyproject.toml $(STAMP_DEB)
 	$(PY) -m pip install -q -e '.[test]'
 	@touch $@
 
+$(STAMP_ZARR2): $(STAMP_DEB)
+	@test -x $(VENV_ZARR2)/bin/python || $(PYTHON) -m venv $(VENV_ZARR2)
+	$(VENV_ZARR2)/bin/python -m pip install -q 'zarr==2.18.*' numcodecs numpy pytest
+	@touch $@
+
 setup: $(STAMP_PY)
 
 demo: setup
 	$(PY) -m zfuse.demo
 
-test: setup
+test: setup $(STAMP_ZARR2)
 	$(PY) -m ruff check zfuse tests benchmarks
-	ZFUSE_REQUIRE_FUSE=$${ZFUSE_REQUIRE_FUSE:-0} $(PY) -m pytest -q $(PYTEST_ARGS)
+	ZFUSE_ZARR2_PYTHON=$(CURDIR)/$(VENV_ZARR2)/bin/python ZFUSE_REQUIRE_FUSE=$${ZFUSE_REQUIRE_FUSE:-0} \
+		$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: setup
 	$(PY) -m ruff check zfuse tests benchmarks
@@ -41,4 +51,4 @@ bench: setup
 	$(PY) -m benchmarks.run
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV_ZARR2) build *.egg-info .pytest_cache .hypothesis
