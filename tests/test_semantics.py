@@ -11,6 +11,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -161,3 +162,26 @@ def test_sighup_reloads_metadata(tmp_path: Path, mount) -> None:
     assert tifffile.imread(m.path / "b" / "c" / "0" / "0.tiff").max() == 2
     assert tifffile.imread(m.path / "a" / "c" / "1" / "0.tiff").max() == 3
     assert json.loads((m.path / "a" / "zarr.json").read_text())["shape"] == [16, 8]
+
+
+@pytest.mark.mount
+def test_created_empty_file_is_a_placeholder(tmp_path: Path, mount) -> None:
+    """[ns-9] touch of a new chunk name succeeds; nothing is stored until a TIFF is written."""
+    src = tmp_path / "a.zarr"
+    a = zarr.create_array(str(src), shape=(16, 16), chunks=(8, 8), dtype="uint8", fill_value=0)
+    a[0:8, 0:8] = 1
+    m = mount(src)
+    target = m.path / "c" / "1" / "1.tiff"
+    subprocess_touch = subprocess.run(["touch", str(target)], capture_output=True, text=True)
+    assert subprocess_touch.returncode == 0, subprocess_touch.stderr
+    assert target.exists() and target.stat().st_size == 0
+    assert not (src / "c" / "1" / "1").exists()
+    values = np.full((8, 8), 9, "uint8")
+    tifffile.imwrite(tmp_path / "v.tif", values)
+    with open(target, "r+b") as f:  # fill it later, without O_TRUNC
+        f.write((tmp_path / "v.tif").read_bytes())
+    np.testing.assert_array_equal(zarr.open_array(str(src))[8:16, 8:16], values)
+    # emptying a stored chunk is still refused
+    with pytest.raises(OSError):
+        open(m.path / "c" / "0" / "0.tiff", "wb").close()
+    assert zarr.open_array(str(src))[0, 0] == 1

@@ -64,6 +64,7 @@ class FileState:
     buffer: bytearray | None = None  # None: not loaded yet (the stored file's bytes)
     dirty: bool = False
     scratch: bool = False
+    placeholder: bool = False  # an empty new chunk file, not stored until written
     handles: int = 0
     mtime_ns: int = field(default_factory=time.time_ns)
 
@@ -292,7 +293,14 @@ class Writes:
         state = handle.state
         if state is None or not state.dirty or state.scratch:
             return False
+        if not state.buffer and not self._stored(state):
+            # Created and closed with nothing written (`touch`, or tools that
+            # create a file first and write it later): an empty placeholder that
+            # stays in the daemon, listed, until a TIFF is written into it.
+            state.placeholder = True
+            return False
         await self._commit(state, thread)
+        state.placeholder = False
         return True
 
     async def _commit(self, state: FileState, thread: Thread) -> None:
@@ -328,7 +336,7 @@ class Writes:
         if state is None:
             return
         state.handles -= 1
-        if state.handles <= 0 and not state.scratch:
+        if state.handles <= 0 and not (state.scratch or state.placeholder):
             self.states.pop(state.path, None)
 
     # -- namespace ---------------------------------------------------------------
