@@ -133,19 +133,22 @@ def _run_foreground(config: MountConfig, ready_fd: int | None, verbose: int) -> 
             if message == "ready":
                 _detach_stdio()
 
+    def fail(message: str) -> int:
+        # in the background the parent prints it; in the foreground we do
+        if ready_fd is not None:
+            report("error: " + message)
+        else:
+            print("zfuse: " + message, file=sys.stderr)
+        return 1
+
     try:
         check_mountpoint(config.mountpoint)
         stats = Stats()
         view = make_view(config, stats)
     except SystemExit as e:
-        report(f"error: {str(e.code).removeprefix('zfuse: ')}")
-        print(e.code, file=sys.stderr)
-        return 1
+        return fail(str(e.code).removeprefix("zfuse: "))
     except Exception as e:
-        msg = f"cannot open {' '.join(config.sources)}: {type(e).__name__}: {e}"
-        report("error: " + msg)
-        print("zfuse: " + msg, file=sys.stderr)
-        return 1
+        return fail(f"cannot open {' '.join(config.sources)}: {type(e).__name__}: {e}")
     if verbose:
         from zfuse.fuse_ops import enable_operation_log
 
@@ -154,9 +157,7 @@ def _run_foreground(config: MountConfig, ready_fd: int | None, verbose: int) -> 
         serve(config, view, stats, on_ready=lambda: report("ready"),
               reload=lambda: make_view(config, stats))
     except Exception as e:
-        report(f"error: mount failed: {e}")
-        print(f"zfuse: mount failed: {e}", file=sys.stderr)
-        return 1
+        return fail(f"mount failed: {e}")
     return 0
 
 
@@ -168,6 +169,13 @@ def _detach_stdio() -> None:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
+    # keep logging somewhere: the system log when there is one
+    if os.path.exists("/dev/log"):
+        from logging.handlers import SysLogHandler
+
+        handler = SysLogHandler(address="/dev/log")
+        handler.setFormatter(logging.Formatter("zfuse[%(process)d]: %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(handler)
 
 
 def _spawn_daemon(argv: list[str]) -> int:

@@ -81,7 +81,13 @@ def open_source(
             raise group_error from None
 
 
+READ_ONLY_SCHEMES = ("http://", "https://")
+
+
 def make_view(config: MountConfig, stats: Stats | None = None) -> View:
+    if not config.read_only and any(s.startswith(READ_ONLY_SCHEMES) for s in config.sources):
+        log.info("http(s) sources are read-only: mounting read-only")
+        config.read_only = True
     options = ViewOptions(
         all_chunks=config.all_chunks,
         crop_edges=config.crop_edges,

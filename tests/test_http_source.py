@@ -1,0 +1,65 @@
+"""https:// and http:// sources: read-only mounts through zarr's fsspec store.
+
+A real HTTP server (Python's http.server, loopback only) serves a store
+directory; its directory pages are what fsspec lists.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+import stores
+from test_mount_read import expected_chunk
+
+pytestmark = pytest.mark.mount
+
+
+@pytest.fixture
+def http_root(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    root = tmp_path / "www"
+    root.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                              cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.monotonic() > deadline or server.poll() is not None:
+                    raise
+                time.sleep(0.05)
+        yield root, f"http://127.0.0.1:{port}"
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_http_source_reads_and_is_read_only(http_root: tuple[Path, str], mount) -> None:
+    """[ns-8] an http(s) source is mounted read-only; every chunk reads as the source's."""
+    root, url = http_root
+    stores.v3(root / "a.zarr")
+    m = mount(f"{url}/a.zarr")
+    arr = stores.open_any(root / "a.zarr")
+    files = sorted(m.path.rglob("*.tiff"))
+    assert len(files) == 6
+    for f in files:
+        i, j = int(f.parent.name), int(f.stem)
+        np.testing.assert_array_equal(tifffile.imread(f), expected_chunk(arr, (i, j)))
+    with pytest.raises(OSError) as e:
+        (m.path / "c" / "0" / "0.tiff").write_bytes(b"x")
+    assert e.value.errno == errno.EROFS
