@@ -163,6 +163,20 @@ class ZarrChunkSource(ChunkSource):
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._index_cache: dict[str, Any] = {}
+        # [array->bytes codec, bytes->bytes codecs...] when every one of them can
+        # decode synchronously and no array->array codec changes the spec
+        self._sync_codecs: tuple[Any, list[Any]] | None = None
+        if self.zarr_format == 3 and self.sharding is None:
+            from zarr.abc.codec import ArrayBytesCodec, BytesBytesCodec
+
+            codecs = list(meta.codecs)
+            if (
+                codecs
+                and isinstance(codecs[0], ArrayBytesCodec)
+                and all(isinstance(c, BytesBytesCodec) for c in codecs[1:])
+                and all(hasattr(c, "_decode_sync") for c in codecs)
+            ):
+                self._sync_codecs = (codecs[0], codecs[1:])
         # (key head, separator) for the default and v2 encodings: fast key decoding
         self._standard: tuple[str, str] | None = None
         if self.zarr_format == 2:
@@ -331,9 +345,21 @@ class ZarrChunkSource(ChunkSource):
             return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
         async_array = self.array._async_array
         spec = self.array.metadata.get_chunk_spec(coords, async_array._config, proto)
+        if self._sync_codecs is not None:
+            return self._decode_in_this_thread(buf, spec)
         (decoded,) = await async_array.codec_pipeline.decode([(buf, spec)])
         if decoded is None:
             return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
+        return np.asarray(decoded.as_numpy_array()).reshape(self.chunk_shape)
+
+    def _decode_in_this_thread(self, buf: Any, spec: Any) -> np.ndarray:
+        """Decode with the codecs' own synchronous methods: zarr's pipeline would
+        hop to a thread per codec, which under FUSE load costs more than zstd."""
+        assert self._sync_codecs is not None
+        serializer, bytes_codecs = self._sync_codecs
+        for codec in reversed(bytes_codecs):
+            buf = codec._decode_sync(buf, spec)
+        decoded = serializer._decode_sync(buf, spec)
         return np.asarray(decoded.as_numpy_array()).reshape(self.chunk_shape)
 
     async def _read_inner_chunk(self, coords: Coords) -> np.ndarray:
