@@ -172,7 +172,24 @@ def test_unlink_truncate_mv_cp_p_rsync(tmp_path: Path, mount) -> None:
         np.testing.assert_array_equal(stores.open_any(src)[8:16, 16:30], new2[:, :14])
 
 
-BAD_INPUTS = ["not-tiff", "truncated", "wrong-dtype", "wrong-shape", "wrong-pages", "jpeg", "outside-grid"]
+BAD_INPUTS = ["not-tiff", "truncated", "wrong-dtype", "wrong-shape", "wrong-pages", "unsupported-compression",
+              "outside-grid"]
+
+
+def _patch_compression(path: Path, code: int) -> None:
+    """Rewrite the Compression tag of every page of a little-endian classic TIFF in place."""
+    import struct
+
+    data = bytearray(path.read_bytes())
+    offset = struct.unpack_from("<I", data, 4)[0]
+    while offset:
+        (count,) = struct.unpack_from("<H", data, offset)
+        for i in range(count):
+            entry = offset + 2 + 12 * i
+            if struct.unpack_from("<H", data, entry)[0] == 259:
+                struct.pack_into("<H", data, entry + 8, code)
+        offset = struct.unpack_from("<I", data, offset + 2 + 12 * count)[0]
+    path.write_bytes(bytes(data))
 
 
 @pytest.mark.parametrize("case", BAD_INPUTS)
@@ -196,8 +213,10 @@ def test_bad_input_fails_close_and_keeps_the_chunk(tmp_path: Path, mount, case: 
         tifffile.imwrite(blob, good[:, :5, :5])
     elif case == "wrong-pages":
         tifffile.imwrite(blob, np.concatenate([good, good]), photometric="minisblack")
-    elif case == "jpeg":
-        tifffile.imwrite(blob, good[0].astype("uint8"), compression="jpeg")
+    elif case == "unsupported-compression":
+        tifffile.imwrite(blob, good, photometric="minisblack")
+        _patch_compression(blob, 32809)  # ThunderScan: no decoder for it
+        assert 32809 not in tifffile.TIFF.DECOMPRESSORS
     elif case == "outside-grid":
         tifffile.imwrite(blob, good)
         target = m.path / "c" / "0" / "0" / "9.tiff"
@@ -336,3 +355,16 @@ def test_zarr_python_writes_through_the_mount(tmp_path: Path, mount) -> None:
     view[0:8, 0:16] = 99
     np.testing.assert_array_equal(stores.open_any(src)[0:8, 0:16], 99)
     assert tifffile.imread(m.path / "c" / "0" / "0.tiff").max() == 99
+
+
+def test_jpeg_tiff_is_stored_as_decoded(tmp_path: Path, mount) -> None:
+    """[write-1] a JPEG-compressed TIFF (lossy) is accepted: the chunk gets the pixels it decodes to."""
+    import zarr
+
+    src = tmp_path / "a.zarr"
+    zarr.create_array(str(src), shape=(16, 16), chunks=(16, 16), dtype="uint8", fill_value=0)[...] = 1
+    m = mount(src)
+    image = (np.arange(256).reshape(16, 16) % 200).astype("uint8")
+    tifffile.imwrite(tmp_path / "j.tif", image, compression="jpeg")
+    shutil.copyfile(tmp_path / "j.tif", m.path / "c" / "0" / "0.tiff")
+    np.testing.assert_array_equal(stores.open_any(src)[...], tifffile.imread(tmp_path / "j.tif"))
