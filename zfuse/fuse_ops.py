@@ -26,10 +26,10 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from zfuse.errors import CorruptDataError, InvalidTiffError, MetadataError
+from zfuse.errors import CorruptDataError, InvalidTiffError, MetadataError, ZfuseError
 from zfuse.stats import Stats
 from zfuse.view.tree import DIR, Entry, View
-from zfuse.view.writes import FileTooLargeError, OpenFile, ReadOnlyError, Writes
+from zfuse.view.writes import FileTooLargeError, OpenFile, ReadOnlyError, Released, Writes
 
 log = logging.getLogger("zfuse.fuse")
 T = TypeVar("T")
@@ -157,8 +157,10 @@ class ZfuseOperations(pyfuse3.Operations):
             return exc
         code = errno_for(exc)
         self.stats.count("errors")
+        expected = isinstance(exc, (ZfuseError, OSError, TimeoutError, trio.TooSlowError))
         log.error("%s %s [store key %s]: %s (%s)", op, "/".join(path) or "/", self._store_key(path),
-                  exc, errno.errorcode.get(code, code))
+                  exc if expected else f"{type(exc).__name__}: {exc}", errno.errorcode.get(code, code),
+                  exc_info=None if expected else exc)  # a bug: keep its traceback
         return pyfuse3.FUSEError(code)
 
     def _store_key(self, path: tuple[str, ...]) -> str:
@@ -196,9 +198,9 @@ class ZfuseOperations(pyfuse3.Operations):
             await self._thread(arr.ensure_listed)
         return self.view.entry(path)
 
-    def _attrs(self, path: tuple[str, ...], entry: Entry) -> pyfuse3.EntryAttributes:
+    def _attrs(self, path: tuple[str, ...], entry: Entry, inode: int | None = None) -> pyfuse3.EntryAttributes:
         attrs = pyfuse3.EntryAttributes()
-        attrs.st_ino = self._inode(path)
+        attrs.st_ino = self._inode(path) if inode is None else inode
         writable = not self.read_only and entry.node not in ("stats", "meta")
         if entry.kind == DIR:
             attrs.st_mode = stat.S_IFDIR | (0o755 if writable else 0o555)
@@ -234,6 +236,12 @@ class ZfuseOperations(pyfuse3.Operations):
         return self._attrs(path, entry)
 
     async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        if inode not in self._path_of:
+            # unlinked or replaced while open: fstat on the open file still works
+            for handle in self._files.values():
+                if handle.inode == inode:
+                    return self._attrs(handle.path, handle.entry(), inode)
+            raise pyfuse3.FUSEError(errno.ENOENT)
         path = self._path(inode)
         open_file = self.writes.open_file_for(path)
         if open_file is not None:
@@ -254,6 +262,8 @@ class ZfuseOperations(pyfuse3.Operations):
             entry = await self._entry(path)
             if entry is None and self.writes.open_file_for(path) is None:
                 raise pyfuse3.FUSEError(errno.ENOENT)
+            if fields.update_size and entry is not None and entry.node in ("meta", "stats"):
+                raise pyfuse3.FUSEError(errno.EROFS if self.read_only else errno.EACCES)
             if fields.update_size:
                 await self.writes.truncate(path, attr.st_size, self._files.get(fh) if fh else None, self._thread)
                 await self._invalidate(path)
@@ -316,12 +326,11 @@ class ZfuseOperations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.ENOENT)
             if entry is not None and entry.kind == DIR:
                 raise pyfuse3.FUSEError(errno.EISDIR)
-            if entry is not None and entry.node == "stats":
-                handle = OpenFile.readonly_bytes(path, self._stats_bytes())
-            elif entry is not None and entry.node == "meta":
+            if entry is not None and entry.node in ("stats", "meta"):
                 if flags & (os.O_WRONLY | os.O_RDWR):
                     raise pyfuse3.FUSEError(errno.EROFS if self.read_only else errno.EACCES)
-                handle = OpenFile.readonly_bytes(path, entry.content or b"")
+                content = self._stats_bytes() if entry.node == "stats" else entry.content or b""
+                handle = OpenFile.readonly_bytes(path, content)
             else:
                 handle = await self.writes.open(path, entry, flags, self._thread)
         except Exception as e:
@@ -329,6 +338,7 @@ class ZfuseOperations(pyfuse3.Operations):
         fh = self._next_fh
         self._next_fh += 1
         self._files[fh] = handle
+        handle.inode = inode
         if handle.state is None and handle.array is not None and handle.coords is not None:
             self._read_ahead(handle.array, handle.coords)
         # Unchanged chunks keep their kernel page cache across opens; writers
@@ -341,13 +351,16 @@ class ZfuseOperations(pyfuse3.Operations):
     ) -> tuple[pyfuse3.FileInfo, pyfuse3.EntryAttributes]:
         path = (*self._path(parent_inode), os.fsdecode(name))
         try:
+            self._refuse_special(path)
             handle = await self.writes.create(path, flags, self._thread)
         except Exception as e:
             raise self._fail(e, "create", path) from None
         fh = self._next_fh
         self._next_fh += 1
         self._files[fh] = handle
-        return pyfuse3.FileInfo(fh=fh), self._attrs(path, handle.entry())
+        attrs = self._attrs(path, handle.entry())
+        handle.inode = attrs.st_ino
+        return pyfuse3.FileInfo(fh=fh), attrs
 
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self._files[fh]
@@ -377,12 +390,30 @@ class ZfuseOperations(pyfuse3.Operations):
             await self._invalidate(handle.path)
 
     async def fsync(self, fh: int, datasync: bool) -> None:
-        await self.flush(fh)
+        handle = self._files[fh]
+        try:
+            committed = await self.writes.fsync(handle, self._thread)
+        except Exception as e:
+            raise self._fail(e, "fsync", handle.path) from None
+        if committed:
+            await self._invalidate(handle.path)
 
     async def release(self, fh: int) -> None:
         handle = self._files.pop(fh, None)
-        if handle is not None:
-            self.writes.release(handle)
+        if handle is None:
+            return
+        outcome = self.writes.release(handle)
+        if outcome is Released.COMMITTED:
+            await self._invalidate(handle.path)  # now our TIFF of the stored values
+        elif outcome is Released.VANISHED:
+            # a never-stored file is gone: the kernel must not keep its dentry
+            parent = self._inode_of.get(handle.path[:-1])
+            self._forget_path(handle.path)
+            if parent is not None:
+                try:
+                    pyfuse3.invalidate_entry_async(parent, os.fsencode(handle.path[-1]), ignore_enoent=True)
+                except OSError:
+                    pass
 
     # -- read-ahead across files --------------------------------------------
     def _read_ahead(self, arr: Any, coords: tuple[int, ...]) -> None:
@@ -414,9 +445,25 @@ class ZfuseOperations(pyfuse3.Operations):
             self._reading_ahead.discard(key)
 
     # -- namespace changes --------------------------------------------------
+    def _refuse_special(self, *paths: tuple[str, ...]) -> None:
+        """The stats directory is ours: nothing is created, renamed or removed there."""
+        for path in paths:
+            if path[:1] == (STATS_DIR,):
+                raise pyfuse3.FUSEError(errno.EROFS if self.read_only else errno.EPERM)
+
+    async def _keep_readers(self, path: tuple[str, ...]) -> None:
+        """Readers of a chunk about to be unlinked or replaced keep its current bytes."""
+        for handle in list(self._files.values()):
+            if handle.path == path and handle.state is None and handle.content is None:
+                arr, coords = handle.array, handle.coords
+                if arr is not None and coords is not None and arr.exists(coords):
+                    handle.content = await self._thread(arr.read, coords, 0, arr.file_size(coords))
+
     async def unlink(self, parent_inode: int, name: bytes, ctx: Any) -> None:
         path = (*self._path(parent_inode), os.fsdecode(name))
         try:
+            self._refuse_special(path)
+            await self._keep_readers(path)
             await self.writes.unlink(path, self._thread)
         except Exception as e:
             raise self._fail(e, "unlink", path) from None
@@ -428,6 +475,9 @@ class ZfuseOperations(pyfuse3.Operations):
         old = (*self._path(parent_old), os.fsdecode(name_old))
         new = (*self._path(parent_new), os.fsdecode(name_new))
         try:
+            self._refuse_special(old, new)
+            await self._keep_readers(old)
+            await self._keep_readers(new)
             await self.writes.rename(old, new, flags, self._thread)
         except Exception as e:
             raise self._fail(e, "rename", new) from None
@@ -436,6 +486,7 @@ class ZfuseOperations(pyfuse3.Operations):
     async def mkdir(self, parent_inode: int, name: bytes, mode: int, ctx: Any) -> pyfuse3.EntryAttributes:
         path = (*self._path(parent_inode), os.fsdecode(name))
         try:
+            self._refuse_special(path)
             entry = await self.writes.mkdir(path)
         except Exception as e:
             raise self._fail(e, "mkdir", path) from None

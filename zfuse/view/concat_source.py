@@ -55,7 +55,7 @@ class ConcatChunkSource(ChunkSource):
                 found.update(itertools.product(*ranges))
         return sorted(found)
 
-    def read_chunk(self, coords: Coords) -> np.ndarray:
+    def read_chunk(self, coords: Coords, must_exist: bool = False) -> np.ndarray:
         return self.array.read_chunk(coords)
 
     def write_chunk(self, coords: Coords, data: np.ndarray) -> None:

@@ -98,8 +98,9 @@ class ChunkSource(ABC):
         """Coordinates of the chunks that exist in the store."""
 
     @abstractmethod
-    def read_chunk(self, coords: Coords) -> np.ndarray:
-        """Decoded chunk, full chunk shape; fill value where nothing is stored."""
+    def read_chunk(self, coords: Coords, must_exist: bool = False) -> np.ndarray:
+        """Decoded chunk, full chunk shape; fill value where nothing is stored
+        (or CorruptDataError with `must_exist`: a listed chunk that vanished)."""
 
     @abstractmethod
     def write_chunk(self, coords: Coords, data: np.ndarray) -> None:
@@ -163,6 +164,9 @@ class ZarrChunkSource(ChunkSource):
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
         self._index_cache: dict[str, Any] = {}
+        # Chunks are read and written directly with the codec pipeline, except for
+        # v2 arrays in F order, whose chunk memory order only zarr's indexing handles
+        self._direct = not (self.zarr_format == 2 and getattr(meta, "order", "C") == "F")
         # [array->bytes codec, bytes->bytes codecs...] when every one of them can
         # decode synchronously and no array->array codec changes the spec
         self._sync_codecs: tuple[Any, list[Any]] | None = None
@@ -329,12 +333,17 @@ class ZarrChunkSource(ChunkSource):
         return index
 
     # -- reading ----------------------------------------------------------
-    def read_chunk(self, coords: Coords) -> np.ndarray:
+    def read_chunk(self, coords: Coords, must_exist: bool = False) -> np.ndarray:
         if self.sharding is not None:
-            return sync(self._read_inner_chunk(coords))
-        return sync(self._read_stored_chunk(coords))
+            return sync(self._read_inner_chunk(coords, must_exist))
+        if not self._direct:
+            return self.full_chunk(np.asarray(self.array[self.chunk_region(coords)]))
+        return sync(self._read_stored_chunk(coords, must_exist))
 
-    async def _read_stored_chunk(self, coords: Coords) -> np.ndarray:
+    def _vanished(self, key: str) -> CorruptDataError:
+        return CorruptDataError(f"{key}: listed chunk is no longer in the store")
+
+    async def _read_stored_chunk(self, coords: Coords, must_exist: bool = False) -> np.ndarray:
         """One stored chunk: one get and the codec pipeline, without zarr's selection
         machinery (which costs more than decoding a raw chunk). Zarr stores edge
         chunks at full shape, so the result is the full chunk as is."""
@@ -342,6 +351,8 @@ class ZarrChunkSource(ChunkSource):
         key = self.prefix + self._encode_storage_key(coords)
         buf = await self.store.get(key, prototype=proto)
         if buf is None:
+            if must_exist:
+                raise self._vanished(key)
             return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
         async_array = self.array._async_array
         spec = self.array.metadata.get_chunk_spec(coords, async_array._config, proto)
@@ -362,16 +373,16 @@ class ZarrChunkSource(ChunkSource):
         decoded = serializer._decode_sync(buf, spec)
         return np.asarray(decoded.as_numpy_array()).reshape(self.chunk_shape)
 
-    async def _read_inner_chunk(self, coords: Coords) -> np.ndarray:
+    async def _read_inner_chunk(self, coords: Coords, must_exist: bool = False) -> np.ndarray:
         """One inner chunk: the shard index (cached) and one ranged read."""
         assert self.sharding is not None
         shard = tuple(c // n for c, n in zip(coords, self.chunks_per_shard, strict=True))
         key = self.prefix + self._encode_storage_key(shard)
         index = await self._shard_index(shard)
-        if index is None:
-            return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
-        byte_slice = index.get_chunk_slice(coords)
+        byte_slice = index.get_chunk_slice(coords) if index is not None else None
         if byte_slice is None:
+            if must_exist:
+                raise self._vanished(f"{key} (inner chunk {coords})")
             return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
         start, end = byte_slice
         proto = default_buffer_prototype()
@@ -405,7 +416,7 @@ class ZarrChunkSource(ChunkSource):
         clipped = data[tuple(slice(0, r.stop - r.start) for r in region)]
         with self._lock_for(coords):
             try:
-                if self.sharding is None:
+                if self.sharding is None and self._direct:
                     sync(self._write_stored_chunk(coords, self.full_chunk(clipped)))
                 else:
                     self._writer[region] = clipped  # zarr rewrites the shard

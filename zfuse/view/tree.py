@@ -313,7 +313,9 @@ class ArrayView:
 
     def _decode(self, coords: Coords) -> bytes:
         started = time.perf_counter()
-        values = self.source.read_chunk(coords)
+        # a chunk we listed must still be there; with --all-chunks missing is fill
+        must_exist = not self.options.all_chunks and coords in self._existing
+        values = self.source.read_chunk(coords, must_exist=must_exist)
         self.stats.count("chunks_decoded")
         self.stats.count("decode_seconds", time.perf_counter() - started)
         if self.options.crop_edges:
@@ -414,7 +416,7 @@ def _decode_dir(view: ArrayView, parts: tuple[str, ...]) -> bool:
                 return False
             continue
         axis = coord_dirs.index(depth)
-        if not name.isdigit() or int(name) >= grid[axis]:
+        if not name.isdigit() or str(int(name)) != name or int(name) >= grid[axis]:
             return False
     return True
 

@@ -22,21 +22,35 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
+
+import trio
 
 from zfuse.errors import InvalidTiffError, ZfuseError
 from zfuse.stats import Stats
 from zfuse.view.tiff_input import decode_tiff, max_file_size
-from zfuse.view.tree import DIR, FILE, ArrayView, Entry, View
+from zfuse.view.tree import DIR, FILE, META_NAME, ArrayView, Entry, View
 
 log = logging.getLogger("zfuse.writes")
 
 Thread = Callable[..., Awaitable[Any]]
 Path = tuple[str, ...]
 SCRATCH_MAX_BYTES = 8 * 1024**3
+NAME_MAX = 255
+RENAME_NOREPLACE = 1
+
+
+class Released(Enum):
+    """What a release changed, for the adapter's kernel cache invalidation."""
+
+    NOTHING = 0
+    COMMITTED = 1  # the path now reads as the stored chunk: drop cached data
+    VANISHED = 2  # a never-stored file is gone: drop the directory entry
 
 
 class ReadOnlyError(ZfuseError):
@@ -65,8 +79,17 @@ class FileState:
     dirty: bool = False
     scratch: bool = False
     placeholder: bool = False  # an empty new chunk file, not stored until written
+    detached: bool = False  # unlinked or replaced while open: never committed
+    committed: bool = False  # stored at least once while open
+    generation: int = 0  # bumped by every change: a commit only clears what it stored
     handles: int = 0
     mtime_ns: int = field(default_factory=time.time_ns)
+    commit_lock: trio.Lock = field(default_factory=trio.Lock)
+
+    def changed(self) -> None:
+        self.dirty = True
+        self.generation += 1
+        self.mtime_ns = time.time_ns()
 
     @property
     def limit(self) -> int:
@@ -94,6 +117,7 @@ class OpenFile:
         self.coords = coords
         self.content = content
         self.writable = writable
+        self.inode = 0  # set by the adapter: fstat after unlink/rename finds the handle by it
 
     @classmethod
     def readonly_bytes(cls, path: Path, content: bytes) -> OpenFile:
@@ -195,14 +219,22 @@ class Writes:
 
     def _chunk_target(self, path: Path) -> tuple[ArrayView, tuple[int, ...] | None]:
         """The array a path is in, and the chunk it names (None: a scratch name)."""
+        if len(os.fsencode(path[-1])) > NAME_MAX:
+            raise NotAllowedError(errno.ENAMETOOLONG, f"name longer than {NAME_MAX} bytes")
         arr, rest = self.view.array_at(path)
         if arr is None or not rest:
             raise NotAllowedError(errno.EPERM, "files can only be created inside array directories")
+        if rest == (META_NAME,):
+            raise NotAllowedError(errno.EPERM, f"{META_NAME} is the view's metadata and cannot be replaced")
         if arr.layout is None:
             raise NotAllowedError(errno.EPERM, f"array {arr.source.name!r} has no TIFF view: {arr.unsupported}")
         coords = arr.coords_of(rest)
         if coords is None and _looks_like_chunk(arr, rest):
-            raise NotAllowedError(errno.EINVAL, f"{'/'.join(rest)} is outside the chunk grid {arr.source.grid_shape}")
+            raise NotAllowedError(
+                errno.EINVAL,
+                f"{'/'.join(rest)} is not a chunk of the grid {arr.source.grid_shape} "
+                f"(chunk names look like {arr.source.chunk_key(tuple(0 for _ in arr.source.shape))}.tiff)",
+            )
         return arr, coords
 
     # -- open/create ----------------------------------------------------------
@@ -222,8 +254,7 @@ class Writes:
             return OpenFile(path, array=entry.array, coords=entry.coords)
         if flags & os.O_TRUNC and wants_write:
             state.buffer = bytearray()
-            state.dirty = True
-            state.mtime_ns = time.time_ns()
+            state.changed()
         state.handles += 1
         return OpenFile(path, state=state, array=state.array, coords=state.coords, writable=wants_write)
 
@@ -236,6 +267,7 @@ class Writes:
             self.states[path] = state
         else:
             state.buffer = bytearray()
+            state.changed()
             state.dirty = not state.scratch
         state.handles += 1
         return OpenFile(path, state=state, array=arr, coords=coords, writable=True)
@@ -248,18 +280,16 @@ class Writes:
         end = off + len(buf)
         if end > state.limit:
             raise FileTooLargeError(f"{len(buf)} bytes at offset {off} exceed the {state.limit}-byte limit")
-        if state.buffer is None:
-            await thread(_loaded, state)
         buffer = state.buffer
-        assert buffer is not None
+        if buffer is None:
+            buffer = await thread(_loaded, state)
         if off == len(buffer):
             buffer += buf  # the common sequential case: one copy
         else:
             if end > len(buffer):
                 buffer.extend(bytes(end - len(buffer)))
             buffer[off:end] = buf
-        state.dirty = True
-        state.mtime_ns = time.time_ns()
+        state.changed()
         return len(buf)
 
     async def truncate(self, path: Path, size: int, handle: OpenFile | None, thread: Thread) -> None:
@@ -280,8 +310,7 @@ class Writes:
                 del buffer[size:]
             else:
                 buffer.extend(bytes(size - len(buffer)))
-            state.dirty = True
-            state.mtime_ns = time.time_ns()
+            state.changed()
             if standalone and not state.scratch:
                 # truncate(1) with no open file: the change must commit or fail now
                 await self._commit(state, thread)
@@ -290,8 +319,9 @@ class Writes:
                 self.states.pop(path, None)
 
     async def flush(self, handle: OpenFile, thread: Thread) -> bool:
+        """close() of a descriptor open for writing: commit (errors fail the close)."""
         state = handle.state
-        if state is None or not state.dirty or state.scratch:
+        if state is None or not handle.writable or not state.dirty or state.scratch or state.detached:
             return False
         if not state.buffer and not self._stored(state):
             # Created and closed with nothing written (`touch`, or tools that
@@ -303,14 +333,31 @@ class Writes:
         state.placeholder = False
         return True
 
+    async def fsync(self, handle: OpenFile, thread: Thread) -> bool:
+        """fsync(): store what the file holds if it is already a complete TIFF.
+
+        A file still being written (not yet a TIFF) stays buffered and fsync
+        succeeds: programs that sync mid-write must not fail; close() stores it
+        or reports why not.
+        """
+        try:
+            return await self.flush(handle, thread)
+        except InvalidTiffError:
+            return False
+
     async def _commit(self, state: FileState, thread: Thread) -> None:
         arr, coords = state.array, state.coords
         assert arr is not None and coords is not None and arr.layout is not None
-        await self._store_tiff(arr, coords, bytes(state.buffer or b""), thread)
-        state.dirty = False
-        # Readers now see the stored chunk; the buffer is dropped so they get
-        # our canonical TIFF of the new values.
-        state.buffer = None
+        # One commit at a time per file; writes landing while it runs bump the
+        # generation, so the file stays dirty and the next close stores them.
+        async with state.commit_lock:
+            generation = state.generation
+            await self._store_tiff(arr, coords, bytes(state.buffer or b""), thread)
+            if state.generation == generation:
+                state.dirty = False
+            state.committed = True
+        # The writer's own bytes stay readable until the last handle closes;
+        # then the path reads as our TIFF of the stored values.
         self.mtimes[state.path] = state.mtime_ns
 
     async def _store_tiff(self, arr: ArrayView, coords: tuple[int, ...], data: bytes, thread: Thread) -> None:
@@ -319,7 +366,8 @@ class Writes:
             await thread(_commit_chunk, arr, coords, data)
         except InvalidTiffError as e:
             self.stats.count("rejected_writes")
-            raise InvalidTiffError(f"{arr.source.name}/{arr.source.chunk_key(coords)}: {e}") from e
+            key = arr.source.chunk_key(coords)
+            raise InvalidTiffError(f"{arr.source.name}/{key}: {e}" if arr.source.name else f"{key}: {e}") from e
         self.stats.count("chunks_written")
 
     async def commit_all(self, thread: Thread) -> None:
@@ -331,20 +379,33 @@ class Writes:
                 except Exception as e:
                     log.error("at shutdown, %s not committed: %s", "/".join(state.path), e)
 
-    def release(self, handle: OpenFile) -> None:
+    def release(self, handle: OpenFile) -> Released:
         state = handle.state
         if state is None:
-            return
+            return Released.NOTHING
         state.handles -= 1
-        if state.handles <= 0 and not (state.scratch or state.placeholder):
-            self.states.pop(state.path, None)
+        if state.handles > 0 or state.scratch or state.placeholder or state.detached:
+            return Released.NOTHING
+        if self.states.get(state.path) is state:
+            del self.states[state.path]
+        if state.committed or self._stored(state):
+            return Released.COMMITTED
+        return Released.VANISHED
 
     # -- namespace ---------------------------------------------------------------
+    def _detach(self, path: Path) -> None:
+        """The file at `path` is unlinked or replaced: its open handles keep their
+        bytes but never commit (POSIX: an unlinked file's data goes nowhere)."""
+        state = self.states.pop(path, None)
+        if state is not None:
+            state.detached = True
+            state.dirty = False
+
     async def unlink(self, path: Path, thread: Thread) -> None:
         self._check_writable()
         state = self.states.get(path)
         if state is not None and state.scratch:
-            del self.states[path]
+            self._detach(path)
             return
         arr, rest = self.view.array_at(path)
         coords = arr.coords_of(rest) if arr is not None and rest else None
@@ -352,45 +413,63 @@ class Writes:
             raise NotAllowedError(errno.EPERM, "only chunk files and scratch files can be removed")
         if not arr.exists(coords):
             if state is not None:
-                del self.states[path]
+                self._detach(path)
                 return
             raise NotAllowedError(errno.ENOENT, "no such chunk")
+        self._detach(path)
         await thread(arr.source.delete_chunk, coords)
         arr.forget(coords)
         arr.remove_chunk(coords)
-        self.states.pop(path, None)
         self.stats.count("chunks_deleted")
+
+    def _exists(self, path: Path) -> bool:
+        if path in self.states and self.pending_entry(path) is not None:
+            return True
+        entry = self.view.entry(path)
+        return entry is not None and entry.node == "chunk"
 
     async def rename(self, old: Path, new: Path, flags: int, thread: Thread) -> None:
         self._check_writable()
-        if flags:
-            raise NotAllowedError(errno.EINVAL, "rename flags are not supported")
+        if flags & ~RENAME_NOREPLACE:
+            raise NotAllowedError(errno.EINVAL, "only the RENAME_NOREPLACE flag is supported")
+        if flags & RENAME_NOREPLACE and self._exists(new):
+            raise NotAllowedError(errno.EEXIST, "target exists (RENAME_NOREPLACE)")
         src = self.states.get(old)
+        old_entry = self.view.entry(old)
+        if src is None and old_entry is not None and old_entry.kind == DIR:
+            raise NotAllowedError(errno.EPERM, "directories cannot be renamed")
         new_arr, new_coords = self._chunk_target(new)
         if src is not None and src.scratch:
             if new_coords is None:  # scratch -> scratch
+                self._detach(new)
                 del self.states[old]
                 src.path = new
                 self.states[new] = src
                 return
             await self._store_tiff(new_arr, new_coords, bytes(src.buffer or b""), thread)
             del self.states[old]
+            self._detach(new)
             return
         old_arr, old_rest = self.view.array_at(old)
         old_coords = old_arr.coords_of(old_rest) if old_arr is not None and old_rest else None
         if old_arr is None or old_coords is None or not old_arr.exists(old_coords):
             raise NotAllowedError(errno.ENOENT if old_arr else errno.EPERM, "no such chunk or scratch file")
+        if new_coords is None:
+            # Taking a chunk out of the store into daemon memory (`mv x.tiff x.bak`)
+            # would lose it at unmount: refuse, a copy does the job safely.
+            raise NotAllowedError(errno.EPERM, "a chunk can only be renamed onto another chunk name; copy it instead")
         data = await thread(old_arr.read, old_coords, 0, old_arr.file_size(old_coords))
-        if new_coords is None:  # chunk -> scratch: the chunk leaves the store
-            self.states[new] = FileState(new, new_arr, None, buffer=bytearray(data), scratch=True)
-        else:
-            await thread(_commit_chunk, new_arr, new_coords, data)
+        await self._store_tiff(new_arr, new_coords, data, thread)
+        self._detach(old)
+        self._detach(new)
         await thread(old_arr.source.delete_chunk, old_coords)
         old_arr.forget(old_coords)
         old_arr.remove_chunk(old_coords)
 
     async def mkdir(self, path: Path) -> Entry:
         self._check_writable()
+        if len(os.fsencode(path[-1])) > NAME_MAX:
+            raise NotAllowedError(errno.ENAMETOOLONG, f"name longer than {NAME_MAX} bytes")
         arr, rest = self.view.array_at(path)
         if arr is None or not rest or not arr.is_key_prefix(rest):
             raise NotAllowedError(errno.EPERM, "only chunk key directories can be made")
@@ -421,8 +500,6 @@ def _looks_like_chunk(arr: ArrayView, rest: Path) -> bool:
         return False
     key = name[: -len(".tiff")]
     origin = arr.source.chunk_key(tuple(0 for _ in arr.source.shape))
-    import re
-
     shape_of = re.sub(r"\d+", "0", key)
     return shape_of == origin
 
