@@ -109,3 +109,21 @@ def test_saved_description_mounts_and_opens(tmp_path: Path, mount) -> None:
                           capture_output=True, text=True, timeout=60)
     assert info.returncode == 0, info.stderr
     assert "offset 2" in info.stdout and "straddling" in info.stdout, info.stdout
+
+
+def test_aligned_chunks_read_and_write_their_source_chunk(tmp_path: Path, mount) -> None:
+    """View chunks that are exactly one source chunk go straight to it, both ways."""
+    d1 = stores.v3(tmp_path / "a.zarr", shape=(16, 32), chunks=(8, 16), codecs="crc32c")
+    d2 = stores.v3(tmp_path / "b.zarr", shape=(12, 32), chunks=(8, 16), seed=5)
+    m = mount([tmp_path / "a.zarr", tmp_path / "b.zarr"], "--concat", "0")
+    np.testing.assert_array_equal(tifffile.imread(m.path / "c" / "2" / "1.tiff"), d2[0:8, 16:32])
+    edge = tifffile.imread(m.path / "c" / "3" / "0.tiff")  # last 4 rows of b, fill below
+    np.testing.assert_array_equal(edge[:4], d2[8:12, 0:16])
+    assert (edge[4:] == 0).all()
+    new = stores.values((8, 16), "uint16", seed=40)
+    tifffile.imwrite(tmp_path / "n.tif", new)
+    import shutil
+
+    shutil.copyfile(tmp_path / "n.tif", m.path / "c" / "2" / "1.tiff")
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "b.zarr"))[0:8, 16:32], new)
+    np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"))[...], d1)

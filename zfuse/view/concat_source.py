@@ -55,10 +55,45 @@ class ConcatChunkSource(ChunkSource):
                 found.update(itertools.product(*ranges))
         return sorted(found)
 
+    def _aligned(self, coords: Coords) -> tuple[ZarrChunkSource, Coords] | None:
+        """The one source chunk that is exactly view chunk `coords`, if there is one.
+
+        Then reads and writes go straight to that source chunk (one get or set
+        through its codecs) instead of zarr indexing on a region.
+        """
+        pieces = self.array.chunk_sources(coords)
+        if len(pieces) != 1:
+            return None
+        index, src_region, _ = pieces[0]
+        part = self.parts[index]
+        if part.chunk_shape != self.chunk_shape or getattr(part, "sharding", None) is not None:
+            return None
+        if not np.array_equal(np.asarray(part.fill_value), np.asarray(self.fill_value), equal_nan=True):
+            return None
+        starts = [r.start for r in src_region]
+        if any(s % c for s, c in zip(starts, self.chunk_shape, strict=True)):
+            return None
+        src_coords = tuple(s // c for s, c in zip(starts, self.chunk_shape, strict=True))
+        # the view chunk must not extend past the source chunk (a shorter source's end)
+        if part.chunk_region(src_coords) != tuple(
+            slice(r.start, r.start + (v.stop - v.start)) for r, v in zip(src_region, self.chunk_region(coords), strict=True)
+        ):
+            return None
+        return part, src_coords
+
     def read_chunk(self, coords: Coords, must_exist: bool = False) -> np.ndarray:
+        aligned = self._aligned(coords)
+        if aligned is not None:
+            part, src_coords = aligned
+            return part.read_chunk(src_coords, must_exist=must_exist)
         return self.array.read_chunk(coords)
 
     def write_chunk(self, coords: Coords, data: np.ndarray) -> None:
+        aligned = self._aligned(coords)
+        if aligned is not None:
+            part, src_coords = aligned
+            part.write_chunk(src_coords, np.asarray(data, dtype=self.dtype))
+            return
         self.array.write_chunk(coords, self.full_chunk(np.asarray(data, dtype=self.dtype)))
 
     def delete_chunk(self, coords: Coords) -> None:
