@@ -170,10 +170,10 @@ class ZarrChunkSource(ChunkSource):
         # [array->bytes codec, bytes->bytes codecs...] when every one of them can
         # decode synchronously and no array->array codec changes the spec
         self._sync_codecs: tuple[Any, list[Any]] | None = None
-        if self.zarr_format == 3 and self.sharding is None:
+        if self.zarr_format == 3:
             from zarr.abc.codec import ArrayBytesCodec, BytesBytesCodec
 
-            codecs = list(meta.codecs)
+            codecs = list(self.sharding.codecs if self.sharding is not None else meta.codecs)
             if (
                 codecs
                 and isinstance(codecs[0], ArrayBytesCodec)
@@ -334,47 +334,47 @@ class ZarrChunkSource(ChunkSource):
 
     # -- reading ----------------------------------------------------------
     def read_chunk(self, coords: Coords, must_exist: bool = False) -> np.ndarray:
-        if self.sharding is not None:
-            return sync(self._read_inner_chunk(coords, must_exist))
         if not self._direct:
             return self.full_chunk(np.asarray(self.array[self.chunk_region(coords)]))
-        return sync(self._read_stored_chunk(coords, must_exist))
+        fetch = self._fetch_inner_chunk if self.sharding is not None else self._fetch_stored_chunk
+        fetched = sync(fetch(coords, must_exist))  # store I/O on zarr's event loop
+        if fetched is None:
+            return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
+        buf, spec = fetched
+        codecs = self._sync_codecs
+        if codecs is None:
+            pipeline = (self.sharding or self.array._async_array).codec_pipeline
+            (decoded,) = sync(pipeline.decode([(buf, spec)]))
+            if decoded is None:
+                return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
+        else:
+            # decoding in this worker thread with the codecs' synchronous methods:
+            # zarr's pipeline would hop to a thread per codec, and would hold
+            # its event loop, which serves every other read
+            serializer, bytes_codecs = codecs
+            for codec in reversed(bytes_codecs):
+                buf = codec._decode_sync(buf, spec)
+            decoded = serializer._decode_sync(buf, spec)
+        return np.asarray(decoded.as_numpy_array()).reshape(self.chunk_shape)
 
     def _vanished(self, key: str) -> CorruptDataError:
         return CorruptDataError(f"{key}: listed chunk is no longer in the store")
 
-    async def _read_stored_chunk(self, coords: Coords, must_exist: bool = False) -> np.ndarray:
-        """One stored chunk: one get and the codec pipeline, without zarr's selection
-        machinery (which costs more than decoding a raw chunk). Zarr stores edge
-        chunks at full shape, so the result is the full chunk as is."""
+    async def _fetch_stored_chunk(self, coords: Coords, must_exist: bool) -> tuple[Any, Any] | None:
+        """One stored chunk's bytes and spec (one get; no zarr selection machinery,
+        which costs more than decoding a raw chunk). Zarr stores edge chunks at full
+        shape, so decoding gives the full chunk as is. None: nothing stored."""
         proto = default_buffer_prototype()
         key = self.prefix + self._encode_storage_key(coords)
         buf = await self.store.get(key, prototype=proto)
         if buf is None:
             if must_exist:
                 raise self._vanished(key)
-            return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
-        async_array = self.array._async_array
-        spec = self.array.metadata.get_chunk_spec(coords, async_array._config, proto)
-        if self._sync_codecs is not None:
-            return self._decode_in_this_thread(buf, spec)
-        (decoded,) = await async_array.codec_pipeline.decode([(buf, spec)])
-        if decoded is None:
-            return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
-        return np.asarray(decoded.as_numpy_array()).reshape(self.chunk_shape)
+            return None
+        return buf, self.array.metadata.get_chunk_spec(coords, self.array._async_array._config, proto)
 
-    def _decode_in_this_thread(self, buf: Any, spec: Any) -> np.ndarray:
-        """Decode with the codecs' own synchronous methods: zarr's pipeline would
-        hop to a thread per codec, which under FUSE load costs more than zstd."""
-        assert self._sync_codecs is not None
-        serializer, bytes_codecs = self._sync_codecs
-        for codec in reversed(bytes_codecs):
-            buf = codec._decode_sync(buf, spec)
-        decoded = serializer._decode_sync(buf, spec)
-        return np.asarray(decoded.as_numpy_array()).reshape(self.chunk_shape)
-
-    async def _read_inner_chunk(self, coords: Coords, must_exist: bool = False) -> np.ndarray:
-        """One inner chunk: the shard index (cached) and one ranged read."""
+    async def _fetch_inner_chunk(self, coords: Coords, must_exist: bool) -> tuple[Any, Any] | None:
+        """One inner chunk's bytes and spec: the shard index (cached) and one ranged read."""
         assert self.sharding is not None
         shard = tuple(c // n for c, n in zip(coords, self.chunks_per_shard, strict=True))
         key = self.prefix + self._encode_storage_key(shard)
@@ -383,20 +383,15 @@ class ZarrChunkSource(ChunkSource):
         if byte_slice is None:
             if must_exist:
                 raise self._vanished(f"{key} (inner chunk {coords})")
-            return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
+            return None
         start, end = byte_slice
         proto = default_buffer_prototype()
         buf = await self.store.get(key, prototype=proto, byte_range=RangeByteRequest(start, end))
         if buf is None or len(buf) != end - start:
             self._index_cache.pop(key, None)
             raise CorruptDataError(f"{key}: inner chunk {coords} lies outside the stored shard")
-        meta = self.array.metadata
-        shard_spec = meta.get_chunk_spec(shard, self.array._async_array._config, proto)
-        chunk_spec = self.sharding._get_chunk_spec(shard_spec)
-        (decoded,) = await self.sharding.codec_pipeline.decode([(buf, chunk_spec)])
-        if decoded is None:
-            return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
-        return np.asarray(decoded.as_numpy_array()).reshape(self.chunk_shape)
+        shard_spec = self.array.metadata.get_chunk_spec(shard, self.array._async_array._config, proto)
+        return buf, self.sharding._get_chunk_spec(shard_spec)
 
     # -- writing ----------------------------------------------------------
     def _lock_for(self, coords: Coords) -> threading.Lock:
