@@ -205,6 +205,11 @@ class Writes:
                 out.append((path[-1], Entry(DIR, node="keydir")))
         return sorted(out, key=lambda item: item[0])
 
+    @property
+    def touched(self) -> bool:
+        """Whether any path has its own mtime (else every path has the mount's)."""
+        return bool(self.states or self.mtimes)
+
     def mtime_ns(self, path: Path) -> int | None:
         state = self.states.get(path)
         if state is not None:
