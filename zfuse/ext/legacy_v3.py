@@ -62,7 +62,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
 from typing import TYPE_CHECKING, Any
 
 from zarr.abc.store import (
@@ -76,6 +76,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.storage import WrapperStore
 
 from zfuse.errors import MetadataError
+from zfuse.ext.transformers import GetManyThroughGet
 
 if TYPE_CHECKING:
     from zarr.core.buffer import Buffer, BufferPrototype
@@ -525,7 +526,7 @@ def _data_prefix(path: str) -> str:
     return f"{_DATA_ROOT}{path}/" if path else _DATA_ROOT
 
 
-class LegacyV3Store(WrapperStore[Store]):
+class LegacyV3Store(GetManyThroughGet, WrapperStore[Store]):
     """Presents a pre-release v3 store (zarr-python 2.14-2.18) in today's v3 layout.
 
     See the module docstring for the two layouts and the invariants. Array
@@ -741,12 +742,6 @@ class LegacyV3Store(WrapperStore[Store]):
             for (i, _, _), value in zip(passthrough, values, strict=True):
                 results[i] = value
         return results
-
-    async def _get_many(
-        self, requests: Iterable[tuple[str, BufferPrototype, ByteRequest | None]]
-    ) -> AsyncGenerator[tuple[str, Buffer | None], None]:
-        for key, prototype, byte_range in requests:
-            yield key, await self.get(key, prototype, byte_range)
 
     async def exists(self, key: str) -> bool:
         path = _node_of_meta_key(key)

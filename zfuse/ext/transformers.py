@@ -366,7 +366,18 @@ def _dumps(doc: dict[str, Any]) -> bytes:
 # --------------------------------------------------------------------------- the wrapper
 
 
-class TransformerStore(WrapperStore[Store]):
+class GetManyThroughGet:
+    """WrapperStore sends `_get_many` straight to the wrapped store; a wrapper that
+    rewrites keys or values in `get` must route it through its own `get`."""
+
+    async def _get_many(
+        self, requests: Iterable[tuple[str, BufferPrototype, ByteRequest | None]]
+    ) -> AsyncGenerator[tuple[str, Buffer | None], None]:
+        for key, prototype, byte_range in requests:
+            yield key, await self.get(key, prototype, byte_range)  # type: ignore[attr-defined]
+
+
+class TransformerStore(GetManyThroughGet, WrapperStore[Store]):
     """A Store presenting arrays with ``storage_transformers`` to zarr-python.
 
     Use :func:`zfuse.ext.api.open_array` rather than constructing this directly.
@@ -572,12 +583,6 @@ class TransformerStore(WrapperStore[Store]):
         key_ranges: Iterable[tuple[str, ByteRequest | None]],
     ) -> list[Buffer | None]:
         return list(await asyncio.gather(*(self.get(k, prototype, r) for k, r in key_ranges)))
-
-    async def _get_many(
-        self, requests: Iterable[tuple[str, BufferPrototype, ByteRequest | None]]
-    ) -> AsyncGenerator[tuple[str, Buffer | None], None]:
-        for key, prototype, byte_range in requests:
-            yield key, await self.get(key, prototype, byte_range)
 
     async def exists(self, key: str) -> bool:
         routed = await self._route(key)
