@@ -181,6 +181,10 @@ class ZarrChunkSource(ChunkSource):
                 and all(hasattr(c, "_decode_sync") for c in codecs)
             ):
                 self._sync_codecs = (codecs[0], codecs[1:])
+        # whole-chunk writes encode in the worker thread too when every codec can
+        self._sync_encode = self._sync_codecs is not None and self.sharding is None and all(
+            hasattr(c, "_encode_sync") for c in meta.codecs
+        )
         # (key head, separator) for the default and v2 encodings: fast key decoding
         self._standard: tuple[str, str] | None = None
         if self.zarr_format == 2:
@@ -411,7 +415,10 @@ class ZarrChunkSource(ChunkSource):
         clipped = data[tuple(slice(0, r.stop - r.start) for r in region)]
         with self._lock_for(coords):
             try:
-                if self.sharding is None and self._direct:
+                if self.sharding is None and self._direct and self._sync_encode:
+                    encoded = self._encode_in_this_thread(coords, self.full_chunk(clipped))
+                    sync(self._set_chunk(coords, encoded))  # store I/O on zarr's event loop
+                elif self.sharding is None and self._direct:
                     sync(self._write_stored_chunk(coords, self.full_chunk(clipped)))
                 else:
                     self._writer[region] = clipped  # zarr rewrites the shard
@@ -425,10 +432,24 @@ class ZarrChunkSource(ChunkSource):
         spec = self.array.metadata.get_chunk_spec(coords, async_array._config, proto)
         values = proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype))
         (encoded,) = await async_array.codec_pipeline.encode([(values, spec)])
+        await self._set_chunk(coords, encoded)
+
+    async def _set_chunk(self, coords: Coords, encoded: Any) -> None:
         key = self.prefix + self._encode_storage_key(coords)
         if encoded is None:  # cannot happen with write_empty_chunks semantics; be safe
             raise CorruptDataError(f"{key}: the codecs produced no bytes")
         await self.store.set(key, encoded)
+
+    def _encode_in_this_thread(self, coords: Coords, full: np.ndarray) -> Any:
+        """Encode with the codecs' synchronous methods (the mirror of reading)."""
+        assert self._sync_codecs is not None
+        proto = default_buffer_prototype()
+        spec = self.array.metadata.get_chunk_spec(coords, self.array._async_array._config, proto)
+        serializer, bytes_codecs = self._sync_codecs
+        encoded = serializer._encode_sync(proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype)), spec)
+        for codec in bytes_codecs:
+            encoded = codec._encode_sync(encoded, spec)
+        return encoded
 
     def delete_chunk(self, coords: Coords) -> None:
         with self._lock_for(coords):
