@@ -328,7 +328,8 @@ class ZfuseOperations(pyfuse3.Operations):
         path = self._path(inode)
         try:
             entry = await self._entry(path)
-            if entry is None and self.writes.open_file_for(path) is None:
+            wants_write = bool(flags & (os.O_WRONLY | os.O_RDWR))
+            if entry is None and self.writes.open_file_for(path) is None and not wants_write:
                 raise pyfuse3.FUSEError(errno.ENOENT)
             if entry is not None and entry.kind == DIR:
                 raise pyfuse3.FUSEError(errno.EISDIR)
@@ -414,7 +415,6 @@ class ZfuseOperations(pyfuse3.Operations):
         elif outcome is Released.VANISHED:
             # a never-stored file is gone: the kernel must not keep its dentry
             parent = self._inode_of.get(handle.path[:-1])
-            self._forget_path(handle.path)
             if parent is not None:
                 try:
                     pyfuse3.invalidate_entry_async(parent, os.fsencode(handle.path[-1]), ignore_enoent=True)

@@ -253,6 +253,11 @@ class Writes:
             self.states[path] = state
         elif wants_write:
             self._check_writable()
+        if state is None and entry is None and wants_write:
+            # The kernel still holds a dentry for a file that vanished (a refused
+            # new file, dropped at release): an open for writing recreates it, as
+            # the caller's O_CREAT would have.
+            return await self.create(path, flags, thread)
         if state is None:
             if entry is None or entry.array is None or entry.coords is None:
                 raise NotAllowedError(errno.ENOENT, "no such chunk")
