@@ -183,7 +183,7 @@ async def _watch_signals(ops: Any) -> None:
         async for signum in signals:
             if signum == signal.SIGHUP:
                 log.info("SIGHUP: reloading metadata and dropping caches")
-                await trio.to_thread.run_sync(ops.refresh)
+                await ops.refresh()
                 continue
             log.info("%s: unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()
@@ -193,4 +193,4 @@ async def _watch_signals(ops: Any) -> None:
 async def _refresh_every(ops: Any, seconds: float) -> None:
     while True:
         await trio.sleep(seconds)
-        await trio.to_thread.run_sync(ops.refresh)
+        await ops.refresh()

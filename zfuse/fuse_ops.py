@@ -515,25 +515,42 @@ class ZfuseOperations(pyfuse3.Operations):
         raise pyfuse3.FUSEError(errno.EROFS if self.read_only else errno.EPERM)
 
     # -- cache invalidation --------------------------------------------------
-    def refresh(self) -> None:
-        """Reload metadata and forget listings, shard indexes, decoded chunks and the
-        kernel's caches (blocking: run in a worker thread).
+    async def refresh(self) -> None:
+        """Reload metadata; forget listings, shard indexes, decoded chunks and the
+        kernel's caches (SIGHUP, metadata_ttl).
 
         With a `reload` callable the source is opened again and a new view built
-        (arrays added, removed or resized are seen); open files keep the objects
-        they were opened on until closed.
+        (arrays added, removed or resized are seen). Open files move to the new
+        view too: what they read afterwards is the store as it is now, never old
+        byte ranges applied to rewritten objects.
         """
+        old = self.view
+        view = None
         if self.reload is not None:
             try:
-                view = self.reload()
+                view = await trio.to_thread.run_sync(self.reload)
             except Exception as e:  # keep serving the old view rather than nothing
                 log.error("reload failed, keeping the previous view: %s", e)
-                self.view.refresh()
-            else:
-                self.view.cache.clear()
-                self.view = self.writes.view = view
-        else:
-            self.view.refresh()
+        # the swap happens on the event loop, between requests
+        await trio.to_thread.run_sync(old.refresh)
+        if view is not None:
+            self.view = self.writes.view = view
+            for handle in self._files.values():
+                self._rebind(handle)
+            for state in self.writes.states.values():
+                self._rebind(state)
+        await trio.to_thread.run_sync(self._invalidate_all)
+
+    def _rebind(self, holder: Any) -> None:
+        """Point an open file (or write state) at its array in the current view."""
+        if getattr(holder, "array", None) is None or getattr(holder, "content", None) is not None:
+            return
+        arr, rest = self.view.array_at(holder.path)
+        coords = arr.coords_of(rest) if arr is not None and arr.layout is not None and rest else None
+        if arr is not None and coords is not None and holder.coords is not None:
+            holder.array, holder.coords = arr, coords
+
+    def _invalidate_all(self) -> None:
         for inode in list(self._path_of):
             if inode != pyfuse3.ROOT_INODE:
                 try:
