@@ -195,10 +195,11 @@ class ZfuseOperations(pyfuse3.Operations):
         scratch = self.writes.pending_entry(path)
         if scratch is not None:
             return scratch
-        arr, rest = self.view.array_at(path)
-        if arr is not None and rest and not arr.listed:
+        view = self.view  # one view for the whole lookup, even if a reload swaps it meanwhile
+        arr, rest = view.array_at(path)
+        while arr is not None and rest and not arr.listed:
             await self._thread(arr.ensure_listed)
-        return self.view.entry(path)
+        return view.entry(path)
 
     def _attrs(self, path: tuple[str, ...], entry: Entry, inode: int | None = None) -> pyfuse3.EntryAttributes:
         # hot: called once per entry of every readdir (100,000 for `ls -lR` of a big array)
@@ -301,10 +302,11 @@ class ZfuseOperations(pyfuse3.Operations):
             if entry.node == "stats":
                 entries = [(STATS_FILE, self._stats_entry((STATS_DIR, STATS_FILE)))]
             else:
-                arr, _ = self.view.array_at(path)
-                if arr is not None and not arr.listed:
+                view = self.view  # as in _entry: one view even if a reload swaps it
+                arr, _ = view.array_at(path)
+                while arr is not None and not arr.listed:
                     await self._thread(arr.ensure_listed)
-                entries = self.view.list_dir(path) + self.writes.scratch_in(path)
+                entries = view.list_dir(path) + self.writes.scratch_in(path)
         except Exception as e:
             raise self._fail(e, "opendir", path) from None
         fh = self._next_fh
@@ -531,9 +533,10 @@ class ZfuseOperations(pyfuse3.Operations):
                 view = await trio.to_thread.run_sync(self.reload)
             except Exception as e:  # keep serving the old view rather than nothing
                 log.error("reload failed, keeping the previous view: %s", e)
-        # the swap happens on the event loop, between requests
-        await trio.to_thread.run_sync(old.refresh)
-        if view is not None:
+        if view is None:
+            await trio.to_thread.run_sync(old.refresh)
+        else:
+            old.cache.clear()  # the old view is dropped; the swap happens on the event loop
             self.view = self.writes.view = view
             for handle in self._files.values():
                 self._rebind(handle)

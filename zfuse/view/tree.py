@@ -162,6 +162,7 @@ class ArrayView:
                 array_shape=source.shape,
             )
         self._root: _KeyDir | None = None
+        self._stale = False
         self._existing: set[Coords] = set()
         self._lock = threading.Lock()
         self._inflight: dict[Coords, threading.Lock] = {}
@@ -187,13 +188,14 @@ class ArrayView:
     # -- listing ----------------------------------------------------------
     @property
     def listed(self) -> bool:
-        return self._root is not None
+        return self._root is not None and not self._stale
 
     def ensure_listed(self) -> None:
         """List the array's existing chunks once (store I/O: call from a worker thread)."""
-        if self._root is not None or self.layout is None:
-            if self._root is None:
-                self._root = _KeyDir()
+        if self.listed:
+            return
+        if self.layout is None:
+            self._root, self._stale = _KeyDir(), False
             return
         root = _KeyDir()
         existing = set()
@@ -206,12 +208,12 @@ class ArrayView:
                 existing.add(coords)
                 _insert(root, tuple((key + CHUNK_SUFFIX).split("/")), coords)
         with self._lock:
-            self._root, self._existing = root, existing
+            self._root, self._existing, self._stale = root, existing, False
 
     def refresh(self) -> None:
-        with self._lock:
-            self._root = None
-            self._existing = set()
+        # Mark stale rather than clearing: lookups racing with the refresh keep the
+        # old listing until `ensure_listed` swaps in the new one (never a false ENOENT).
+        self._stale = True
         self.source.invalidate()
 
     def add_chunk(self, coords: Coords) -> None:
