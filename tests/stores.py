@@ -7,7 +7,9 @@ from typing import Any
 
 import numpy as np
 import zarr
+from zarr.abc.store import ByteRequest
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
+from zarr.storage import WrapperStore
 
 
 def values(shape: tuple[int, ...], dtype: Any, seed: int = 0) -> np.ndarray:
@@ -73,6 +75,40 @@ def ome_group(path: Path, shape=(4, 40, 50), chunks=(2, 16, 16), seed=0) -> dict
                      for lv in range(2)],
     }]
     return out
+
+
+# -- store-level helpers shared by the extension tests --------------------------
+
+
+class CountingStore(WrapperStore):
+    """Records every get (key, byte range) and getsize reaching the real store."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.gets: list[tuple[str, ByteRequest | None]] = []
+        self.sizes: list[str] = []
+
+    def _with_store(self, store: Any) -> CountingStore:
+        new = type(self)(store)
+        new.gets, new.sizes = self.gets, self.sizes
+        return new
+
+    async def get(self, key: str, prototype: Any, byte_range: ByteRequest | None = None) -> Any:
+        self.gets.append((key, byte_range))
+        return await self._store.get(key, prototype, byte_range)
+
+    async def getsize(self, key: str) -> int:
+        self.sizes.append(key)
+        return await self._store.getsize(key)
+
+    def reset(self) -> None:
+        self.gets.clear()
+        self.sizes.clear()
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under `root` with its bytes: compare before/after to prove nothing changed."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
 __all__ = ["values", "v3", "v2", "sharded", "ome_group", "BytesCodec", "ShardingCodec"]

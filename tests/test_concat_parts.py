@@ -15,44 +15,16 @@ from numcodecs import Zstd
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
-from zarr.storage import LocalStore, MemoryStore, WrapperStore
+from zarr.storage import LocalStore, MemoryStore
 
 import zfuse
 from zfuse.errors import CorruptDataError, MetadataError
 from zfuse.ext.concat_parts import ConcatPartsIO, parse_concat_parts
 from zfuse.ext.transformers import StoreIO, slice_for_request
 
+from stores import CountingStore, snapshot
+
 PROTO = default_buffer_prototype()
-
-
-class CountingStore(WrapperStore):
-    """Records every get (key, byte range) and getsize reaching the real store."""
-
-    def __init__(self, store: Any) -> None:
-        super().__init__(store)
-        self.gets: list[tuple[str, ByteRequest | None]] = []
-        self.sizes: list[str] = []
-
-    def _with_store(self, store: Any) -> CountingStore:
-        new = type(self)(store)
-        new.gets, new.sizes = self.gets, self.sizes
-        return new
-
-    async def get(self, key: str, prototype: Any, byte_range: ByteRequest | None = None) -> Any:
-        self.gets.append((key, byte_range))
-        return await self._store.get(key, prototype, byte_range)
-
-    async def getsize(self, key: str) -> int:
-        self.sizes.append(key)
-        return await self._store.getsize(key)
-
-    def reset(self) -> None:
-        self.gets.clear()
-        self.sizes.clear()
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
 def write_doc(root: Path, doc: dict[str, Any]) -> None:

@@ -19,6 +19,8 @@ from zfuse.errors import MetadataError
 from zfuse.ext.api import open_array, raw_array_metadata
 from zfuse.ext.transformers import TransformerStore
 
+from stores import snapshot
+
 PROTO = default_buffer_prototype()
 SHARD = {"name": "sharding", "type": "indexed", "configuration": {"chunks_per_shard": [2, 2]}}
 SPLIT = {
@@ -27,10 +29,6 @@ SPLIT = {
 }
 STACK = [SHARD, SPLIT]
 LEGACY = Path(__file__).parent / "data" / "legacy_v3"
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
 def make(store: Any, **kw: Any) -> zarr.Array:

@@ -14,39 +14,20 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
+from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
-from zarr.storage import LocalStore, WrapperStore
+from zarr.storage import LocalStore
 
 import zfuse
 from zfuse.errors import CorruptDataError, MetadataError
+
+from stores import CountingStore, snapshot
 
 PROTO = default_buffer_prototype()
 EMPTY = 2**64 - 1
 URI = "https://purl.org/zarr/spec/storage_transformers/sharding/1.0"
 BYTES = [{"name": "bytes", "configuration": {"endian": "little"}}]
-
-
-class CountingStore(WrapperStore):
-    """Records every get (key, byte range) reaching the real store."""
-
-    def __init__(self, store: Any) -> None:
-        super().__init__(store)
-        self.gets: list[tuple[str, ByteRequest | None]] = []
-
-    def _with_store(self, store: Any) -> CountingStore:
-        new = type(self)(store)
-        new.gets = self.gets
-        return new
-
-    async def get(self, key: str, prototype: Any, byte_range: ByteRequest | None = None) -> Any:
-        self.gets.append((key, byte_range))
-        return await self._store.get(key, prototype, byte_range)
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
 def sharding(cps: list[int], form: str = "extension") -> dict[str, Any]:
