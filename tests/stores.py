@@ -29,6 +29,20 @@ def values(shape: tuple[int, ...], dtype: Any, seed: int = 0) -> np.ndarray:
     return (rng.random(shape) * 100 + 1).astype(dtype)
 
 
+def sample(shape: tuple[int, ...], dtype: str, seed: int = 0) -> np.ndarray:
+    """Deterministic values exercising sign, range and (for complex) both parts."""
+    rng = np.random.default_rng(seed)
+    dt = np.dtype(dtype)
+    if dt.kind == "b":
+        return rng.integers(0, 2, shape).astype(bool)
+    if dt.kind in "ui":
+        info = np.iinfo(dt)
+        return rng.integers(info.min, info.max, shape, dtype=dt, endpoint=True)
+    if dt.kind == "f":
+        return (rng.standard_normal(shape) * 1000).astype(dt)
+    return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt)
+
+
 def v3(path: Path, shape=(20, 30), chunks=(8, 16), dtype="uint16", codecs="zstd", seed=0, **kw) -> np.ndarray:
     data = values(shape, dtype, seed)
     compressors: Any = {"zstd": [ZstdCodec(level=1)], "raw": None, "crc32c": [ZstdCodec(level=1), Crc32cCodec()],

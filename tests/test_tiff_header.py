@@ -25,6 +25,7 @@ from zfuse.view.tiff import (
     tiff_unsupported_reason,
 )
 
+from stores import sample
 from tools import have, imagej_stats_many, requires, tiffcp, tiffinfo
 
 DTYPES = ["?", "u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f2", "f4", "f8", "c8", "c16"]
@@ -45,20 +46,6 @@ REQUIRED_TAGS = [
     "PlanarConfiguration",
     "SampleFormat",
 ]
-
-
-def sample(shape: tuple[int, ...], dtype: str, seed: int = 0) -> np.ndarray:
-    """Deterministic values exercising sign, range and (for complex) both parts."""
-    rng = np.random.default_rng(seed)
-    dt = np.dtype(dtype)
-    if dt.kind == "b":
-        return rng.integers(0, 2, shape).astype(bool)
-    if dt.kind in "ui":
-        info = np.iinfo(dt)
-        return rng.integers(info.min, info.max, shape, dtype=dt, endpoint=True)
-    if dt.kind == "f":
-        return (rng.standard_normal(shape) * 1000).astype(dt)
-    return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt)
 
 
 def raw(layout: TiffLayout, chunk: np.ndarray) -> bytes:

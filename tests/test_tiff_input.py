@@ -19,23 +19,11 @@ from zfuse.view.tiff import build_header, plan_layout
 from zfuse.view.tiff_input import decode_tiff as decode
 from zfuse.view.tiff_input import max_file_size
 
+from stores import sample
 from tools import imagej_save_many, requires, tiffcp
 
 SHAPE = (3, 40, 50)
 DTYPES = ["?", "u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f2", "f4", "f8", "c8", "c16"]
-
-
-def sample(shape: tuple[int, ...], dtype: str, seed: int = 0) -> np.ndarray:
-    rng = np.random.default_rng(seed)
-    dt = np.dtype(dtype)
-    if dt.kind == "b":
-        return rng.integers(0, 2, shape).astype(bool)
-    if dt.kind in "ui":
-        info = np.iinfo(dt)
-        return rng.integers(info.min, info.max, shape, dtype=dt, endpoint=True)
-    if dt.kind == "f":
-        return (rng.standard_normal(shape) * 1000).astype(dt)
-    return (rng.standard_normal(shape) + 1j * rng.standard_normal(shape)).astype(dt)
 
 
 def tiff_bytes(a: np.ndarray, **kw: object) -> bytes:
