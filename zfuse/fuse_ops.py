@@ -195,11 +195,20 @@ class ZfuseOperations(pyfuse3.Operations):
         scratch = self.writes.pending_entry(path)
         if scratch is not None:
             return scratch
-        view = self.view  # one view for the whole lookup, even if a reload swaps it meanwhile
-        arr, rest = view.array_at(path)
-        while arr is not None and rest and not arr.listed:
-            await self._thread(arr.ensure_listed)
+        # the array directory itself needs no listing: only paths inside it do
+        view = await self._listed_view(path, inside_only=True)
         return view.entry(path)
+
+    async def _listed_view(self, path: tuple[str, ...], *, inside_only: bool = False) -> View:
+        """The current view, with the array at `path` listed. Callers use this one view
+        for the whole request even if a reload swaps `self.view` meanwhile."""
+        view = self.view
+        arr, rest = view.array_at(path)
+        if inside_only and not rest:
+            return view
+        while arr is not None and not arr.listed:
+            await self._thread(arr.ensure_listed)
+        return view
 
     def _attrs(self, path: tuple[str, ...], entry: Entry, inode: int | None = None) -> pyfuse3.EntryAttributes:
         # hot: called once per entry of every readdir (100,000 for `ls -lR` of a big array)
@@ -302,10 +311,7 @@ class ZfuseOperations(pyfuse3.Operations):
             if entry.node == "stats":
                 entries = [(STATS_FILE, self._stats_entry((STATS_DIR, STATS_FILE)))]
             else:
-                view = self.view  # as in _entry: one view even if a reload swaps it
-                arr, _ = view.array_at(path)
-                while arr is not None and not arr.listed:
-                    await self._thread(arr.ensure_listed)
+                view = await self._listed_view(path)
                 entries = view.list_dir(path) + self.writes.scratch_in(path)
         except Exception as e:
             raise self._fail(e, "opendir", path) from None

@@ -376,7 +376,7 @@ class ZarrChunkSource(ChunkSource):
     async def _fetch_inner_chunk(self, coords: Coords, must_exist: bool) -> tuple[Any, Any] | None:
         """One inner chunk's bytes and spec: the shard index (cached) and one ranged read."""
         assert self.sharding is not None
-        shard = tuple(c // n for c, n in zip(coords, self.chunks_per_shard, strict=True))
+        shard = self._storage_coords(coords)
         key = self.prefix + self._encode_storage_key(shard)
         index = await self._shard_index(shard)
         byte_slice = index.get_chunk_slice(coords) if index is not None else None
@@ -394,17 +394,20 @@ class ZarrChunkSource(ChunkSource):
         return buf, self.sharding._get_chunk_spec(shard_spec)
 
     # -- writing ----------------------------------------------------------
+    def _storage_coords(self, coords: Coords) -> Coords:
+        """The grid position of the storage object holding chunk `coords` (its shard, if sharded)."""
+        if self.sharding is None:
+            return coords
+        return tuple(c // n for c, n in zip(coords, self.chunks_per_shard, strict=True))
+
     def _lock_for(self, coords: Coords) -> threading.Lock:
-        if self.sharding is not None:
-            coords = tuple(c // n for c, n in zip(coords, self.chunks_per_shard, strict=True))
-        key = self._encode_storage_key(coords)
+        key = self._encode_storage_key(self._storage_coords(coords))
         with self._locks_guard:
             return self._locks.setdefault(key, threading.Lock())
 
     def _forget_index(self, coords: Coords) -> None:
         if self.sharding is not None:
-            shard = tuple(c // n for c, n in zip(coords, self.chunks_per_shard, strict=True))
-            self._index_cache.pop(self.prefix + self._encode_storage_key(shard), None)
+            self._index_cache.pop(self.prefix + self._encode_storage_key(self._storage_coords(coords)), None)
 
     def write_chunk(self, coords: Coords, data: np.ndarray) -> None:
         region = self.chunk_region(coords)
