@@ -11,6 +11,7 @@ import errno
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,7 +35,9 @@ coords_st = st.sampled_from(COORDS)
 scratch_st = st.sampled_from([".0.tiff.tmp", "save~", "x.part"])
 
 
-def make_machine(mnt: Path, src: Path, blobs: Path) -> type[RuleBasedStateMachine]:
+def make_machine(m: Any, src: Path, blobs: Path) -> type[RuleBasedStateMachine]:
+    mnt = m.path
+
     def chunk_file(c: tuple[int, int]) -> Path:
         return mnt / "c" / str(c[0]) / f"{c[1]}.tiff"
 
@@ -130,6 +133,7 @@ def make_machine(mnt: Path, src: Path, blobs: Path) -> type[RuleBasedStateMachin
                 assert (mnt / "c" / "0" / name).read_bytes() == data
 
         def teardown(self) -> None:
+            m.settle()  # rm's store deletions are deferred
             arr = stores.open_any(src)
             for c, values in self.chunks.items():
                 region = (slice(c[0] * 8, c[0] * 8 + 8), slice(c[1] * 16, c[1] * 16 + 16))
@@ -153,7 +157,7 @@ def test_random_operations_match_the_model(tmp_path: Path, mount, kind: str) -> 
     m = mount(src)
     blobs = tmp_path / "blobs"
     blobs.mkdir()
-    machine = make_machine(m.path, src, blobs)
+    machine = make_machine(m, src, blobs)
     run_state_machine_as_test(
         machine,
         settings=settings(max_examples=12, stateful_step_count=12, deadline=None,

@@ -19,7 +19,8 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -251,3 +252,18 @@ def imagej_save_many(
 def imagej_save_tiff(src: np.ndarray | str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
     """ImageJ writes `src` (an array or a file it can open) as TIFF to `dst`."""
     imagej_save_many([(src, dst)])
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
+    """Poll `condition` until it is true (returns its value); fail after `timeout` s.
+
+    For effects that follow an operation by design (a deferred store deletion, an
+    abandoned pending file): waits on the effect itself, never a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)

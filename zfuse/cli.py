@@ -53,6 +53,10 @@ def apply_mount_options(config: MountConfig, options: list[str]) -> None:
                 config.metadata_ttl = float(value)
             elif key == "timeout":
                 config.timeout = float(value)
+            elif key == "replace_window":
+                config.replace_window = float(value)
+            elif key == "pending_timeout":
+                config.pending_timeout = float(value)
             elif key == "threads":
                 config.max_threads = int(value)
             elif key in ("endpoint_url", "profile", "region", "anon"):
@@ -83,7 +87,10 @@ def _mount_parser() -> argparse.ArgumentParser:
     p.add_argument("mountpoint", metavar="MOUNTPOINT")
     p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",
-                   help="comma-separated: ro, allow_other, cache_size=SIZE, metadata_ttl=S, timeout=S, endpoint_url=URL, ...")
+                   help="comma-separated: ro, allow_other, cache_size=SIZE, metadata_ttl=S, timeout=S, "
+                        "replace_window=S (an unlinked chunk stays in the store this long for a replacement, "
+                        "default 30), pending_timeout=S (an incomplete closed TIFF waits this long to be "
+                        "completed, default 300), endpoint_url=URL, ...")
     p.add_argument("--cache-size", type=parse_size, default=None, help="decoded-chunk cache (default 256M)")
     p.add_argument("--all-chunks", action="store_true", help="list every grid position; missing chunks read as fill value")
     p.add_argument("--crop-edges", action="store_true", help="edge chunks cropped to the array bounds")

@@ -40,6 +40,8 @@ class MountConfig:
     max_threads: int = 8
     metadata_ttl: float | None = None
     timeout: float | None = None
+    replace_window: float | None = None
+    pending_timeout: float | None = None
     storage_options: dict[str, Any] = field(default_factory=dict)
     fuse_options: list[str] = field(default_factory=list)
 
@@ -139,8 +141,9 @@ def serve(
 
     from zfuse.fuse_ops import ZfuseOperations
 
-    ops = ZfuseOperations(view, read_only=config.read_only, max_threads=config.max_threads, stats=stats)
-    ops.reload = reload
+    ops = ZfuseOperations(view, read_only=config.read_only, max_threads=config.max_threads, stats=stats,
+                          replace_window=config.replace_window, pending_timeout=config.pending_timeout)
+    ops.fs.reload = reload
     options = {"fsname=zfuse", "subtype=zfuse", "default_permissions", *config.fuse_options}
     if config.read_only:
         options.add("ro")
@@ -169,11 +172,23 @@ async def _main(ops: Any, config: MountConfig) -> None:
     async with trio.open_nursery() as nursery:
         ops.nursery = nursery
         nursery.start_soon(_watch_signals, ops)
+        nursery.start_soon(_tick, ops)
         if config.metadata_ttl:
             nursery.start_soon(_refresh_every, ops, config.metadata_ttl)
         await pyfuse3.main()
-        await ops.writes.commit_all(ops._thread)
+        await ops.fs.shutdown()
         nursery.cancel_scope.cancel()
+
+
+async def _tick(ops: Any) -> None:
+    """Deferred deletions and abandoned pending files, when they fall due."""
+    while True:
+        due = ops.fs.writes.next_deadline()
+        await trio.sleep(0.25 if due is None else min(max(due - trio.current_time(), 0.02), 0.25))
+        try:
+            await ops.fs.tick()
+        except Exception:  # already logged and journaled; keep ticking
+            pass
 
 
 async def _watch_signals(ops: Any) -> None:
@@ -183,7 +198,7 @@ async def _watch_signals(ops: Any) -> None:
         async for signum in signals:
             if signum == signal.SIGHUP:
                 log.info("SIGHUP: reloading metadata and dropping caches")
-                await ops.refresh()
+                await ops.fs.refresh()
                 continue
             log.info("%s: unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()
@@ -193,4 +208,4 @@ async def _watch_signals(ops: Any) -> None:
 async def _refresh_every(ops: Any, seconds: float) -> None:
     while True:
         await trio.sleep(seconds)
-        await ops.refresh()
+        await ops.fs.refresh()

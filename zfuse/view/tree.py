@@ -63,7 +63,8 @@ class Entry(NamedTuple):
     array: ArrayView | None = None
     coords: Coords | None = None
     content: bytes | None = None  # metadata files
-    node: str = ""  # "group" | "array" | "keydir" | "meta" | "chunk"
+    node: str = ""  # "group" | "array" | "keydir" | "meta" | "chunk" | "image" | "stats"
+    reader: Any = None  # "image" files: an object with size, read_cached(off, n), read(off, n)
 
 
 class ChunkCache:
@@ -171,6 +172,11 @@ class ArrayView:
     # -- names ------------------------------------------------------------
     def file_parts(self, coords: Coords) -> tuple[str, ...]:
         return tuple((self.source.chunk_key(coords) + CHUNK_SUFFIX).split("/"))
+
+    def key_name(self, coords: Coords) -> str:
+        """The chunk's store key with the array's path, for messages (``arr/c/0/1``)."""
+        key = self.source.chunk_key(coords)
+        return f"{self.source.name}/{key}" if self.source.name else key
 
     def coords_of(self, parts: tuple[str, ...]) -> Coords | None:
         """The chunk a file path names, if it names one inside the grid."""
