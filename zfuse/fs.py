@@ -120,6 +120,7 @@ class Handle:
         self.pid = pid
         self.state: FileState | None = None  # reads and writes go to this buffer
         self.writable = False
+        self.append = False  # O_APPEND: writes go to the end
         self.content: bytes | None = None  # a fixed snapshot
         self.reader: Any = None  # whole-image files: read_cached/read/size
         self.array: Any = None
@@ -521,6 +522,7 @@ class FileSystem:
         if wants_write:
             state = await self.writes.open(path, entry, flags, process)
             handle.state, handle.writable = state, True
+            handle.append = bool(flags & os.O_APPEND)
             handle.array, handle.coords = state.array, state.coords
             # a file whose bytes differ from what other processes see bypasses the page
             # cache; an untouched chunk opened to patch in place keeps it (mmap works)
@@ -564,7 +566,7 @@ class FileSystem:
         handle = self.handles[fh]
         if handle.state is None or not handle.writable:
             raise NotAllowedError(errno.EBADF, "file not open for writing")
-        return await self.writes.write(handle.state, off, buf)
+        return await self.writes.write(handle.state, off, buf, append=handle.append)
 
     @operation(_by_handle)
     async def flush(self, fh: int) -> None:

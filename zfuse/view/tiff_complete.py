@@ -102,6 +102,9 @@ def incomplete_reason(data: bytes | bytearray | memoryview, chunk_shapes: Sequen
         for o, c in zip(offsets, counts, strict=False):
             if c and o + c > size:
                 return f"image data of IFD {index} ends at byte {o + c}, past the {size} bytes written"
+        if not tags.get(_WIDTH) or not tags.get(_LENGTH):
+            # every image IFD has a size: this one is still being written (zeros so far)
+            return f"IFD {index} at byte {offset} has no image size yet ({count} entries)"
         reduced = bool((tags.get(_NEW_SUBFILE_TYPE) or [0])[0] & 1)
         if not reduced:
             depth = max((tags.get(_IMAGE_DEPTH) or [1])[0], 1)

@@ -310,7 +310,11 @@ class Writes:
         return state
 
     # -- data ---------------------------------------------------------------
-    async def write(self, state: FileState, off: int, buf: bytes) -> int:
+    async def write(self, state: FileState, off: int, buf: bytes, *, append: bool = False) -> int:
+        """Write at `off`; O_APPEND handles write at the end of the file, whatever offset
+        the kernel computed from the size it had cached (another process's view)."""
+        if append:
+            off = len(state.buffer) if state.buffer is not None else len(await self.run(load_buffer, state))
         end = off + len(buf)
         if end > state.limit:
             raise FileTooLargeError(f"{len(buf)} bytes at offset {off} exceed the {state.limit}-byte limit")
