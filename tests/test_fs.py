@@ -20,10 +20,11 @@ import pytest
 import tifffile
 import trio
 
-import stores
 from zfuse.daemon import MountConfig, make_view
 from zfuse.fs import ROOT_INODE, FileSystem, FsError
 from zfuse.stats import Stats
+
+import stores
 
 WRITER, OTHER = 100, 200  # process ids
 
