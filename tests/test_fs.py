@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 import tifffile
 import trio
+import trio.testing
 
 from zfuse.daemon import MountConfig, make_view
 from zfuse.fs import ROOT_INODE, FileSystem, FsError
@@ -513,3 +514,59 @@ def test_bfconvert_overwrite_sequence_refused_keeps_the_chunk(v3, clock: Clock) 
     k.tick()
     assert stores.snapshot(src) == before
     np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), chunk00(data))
+
+
+def test_cp_waits_for_page_cache_readers(v3) -> None:
+    """[write-2] an O_TRUNC writer waits for readers that read the chunk through the page
+    cache to close (the kernel would cut their file to 0 bytes); readers opening meanwhile
+    get direct I/O and the stored chunk."""
+    src, data, fs, k = v3
+    ino = k.walk(CHUNK)
+
+    async def scenario() -> None:
+        early = await fs.open(ino, os.O_RDONLY, OTHER)
+        assert early.keep_cache and not early.direct_io
+        opened = trio.Event()
+        writer_fh: list[int] = []
+
+        async def writer() -> None:
+            writer_fh.append((await fs.open(ino, os.O_WRONLY | os.O_TRUNC, WRITER)).fh)
+            opened.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not opened.is_set()  # waiting for the early reader
+            late = await fs.open(ino, os.O_RDONLY, OTHER)
+            assert late.direct_io
+            np.testing.assert_array_equal(pixels(await fs.read(late.fh, 0, 1 << 20)), chunk00(data))
+            fs.release(late.fh)
+            fs.release(early.fh)  # the last page-cache reader closes: the writer goes on
+        assert opened.is_set()
+        fs.release(writer_fh[0])
+
+    trio.run(scenario)
+
+
+def test_cp_waits_for_page_cache_readers_only_so_long(tmp_path: Path, clock: Clock) -> None:
+    """[write-2] a reader that keeps the file open does not block a writer for ever."""
+    src = tmp_path / "a.zarr"
+    stores.v3(src)
+    fs, k = make_fs(src, clock, reader_grace=0.01)
+    reader = k.open(CHUNK, os.O_RDONLY, OTHER)
+    new = stores.values((8, 16), "uint16", seed=21)
+    k.write_file(CHUNK, tiff(new))
+    np.testing.assert_array_equal(stores.open_any(src)[0:8, 0:16], new)
+    fs.release(reader)
+
+
+def test_names_only_the_daemon_holds_are_never_cached(v3) -> None:
+    """[ns-1] scratch files and files being written get no attribute or entry cache time:
+    a rename or release can take them away at any moment."""
+    src, data, fs, k = v3
+    k.write_file("c/0/.0.tiff.tmp", b"partial")
+    assert k.stat("c/0/.0.tiff.tmp").timeout == 0
+    assert k.stat(CHUNK).timeout > 0
+    fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC)
+    assert k.stat(CHUNK).timeout == 0
+    fs.release(fh)

@@ -37,6 +37,8 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+import trio
+
 from zfuse.errors import NotAllowedError, ReadOnlyError, ZfuseError, errno_for
 from zfuse.stats import Stats
 from zfuse.view.tree import DIR, FILE, Entry, View
@@ -62,6 +64,7 @@ SPECIAL_DIR = ".zfuse"
 STATS_FILE, ERRORS_FILE = "stats", "errors"
 ATTR_TIMEOUT = 5.0
 ERRORS_KEPT = 500
+READER_GRACE = 2.0  # seconds a replacing writer waits for page-cache readers to close
 QUIET_ERRNOS = (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY)  # answers, not failures
 
 
@@ -125,6 +128,7 @@ class Handle:
         self.reader: Any = None  # whole-image files: read_cached/read/size
         self.array: Any = None
         self.coords: tuple[int, ...] | None = None
+        self.page_cached = False  # reads go through the kernel's page cache (not direct I/O)
 
     def entry(self) -> Entry:
         if self.content is not None:
@@ -235,8 +239,12 @@ class FileSystem:
         pending_timeout: float = PENDING_TIMEOUT,
         process: Callable[[int], int] = process_of,
         reload: Callable[[], View] | None = None,
+        reader_grace: float = READER_GRACE,
     ) -> None:
         self.view = view
+        self.reader_grace = reader_grace
+        self._cached_readers: dict[Path, int] = {}  # open page-cache handles per path
+        self._readers_gone: dict[Path, trio.Event] = {}  # replacing writers waiting on them
         self.read_only = read_only
         self.stats = stats or Stats()
         self.run = run  # blocking work, in a worker thread on a mount
@@ -399,7 +407,10 @@ class FileSystem:
         writable = not self.read_only and node not in ("stats", "meta", "image")
         mode = (self._dir_modes if entry.kind == DIR else self._file_modes)[writable]
         mtime = (self.writes.mtime_ns(path) if self.writes.touched else None) or self.started_ns
-        live = node == "stats" or path in self.writes.states
+        # never cached: live counters, files being written, and names only the daemon
+        # holds (scratch, placeholders), which a rename or release can take away
+        live = node == "stats" or (entry.kind == FILE and entry.coords is None and node == "chunk") \
+            or path in self.writes.states
         return Attributes(ino, mode, entry.size, mtime, self.uid, self.gid, 0 if live else ATTR_TIMEOUT)
 
     # -- lookup and attributes ---------------------------------------------
@@ -520,6 +531,8 @@ class FileSystem:
             return OpenReply(self._new_handle(handle), direct_io=entry.node == "stats")
         state = self.writes.states.get(path)
         if wants_write:
+            if flags & os.O_TRUNC and state is None and self._cached_readers.get(path):
+                await self._wait_for_cached_readers(path)
             state = await self.writes.open(path, entry, flags, process)
             handle.state, handle.writable = state, True
             handle.append = bool(flags & os.O_APPEND)
@@ -531,10 +544,12 @@ class FileSystem:
         if entry is None or entry.node != "chunk":
             raise FsError(errno.ENOENT)
         handle.array, handle.coords = entry.array, entry.coords
-        if state is not None:
-            if self.writes.sees_buffer(state, process):
+        if state is not None or path in self._readers_gone:
+            if state is not None and self.writes.sees_buffer(state, process):
                 handle.state = state
             return OpenReply(self._new_handle(handle), direct_io=True)
+        handle.page_cached = True
+        self._cached_readers[path] = self._cached_readers.get(path, 0) + 1
         fh = self._new_handle(handle)
         self._read_ahead(entry.array, entry.coords)
         return OpenReply(fh, keep_cache=True)  # unchanged chunks keep their page cache
@@ -582,6 +597,15 @@ class FileSystem:
 
     def release(self, fh: int) -> None:
         handle = self.handles.pop(fh, None)
+        if handle is not None and handle.page_cached:
+            left = self._cached_readers.get(handle.path, 1) - 1
+            if left > 0:
+                self._cached_readers[handle.path] = left
+            else:
+                self._cached_readers.pop(handle.path, None)
+                waiting = self._readers_gone.get(handle.path)
+                if waiting is not None:
+                    waiting.set()
         if handle is None or handle.state is None or not handle.writable:
             return
         outcome = self.writes.release(handle.state)
@@ -589,6 +613,19 @@ class FileSystem:
             self._invalidate_path(handle.path)  # new bytes or size: drop cached data
         elif outcome is Released.VANISHED:
             self._forget_name(handle.path)
+
+    async def _wait_for_cached_readers(self, path: Path) -> None:
+        """Before `cp` truncates a chunk, let readers that read it through the page cache
+        finish (bounded by `reader_grace`): the kernel sets the file's size to 0 on
+        O_TRUNC for every opener, so such a reader would see a short file. Readers
+        opening meanwhile get direct I/O and read the stored chunk."""
+        event = self._readers_gone.setdefault(path, trio.Event())
+        try:
+            with trio.move_on_after(self.reader_grace):
+                await event.wait()
+        finally:
+            if self._readers_gone.get(path) is event:
+                del self._readers_gone[path]
 
     # -- read-ahead across files --------------------------------------------
     def _read_ahead(self, arr: Any, coords: tuple[int, ...]) -> None:
