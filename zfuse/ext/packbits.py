@@ -253,6 +253,8 @@ class PackBitsCodec(ArrayBytesCodec):
         n = arr.size
         if first == 0 and b == n_bits and n_bits % 8 == 0:
             packed = comps.tobytes()  # every bit kept: the little-endian bytes themselves
+        elif n_bits == 1:
+            packed = np.packbits(comps, bitorder="little").tobytes()  # bool: values are bits
         else:
             packed = self._pack(comps, first, b, n_comp)
         pad = (-n * n_comp * b) % 8
@@ -264,12 +266,14 @@ class PackBitsCodec(ArrayBytesCodec):
 
     @staticmethod
     def _pack(comps: np.ndarray[Any, Any], first: int, b: int, n_comp: int) -> bytes:
-        shifts = np.arange(b, dtype=np.uint64)
+        # Bit j of a little-endian value is bit j % 8 of its byte j // 8, which is exactly
+        # column j of unpackbits(bitorder="little") over its bytes: slice the kept columns.
+        width = comps.dtype.itemsize
         out = []
-        step = _BLOCK_ELEMENTS * n_comp
+        step = _BLOCK_ELEMENTS * n_comp  # a multiple of 8 components: blocks end on a byte
         for start in range(0, comps.size, step):
-            block = comps[start : start + step].astype(np.uint64) >> np.uint64(first)
-            bits = ((block[:, None] >> shifts) & np.uint64(1)).astype(np.uint8)
+            as_bytes = comps[start : start + step].view(np.uint8).reshape(-1, width)
+            bits = np.unpackbits(as_bytes, axis=1, bitorder="little")[:, first : first + b]
             out.append(np.packbits(bits.reshape(-1), bitorder="little").tobytes())
         return b"".join(out)
 
@@ -305,19 +309,20 @@ class PackBitsCodec(ArrayBytesCodec):
         out_dtype = dtype.newbyteorder("<")
         if first == 0 and b == n_bits and n_bits % 8 == 0:
             return raw.view(out_dtype).reshape(shape).astype(dtype.newbyteorder("="))
-        comps = self._unpack(raw, n * n_comp, first, b, signed)
         if n_bits == 1:
-            return (comps != 0).reshape(shape)
-        unsigned = comps.astype(f"<u{n_bits // 8}")  # wraps: keeps the low N bits
-        return unsigned.view(out_dtype).reshape(shape).astype(dtype.newbyteorder("="))
+            return np.unpackbits(raw, count=n, bitorder="little").astype(bool).reshape(shape)
+        comps = self._unpack(raw, n * n_comp, first, b, n_bits, signed)
+        return comps.view(out_dtype).reshape(shape).astype(dtype.newbyteorder("="))
 
     @staticmethod
     def _unpack(
-        raw: np.ndarray[Any, Any], count: int, first: int, b: int, signed: bool
+        raw: np.ndarray[Any, Any], count: int, first: int, b: int, n_bits: int, signed: bool
     ) -> np.ndarray[Any, Any]:
-        shifts = np.arange(b, dtype=np.uint64)
-        out = np.empty(count, dtype=np.uint64)
-        step = _BLOCK_ELEMENTS * 8  # components per block; k*step is a multiple of 8 bits
+        """``count`` components as little-endian unsigned ``n_bits`` values (uint8 for 1 bit)."""
+        width = max(n_bits // 8, 1)
+        last = first + b - 1
+        out = np.empty((count, width), dtype=np.uint8)
+        step = _BLOCK_ELEMENTS * 8  # components per block; b * step is a multiple of 8 bits
         for start in range(0, count, step):
             stop = min(start + step, count)
             nbits = (stop - start) * b
@@ -325,11 +330,12 @@ class PackBitsCodec(ArrayBytesCodec):
             bits = np.unpackbits(
                 raw[byte0 : byte0 + -(-nbits // 8)], count=nbits, bitorder="little"
             ).reshape(-1, b)
-            out[start:stop] = (bits.astype(np.uint64) << shifts).sum(axis=1, dtype=np.uint64)
-        if signed and b < 64:
-            negative = (out >> np.uint64(b - 1)) & np.uint64(1) == 1
-            out[negative] |= ~np.uint64((1 << b) - 1)
-        return out << np.uint64(first)
+            full = np.zeros((stop - start, 8 * width), dtype=np.uint8)
+            full[:, first : last + 1] = bits  # shifted back to first_bit
+            if signed and last + 1 < n_bits:
+                full[:, last + 1 : n_bits] = bits[:, b - 1 : b]  # sign extension
+            out[start:stop] = np.packbits(full, axis=1, bitorder="little")
+        return out.reshape(-1).view(f"<u{width}")
 
     # ------------------------------------------------------------------ zarr hooks
 
