@@ -130,18 +130,21 @@ def _check_codecs(codecs: object, field: str, problems: list[str]) -> None:
                 f'Add "configuration": {_js(CONFIGURATION_EXAMPLES[name])}'
             )
             continue
-        try:
-            cls.from_dict(codec)
-        except Exception as e:
-            problems.append(f"{where} ({name!r}): invalid configuration: {e}")
-            continue
-        if name == "sharding_indexed":
-            config = codec.get("configuration") or {}
+        config = codec.get("configuration")
+        if name == "sharding_indexed" and isinstance(config, dict):
+            # the inner lists first: their problems are named precisely there
+            before = len(problems)
             _check_codecs(config.get("codecs"), f"{where}.configuration.codecs", problems)
             if "index_codecs" in config:
                 _check_codecs(
                     config.get("index_codecs"), f"{where}.configuration.index_codecs", problems
                 )
+            if len(problems) > before:
+                continue
+        try:
+            cls.from_dict(codec)
+        except Exception as e:
+            problems.append(f"{where} ({name!r}): invalid configuration: {e}")
 
     array_bytes = [(i, n) for i, n, k in kinds if k == "array-to-bytes"]
     if len(kinds) == len(codecs) and not array_bytes:
