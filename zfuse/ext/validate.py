@@ -66,8 +66,8 @@ def _fill_value_example(data_type: object) -> str:
     return "0"
 
 
-def _codec_registry() -> tuple[Any, list[str]]:
-    """zarr's codec lookup and the sorted names it knows (entry points included)."""
+def _known_codec_names() -> list[str]:
+    """Every codec name zarr-python can resolve (entry points included), for messages."""
     import zarr.registry as registry
 
     names: list[str] = []
@@ -80,7 +80,7 @@ def _codec_registry() -> tuple[Any, list[str]]:
                 continue
             if reg:
                 names.append(name)
-    return registry.get_codec_class, sorted(names)
+    return sorted(names)
 
 
 def _codec_kind(cls: type) -> str:
@@ -103,7 +103,8 @@ def _check_codecs(codecs: object, field: str, problems: list[str]) -> None:
             f"{field}: must be a list of codec objects, e.g. [{_js(BYTES_CODEC)}]. Got {codecs!r}"
         )
         return
-    get_codec_class, known = _codec_registry()
+    from zarr.registry import get_codec_class
+
     kinds: list[tuple[int, str, str]] = []  # (index, name, kind) of every codec understood
     for i, codec in enumerate(codecs):
         where = f"{field}[{i}]"
@@ -118,7 +119,7 @@ def _check_codecs(codecs: object, field: str, problems: list[str]) -> None:
         except KeyError:
             problems.append(
                 f"{where}: unknown codec {name!r}. zarr-python with zfuse knows "
-                f"{', '.join(known)}; use one of those, or install the package that "
+                f"{', '.join(_known_codec_names())}; use one of those, or install the package that "
                 f"registers {name!r} (a 'zarr.codecs' entry point)"
             )
             continue
