@@ -272,8 +272,10 @@ class PackBitsCodec(ArrayBytesCodec):
         out = []
         step = _BLOCK_ELEMENTS * n_comp  # a multiple of 8 components: blocks end on a byte
         for start in range(0, comps.size, step):
-            as_bytes = comps[start : start + step].view(np.uint8).reshape(-1, width)
-            bits = np.unpackbits(as_bytes, axis=1, bitorder="little")[:, first : first + b]
+            # flat unpack: rows of 8*width bits, same layout as axis=1 but much faster
+            as_bytes = comps[start : start + step].view(np.uint8)
+            bits = np.unpackbits(as_bytes, bitorder="little").reshape(-1, 8 * width)
+            bits = bits[:, first : first + b]
             out.append(np.packbits(bits.reshape(-1), bitorder="little").tobytes())
         return b"".join(out)
 
@@ -334,7 +336,8 @@ class PackBitsCodec(ArrayBytesCodec):
             full[:, first : last + 1] = bits  # shifted back to first_bit
             if signed and last + 1 < n_bits:
                 full[:, last + 1 : n_bits] = bits[:, b - 1 : b]  # sign extension
-            out[start:stop] = np.packbits(full, axis=1, bitorder="little")
+            # rows are whole bytes, so packing the flat matrix packs each row
+            out[start:stop] = np.packbits(full.reshape(-1), bitorder="little").reshape(-1, width)
         return out.reshape(-1).view(f"<u{width}")
 
     # ------------------------------------------------------------------ zarr hooks
