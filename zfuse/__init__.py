@@ -1,5 +1,5 @@
 """zfuse: every chunk of a Zarr store as a standalone TIFF file, and the Zarr
-extensions (pad codec, suffix chunk key encoding, concat-parts and sharding-v1
+extensions (pad and packbits codecs, suffix chunk key encoding, concat-parts and sharding-v1
 storage transformers) for zarr-python 3.
 
 Public API (imported lazily so that `import zfuse` stays cheap and the codec
@@ -7,7 +7,7 @@ entry points zarr-python loads never import the FUSE layer):
 
 - ``open_array(store, mode="r", **create_kwargs)`` / ``open_group(...)``
 - ``concat(sources, axis)``
-- ``PadCodec``, ``SuffixChunkKeyEncoding``
+- ``PadCodec``, ``PackBitsCodec``, ``SuffixChunkKeyEncoding``
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ _LAZY = {
     "open_group": ("zfuse.ext.api", "open_group"),
     "concat": ("zfuse.concat", "concat"),
     "PadCodec": ("zfuse.ext.pad", "PadCodec"),
+    "PackBitsCodec": ("zfuse.ext.packbits", "PackBitsCodec"),
     "SuffixChunkKeyEncoding": ("zfuse.ext.suffix", "SuffixChunkKeyEncoding"),
 }
 
