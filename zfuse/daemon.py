@@ -85,6 +85,7 @@ def _open_node(store: Any, source: str, mode: str) -> Any:
     from zfuse.errors import MetadataError
     from zfuse.ext.api import open_array, open_group, resolve_store
     from zfuse.view.hierarchy import (
+        check_codecs,
         node_type_of,
         open_root_group,
         stored_metadata,
@@ -96,7 +97,9 @@ def _open_node(store: Any, source: str, mode: str) -> Any:
     kind = node_type_of(doc)
     if kind == "array":
         try:
-            return open_array(wrapped, mode=mode, path=path or None)
+            array = open_array(wrapped, mode=mode, path=path or None)
+            check_codecs(array)
+            return array
         except Exception as exc:
             raise MetadataError(unsupported_reason(source, exc, doc)) from exc
     if kind == "group":

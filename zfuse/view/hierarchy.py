@@ -121,15 +121,53 @@ async def _members(group: Any) -> list[tuple[str, Member]]:
             try:
                 node = await group.getitem(name)
             except KeyError:
-                return name, None  # not a node (zarr-python skips it too)
+                return name, await _implicit_group(group, name)
             except Exception as exc:
                 return name, await _retry_without_consolidated(group, name, exc)
         if isinstance(node, zarr.AsyncGroup):
             return name, zarr.Group(node)
+        try:
+            check_codecs(node)
+        except Exception as exc:
+            return name, exc
         return name, zarr.Array(node)
 
     found = await asyncio.gather(*(one(name) for name in names))
     return [(name, member) for name, member in found if member is not None]
+
+
+class ImplicitGroup(zarr.Group):
+    """A directory without group metadata on the way to nodes (``A/`` of an
+    OME-Zarr plate ``A/1/0``): zarr-python opens the arrays below it by path but
+    does not list it. Shown as a group when something below it is shown."""
+
+
+async def _implicit_group(group: Any, name: str) -> ImplicitGroup | None:
+    store_path = group.store_path / name
+    async for _ in store_path.store.list_dir(store_path.path):
+        break
+    else:
+        return None  # a stray object, not a directory
+    from zarr.core.group import GroupMetadata
+
+    metadata = GroupMetadata(zarr_format=group.metadata.zarr_format)
+    return ImplicitGroup(zarr.AsyncGroup(metadata=metadata, store_path=store_path))
+
+
+def check_codecs(array: Any) -> None:
+    """Load every codec the array's chunks need, so a missing codec package is
+    found when the view is built, not at the first read: zarr-python loads
+    the numcodecs codecs of v3 arrays lazily (``numcodecs.pcodec`` without the
+    pcodec package opens fine and fails on every chunk)."""
+    metadata = array.metadata
+    if metadata.zarr_format != 3:
+        return  # v2 compressors and filters are loaded when the metadata is parsed
+    pending = list(metadata.codecs)
+    while pending:
+        codec = pending.pop()
+        if hasattr(type(codec), "_codec"):
+            codec._codec  # noqa: B018 - the load is the check
+        pending += list(getattr(codec, "codecs", ()) or ()) + list(getattr(codec, "index_codecs", ()) or ())
 
 
 async def _retry_without_consolidated(group: Any, name: str, exc: Exception) -> Member:
@@ -292,7 +330,9 @@ def _bad_codec(doc: dict[str, Any], fmt: int) -> str | None:
         except Exception as exc:
             return _codec_problem(str(name), "Unknown codec" if isinstance(exc, KeyError) else _short(exc))
         try:
-            cls.from_dict(config) if isinstance(config, dict) else cls()  # type: ignore[attr-defined]
+            codec = cls.from_dict(config) if isinstance(config, dict) else cls()  # type: ignore[attr-defined]
+            if hasattr(cls, "_codec"):
+                codec._codec  # noqa: B018 - numcodecs codecs load lazily: load it now
         except Exception as exc:
             return _codec_problem(str(name), _short(exc))
         if isinstance(config, dict):

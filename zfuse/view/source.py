@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -311,14 +312,17 @@ class ZarrChunkSource(ChunkSource):
         """The array's metadata as zarr-python holds it, in v3 form where zarr can
         convert it (for arrays shown without chunk files), else in v2 form."""
         meta = self.array.metadata
-        if self.zarr_format == 2:
-            try:
-                from zarr.metadata.migrate_v3 import _convert_array_metadata
+        with warnings.catch_warnings():
+            # zarr warns that v2-only data types (fixed-length strings) have no v3 spec
+            warnings.simplefilter("ignore")
+            if self.zarr_format == 2:
+                try:
+                    from zarr.metadata.migrate_v3 import _convert_array_metadata
 
-                return _convert_array_metadata(meta).to_dict()
-            except Exception:
-                pass
-        return meta.to_dict()
+                    return _convert_array_metadata(meta).to_dict()
+                except Exception:
+                    pass
+            return meta.to_dict()
 
     def extensions(self) -> list[str]:
         meta = self.array.metadata

@@ -33,7 +33,13 @@ import numpy as np
 import zarr
 
 from zfuse.stats import Stats
-from zfuse.view.hierarchy import group_members, node_type_of, stored_metadata, unsupported_reason
+from zfuse.view.hierarchy import (
+    ImplicitGroup,
+    group_members,
+    node_type_of,
+    stored_metadata,
+    unsupported_reason,
+)
 from zfuse.view.source import ChunkSource, Coords, ZarrChunkSource
 from zfuse.view.tiff import TiffLayout, build_header, plan_layout, tiff_unsupported_reason
 
@@ -663,7 +669,10 @@ def build_view(
             if isinstance(member, BaseException):
                 node.children[name] = failed_node(group, name, member, member_path)
             elif isinstance(member, zarr.Group):
-                node.children[name] = group_node(member, member_path)
+                child = group_node(member, member_path)
+                if isinstance(member, ImplicitGroup) and not child.children:
+                    continue  # a directory with nothing zarr can reach below it
+                node.children[name] = child
             else:
                 try:
                     source: ChunkSource = ZarrChunkSource(member, name=member.path)
