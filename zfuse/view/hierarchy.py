@@ -251,7 +251,13 @@ def _cause(exc: BaseException, doc: dict[str, Any]) -> str:
 
 
 def _json(value: Any) -> str:
-    return json.dumps(value) if not isinstance(value, str) else repr(value)
+    """A metadata value in a message: names quoted, a named configuration by its name."""
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, dict) and isinstance(value.get("name"), str):
+        config = value.get("configuration")
+        return repr(value["name"]) + (f" (configuration {json.dumps(config)})" if config else "")
+    return json.dumps(value)
 
 
 def _codec_problem(name: str, text: str) -> str:
