@@ -17,9 +17,11 @@ each member's own metadata, so a bad entry there hides nothing either.
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 import re
+import warnings
 from typing import Any
 
 import zarr
@@ -262,7 +264,14 @@ def _json(value: Any) -> str:
 
 def _codec_problem(name: str, text: str) -> str:
     if "not available" in text:
-        return f"codec {name!r}: its Python package is not installed here (numcodecs cannot load it)"
+        module = "numcodecs." + name.removeprefix("numcodecs.")
+        try:
+            known = importlib.util.find_spec(module) is not None  # numcodecs wraps a package
+        except (ImportError, ValueError):
+            known = False
+        if known:
+            return f"codec {name!r}: its Python package is not installed here ({module} cannot load it)"
+        return f"codec {name!r} is not available here (no installed numcodecs codec has that id)"
     if "Unknown codec" in text or "not found" in text.lower():
         return f"codec {name!r} is not known to zarr-python"
     return f"codec {name!r}: {text}"
@@ -274,7 +283,9 @@ def _bad_field(doc: dict[str, Any]) -> str | None:
     fmt = doc.get("zarr_format")
     if fmt not in (2, 3) or node_type_of(doc) != "array":
         return None
-    return _bad_data_type(doc, fmt) or _bad_codec(doc, fmt)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zarr's "numcodecs codecs are not in the spec"
+        return _bad_data_type(doc, fmt) or _bad_codec(doc, fmt)
 
 
 def _object_codec_id(doc: dict[str, Any]) -> str | None:
