@@ -625,7 +625,7 @@ def build_view(
 ) -> View:
     """The view of a zarr group/array (or any chunk source) opened by the caller.
 
-    Members are opened one at a time (`hierarchy.group_members`): an array
+    Each member is opened on its own (`hierarchy.group_members`): an array
     that zarr-python cannot open, or that has no TIFF form, is a directory
     with its ``zarr.json`` and a ``README`` saying why, and is listed in
     `View.problems`; its neighbours are shown as usual.
