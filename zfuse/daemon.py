@@ -56,7 +56,7 @@ def open_source(
     timeout: float | None = None,
 ) -> Any:
     """The zarr group/array (or concatenation) a mount shows, on metered stores."""
-    from zfuse.ext.api import open_array, open_group
+    from zfuse.ext.api import open_array
 
     mode = "r" if read_only else "r+"
 
@@ -74,11 +74,47 @@ def open_source(
     if os.path.isfile(source) and is_concat_description(source):
         return load_concat(source, mode=mode)
     store = store_of(source)
+    return _open_node(store, source, mode)
+
+
+def _open_node(store: Any, source: str, mode: str) -> Any:
+    """The group or array at the root of `store`; refused with the node's own reason.
+
+    What the root is comes from its stored metadata, so a single-array store
+    zarr-python cannot open is refused with the array's reason, not with the
+    error of trying it as a group.
+    """
+    from zfuse.errors import MetadataError
+    from zfuse.ext.api import open_array, open_group, resolve_store
+    from zfuse.view.hierarchy import (
+        check_codecs,
+        node_type_of,
+        open_root_group,
+        stored_metadata,
+        unsupported_reason,
+    )
+
+    wrapped, path = resolve_store(store, mode)
+    doc = stored_metadata(wrapped, path)
+    kind = node_type_of(doc)
+    if kind == "array":
+        try:
+            array = open_array(wrapped, mode=mode, path=path or None)
+            check_codecs(array)
+            return array
+        except Exception as exc:
+            raise MetadataError(unsupported_reason(source, exc, doc)) from exc
+    if kind == "group":
+        try:
+            return open_root_group(lambda s, **kw: open_group(s, mode=mode, path=path or None, **kw), wrapped)
+        except Exception as exc:
+            raise MetadataError(unsupported_reason(source, exc, doc)) from exc
+    # nothing recognisable at the root: let zarr-python say why
     try:
-        return open_group(store, mode=mode)
+        return open_group(wrapped, mode=mode, path=path or None)
     except Exception as group_error:
         try:
-            return open_array(store, mode=mode)
+            return open_array(wrapped, mode=mode, path=path or None)
         except Exception:
             raise group_error from None
 
