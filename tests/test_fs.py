@@ -570,3 +570,23 @@ def test_names_only_the_daemon_holds_are_never_cached(v3) -> None:
     fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC)
     assert k.stat(CHUNK).timeout == 0
     fs.release(fh)
+
+
+def test_arrays_not_shown_are_in_the_error_journal(tmp_path: Path, clock: Clock) -> None:
+    """[tree-5] [tree-6] an array whose metadata zarr-python rejects is listed in
+    .zfuse/errors with the array's path, the field and the fix; its neighbour is shown."""
+    import zarr
+
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    root.create_array("good", shape=(4, 4), chunks=(2, 2), dtype="uint8")[...] = 1
+    bad = tmp_path / "g.zarr" / "bad"
+    bad.mkdir()
+    (bad / "zarr.json").write_text(json.dumps({
+        "zarr_format": 3, "node_type": "array", "shape": [4], "data_type": "uint8",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2]}},
+        "chunk_key_encoding": {"name": "default"}, "codecs": [{"name": "zstd"}]}))
+    fs, k = make_fs(tmp_path / "g.zarr", clock)
+    journal = k.read_file(".zfuse/errors").decode()
+    (line,) = [x for x in journal.splitlines() if "\tbad\t" in x]
+    assert "not shown" in line and "fill_value: missing" in line and "Add" in line
+    assert "c" in k.listdir("good")

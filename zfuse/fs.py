@@ -268,6 +268,7 @@ class FileSystem:
         self._dirs: dict[int, _DirHandle] = {}
         self._next_fh = 1
         self._reading_ahead: set[Any] = set()
+        self._journal_problems(view)
         self._dir_modes = {True: stat_mod.S_IFDIR | 0o755, False: stat_mod.S_IFDIR | 0o555}
         self._file_modes = {True: stat_mod.S_IFREG | 0o644, False: stat_mod.S_IFREG | 0o444}
 
@@ -291,9 +292,15 @@ class FileSystem:
     def journal(self, path: Path, reason: str) -> None:
         """One line of `.zfuse/errors`: time, path, reason."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
+        reason = " ".join(reason.split())  # one line per entry
         self.errors.append(f"{stamp}\t{'/'.join(path) or '/'}\t{reason}")
         if "incomplete file dropped" in reason:
             log.warning("%s: %s", "/".join(path), reason)
+
+    def _journal_problems(self, view: View) -> None:
+        """Arrays the view shows without chunk files, and why: in `.zfuse/errors` too."""
+        for problem in getattr(view, "problems", ()):
+            self.journal(tuple(problem.path.split("/")) if problem.path else (), f"not shown: {problem.reason}")
 
     def store_key(self, path: Path) -> str:
         """The store key behind a path, for log lines (the chunk's key, or the path)."""
@@ -751,6 +758,7 @@ class FileSystem:
             old.cache.clear()  # the old view is dropped; the swap happens here, between requests
             self.view = view
             self.writes.rebind(view)
+            self._journal_problems(view)
             for handle in self.handles.values():
                 if handle.array is None or handle.content is not None or handle.state is not None:
                     continue

@@ -122,7 +122,10 @@ async def _members(group: Any) -> list[tuple[str, Member]]:
         async with limit:
             try:
                 node = await group.getitem(name)
-            except KeyError:
+            except KeyError as exc:
+                if await _has_own_metadata(group, name):
+                    # zarr-python reports a missing field (fill_value) as KeyError
+                    return name, exc
                 return name, await _implicit_group(group, name)
             except Exception as exc:
                 return name, await _retry_without_consolidated(group, name, exc)
@@ -142,6 +145,16 @@ class ImplicitGroup(zarr.Group):
     """A directory without group metadata on the way to nodes (``A/`` of an
     OME-Zarr plate ``A/1/0``): zarr-python opens the arrays below it by path but
     does not list it. Shown as a group when something below it is shown."""
+
+
+async def _has_own_metadata(group: Any, name: str) -> bool:
+    """Whether `name` holds a node's own metadata document (so it is a node, readable or not)."""
+    store_path = group.store_path / name
+    for doc in ("zarr.json", ".zarray", ".zgroup"):
+        key = f"{store_path.path}/{doc}" if store_path.path else doc
+        if await store_path.store.exists(key):
+            return True
+    return False
 
 
 async def _implicit_group(group: Any, name: str) -> ImplicitGroup | None:
@@ -231,6 +244,8 @@ def unsupported_reason(path: str, exc: BaseException | str, metadata: dict[str, 
     if isinstance(exc, str):
         return f"{where}: {exc}"
     cause = _cause(exc, metadata or {})
+    if cause.startswith(("array ", "group ")):
+        return cause  # the validator's message names the node already
     return f"{where}: {cause}"
 
 
@@ -239,7 +254,11 @@ def _cause(exc: BaseException, doc: dict[str, Any]) -> str:
     if "zfuse_unparsable" in doc:
         return doc["zfuse_unparsable"]
     if type(exc).__module__.startswith("zfuse"):
-        return text  # zfuse's own messages already name the field
+        return str(exc)  # zfuse's own messages already name the field (and keep their lines)
+    if _missing_v3_field(doc):
+        invalid = _invalid_v3(doc)
+        if invalid is not None:
+            return invalid
     bad_field = _bad_field(doc) if doc else None
     if bad_field is not None:
         return bad_field
@@ -249,7 +268,32 @@ def _cause(exc: BaseException, doc: dict[str, Any]) -> str:
     if type(exc).__name__ == "UnknownCodecError":
         codec = _UNKNOWN_CODEC.search(text)
         return _codec_problem(codec.group(1) if codec else "?", text)
+    invalid = _invalid_v3(doc)  # structure: a missing field or codec, and the fix
+    if invalid is not None:
+        return invalid
     return f"zarr-python cannot open it: {_short(exc)}"
+
+
+def _missing_v3_field(doc: dict[str, Any]) -> bool:
+    from zfuse.ext.validate import REQUIRED_FIELDS
+
+    return doc.get("zarr_format") == 3 and doc.get("node_type") == "array" and any(
+        name not in doc for name in REQUIRED_FIELDS)
+
+
+def _invalid_v3(doc: dict[str, Any]) -> str | None:
+    """The validator's list of problems and fixes for v3 array metadata, if it has any."""
+    from zfuse.errors import MetadataError
+    from zfuse.ext.validate import validate_array_metadata
+
+    try:
+        validate_array_metadata(doc, "")
+    except MetadataError as e:
+        text = str(e)
+        return text.split(": ", 1)[1] if text.startswith("array :") else text
+    except Exception:  # the validator never decides alone; zarr's own error is next
+        return None
+    return None
 
 
 def _json(value: Any) -> str:
