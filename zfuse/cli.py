@@ -57,6 +57,8 @@ def apply_mount_options(config: MountConfig, options: list[str]) -> None:
                 config.replace_window = float(value)
             elif key == "pending_timeout":
                 config.pending_timeout = float(value)
+            elif key == "read_ahead_kb":
+                config.read_ahead_kb = int(value)
             elif key == "threads":
                 config.max_threads = int(value)
             elif key in ("endpoint_url", "profile", "region", "anon"):
@@ -90,7 +92,8 @@ def _mount_parser() -> argparse.ArgumentParser:
                    help="comma-separated: ro, allow_other, cache_size=SIZE, metadata_ttl=S, timeout=S, "
                         "replace_window=S (an unlinked chunk stays in the store this long for a replacement, "
                         "default 30), pending_timeout=S (an incomplete closed TIFF waits this long to be "
-                        "completed, default 300), endpoint_url=URL, ...")
+                        "completed, default 300), read_ahead_kb=N (kernel read-ahead window, default 1024; root only), "
+                        "endpoint_url=URL, ...")
     p.add_argument("--cache-size", type=parse_size, default=None, help="decoded-chunk cache (default 256M)")
     p.add_argument("--all-chunks", action="store_true", help="list every grid position; missing chunks read as fill value")
     p.add_argument("--crop-edges", action="store_true", help="edge chunks cropped to the array bounds")

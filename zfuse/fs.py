@@ -521,9 +521,10 @@ class FileSystem:
     async def open(self, ino: int, flags: int, pid: int | None = None) -> OpenReply:
         inode = self._get(ino)
         path = inode.path
-        process = self._process(pid)
         wants_write = bool(flags & (os.O_WRONLY | os.O_RDWR))
         entry = await self._entry(path, pid)
+        # which process is asking matters only where a file is being written
+        process = self._process(pid) if wants_write or path in self.writes.states else None
         if entry is not None and entry.kind == DIR:
             raise FsError(errno.EISDIR)
         handle = Handle(path, inode, pid=process)

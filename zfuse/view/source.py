@@ -411,6 +411,18 @@ class ZarrChunkSource(ChunkSource):
 
     # -- reading ----------------------------------------------------------
     def read_chunk(self, coords: Coords, must_exist: bool = False) -> np.ndarray:
+        try:
+            return self._read_chunk_once(coords, must_exist)
+        except Exception:
+            # A chunk stored as several objects (concat-parts) is written one object
+            # at a time: a read between the two sees parts that disagree. Wait for a
+            # write in flight on this storage object and read once more; real
+            # corruption fails again and is reported.
+            with self._lock_for(coords):
+                pass
+            return self._read_chunk_once(coords, must_exist)
+
+    def _read_chunk_once(self, coords: Coords, must_exist: bool) -> np.ndarray:
         if not self._direct:
             return self.full_chunk(np.asarray(self.array[self.chunk_region(coords)]))
         fetch = self._fetch_inner_chunk if self.sharding is not None else self._fetch_stored_chunk
