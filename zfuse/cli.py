@@ -246,7 +246,7 @@ def cmd_concat(argv: list[str]) -> int:
     p.add_argument("out")
     p.add_argument("sources", nargs="+")
     args = p.parse_args(argv)
-    from zfuse.concat import save_concat
+    from zfuse.ext.concat import save_concat
 
     try:
         save_concat(args.out, args.sources, args.axis)

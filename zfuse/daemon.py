@@ -63,11 +63,11 @@ def open_source(
                             stats, timeout)
 
     if concat_axis is not None:
-        from zfuse.concat import concat
+        from zfuse.ext.concat import concat
 
         return concat([open_array(store_of(s), mode=mode) for s in sources], axis=concat_axis)
     (source,) = sources
-    from zfuse.concat import is_concat_description, load_concat
+    from zfuse.ext.concat import is_concat_description, load_concat
 
     if os.path.isfile(source) and is_concat_description(source):
         return load_concat(source, mode=mode)
@@ -96,7 +96,7 @@ def make_view(config: MountConfig, stats: Stats | None = None) -> View:
     )
     obj = open_source(config.sources, config.concat_axis, read_only=config.read_only,
                       storage_options=config.storage_options, stats=stats, timeout=config.timeout)
-    from zfuse.concat import ConcatArray
+    from zfuse.ext.concat import ConcatArray
 
     if isinstance(obj, ConcatArray):
         from zfuse.view.concat_source import ConcatChunkSource

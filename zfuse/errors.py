@@ -25,3 +25,7 @@ class InvalidTiffError(ZfuseError, ValueError):
 
 class SourceMismatchError(ZfuseError, ValueError):
     """Arrays given to a virtual concatenation do not agree (dtype, rank, other axes)."""
+
+
+class ReadOnlyArrayError(ZfuseError, ValueError):
+    """A write to an array (or concatenation) that was opened read-only."""
