@@ -37,6 +37,7 @@ T = TypeVar("T")
 READ_AHEAD = 4  # chunk files decoded ahead of a sequential reader
 STATS_DIR = ".zfuse"
 STATS_FILE = "stats"
+MOUNT_FILE = "mount"  # the daemon's pid, sources, options, reloads (JSON; see zfuse/mounts.py)
 ATTR_TIMEOUT = 5.0
 
 
@@ -131,6 +132,7 @@ class ZfuseOperations(pyfuse3.Operations):
         self._next_fh = 1
         self.nursery: trio.Nursery | None = None
         self.reload: Callable[[], View] | None = None
+        self.mount_info: Callable[[], dict[str, Any]] | None = None  # the daemon sets it
         self.ahead_limiter = trio.CapacityLimiter(READ_AHEAD)
         self._reading_ahead: set[Any] = set()
 
@@ -179,7 +181,15 @@ class ZfuseOperations(pyfuse3.Operations):
             return Entry(DIR, node="stats")
         if path == (STATS_DIR, STATS_FILE):
             return Entry("file", size=len(self._stats_bytes()), node="stats")
+        if path == (STATS_DIR, MOUNT_FILE) and self.mount_info is not None:
+            return Entry("file", size=len(self._special_bytes(path)), node="stats")
         return None
+
+    def _special_bytes(self, path: tuple[str, ...]) -> bytes:
+        """Content of a file in `.zfuse/` (all live: node "stats")."""
+        if path == (STATS_DIR, MOUNT_FILE) and self.mount_info is not None:
+            return (json.dumps(self.mount_info(), indent=2, sort_keys=True) + "\n").encode()
+        return self._stats_bytes()
 
     def _stats_bytes(self) -> bytes:
         snapshot = self.stats.snapshot()
@@ -309,7 +319,8 @@ class ZfuseOperations(pyfuse3.Operations):
             if entry is None or entry.kind != DIR:
                 raise pyfuse3.FUSEError(errno.ENOTDIR if entry else errno.ENOENT)
             if entry.node == "stats":
-                entries = [(STATS_FILE, self._stats_entry((STATS_DIR, STATS_FILE)))]
+                entries = [(name, special) for name in (STATS_FILE, MOUNT_FILE)
+                           if (special := self._stats_entry((STATS_DIR, name))) is not None]
             else:
                 view = await self._listed_view(path)
                 entries = view.list_dir(path) + self.writes.scratch_in(path)
@@ -344,7 +355,7 @@ class ZfuseOperations(pyfuse3.Operations):
             if entry is not None and entry.node in ("stats", "meta"):
                 if flags & (os.O_WRONLY | os.O_RDWR):
                     raise pyfuse3.FUSEError(errno.EROFS if self.read_only else errno.EACCES)
-                content = self._stats_bytes() if entry.node == "stats" else entry.content or b""
+                content = self._special_bytes(path) if entry.node == "stats" else entry.content or b""
                 handle = OpenFile.readonly_bytes(path, content)
             else:
                 handle = await self.writes.open(path, entry, flags, self._thread)
