@@ -165,11 +165,10 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
 
     def add(name: str, summary: str, description: str, examples: list[str],
-            handler: Callable[..., int], aliases: tuple[str, ...] = (),
-            epilog: str = "") -> argparse.ArgumentParser:
+            handler: Callable[..., int], epilog: str = "") -> argparse.ArgumentParser:
         text = epilog or "examples:\n" + "".join(f"  {e}\n" for e in examples)
         p = sub.add_parser(name, help=summary, description=description, epilog=text,
-                           formatter_class=_Formatter, aliases=list(aliases))
+                           formatter_class=_Formatter)
         p.set_defaults(handler=handler)
         return p
 
@@ -183,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = add("umount", "unmount (committing what open files hold)",
             "Unmount MOUNTPOINT: the daemon commits what open files hold, then exits.",
             ["zfuse umount /mnt/view", "zfuse umount -z /mnt/view   # stale or busy mount"],
-            cmd_umount, aliases=("unmount",))
+            cmd_umount)
     p.add_argument("mountpoint", metavar="MOUNTPOINT", help="where a zfuse mount is")
     p.add_argument("-z", "--lazy", action="store_true",
                    help="lazy unmount: detach now, finish once no process uses the mount; also "
@@ -209,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=60.0, metavar="S",
                    help="how long to wait for the reload to finish (default 60)")
 
-    p = add("info", "describe what a mount of SOURCE would show, without mounting",
+    p = add("info", "what a mount of SOURCE would show (arrays, chunks, TIFF sizes)",
             "Per array: shape, dtype, chunk grid (inner chunks of shards), codecs and "
             "extensions, TIFF header and file size, number of chunk files, or why an array "
             "is not shown. For a concatenation: the sources and their offsets.",
@@ -521,7 +520,9 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"zfuse {__version__}")
         return 0
-    if argv[0] not in SUBCOMMANDS and not argv[0].startswith("-"):
+    if argv[0] == "unmount":
+        argv[0] = "umount"  # the other spelling people type
+    elif argv[0] not in SUBCOMMANDS and not argv[0].startswith("-"):
         argv = ["mount", *argv]  # mount.fuse3 form: SOURCE MOUNTPOINT -o opts
     args = parser.parse_args(argv)
     if args.command is None:
