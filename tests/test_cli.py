@@ -255,6 +255,8 @@ def test_findmnt_shows_the_source_and_fuse_zfuse(tmp_path: Path) -> None:
 
 @pytest.mark.mount
 def test_status_and_reload_on_a_real_mount(tmp_path: Path) -> None:
+    """[tree-6] `.zfuse/mount` describes the daemon; `zfuse status` and `zfuse reload` use it."""
+    import errno
     import re
 
     stores.v3(tmp_path / "g.zarr" / "a")
@@ -265,6 +267,13 @@ def test_status_and_reload_on_a_real_mount(tmp_path: Path) -> None:
         _background_mount(tmp_path, "-o", "ro", "--log-file", "log.txt", "g.zarr", "mnt")
         pid = _daemon_pid(mnt)
         assert os.readlink(f"/proc/{pid}/cwd") == "/"  # the caller's directory is not kept busy
+        assert {"mount", "stats"} <= set(os.listdir(mnt / ".zfuse"))
+        info = json.loads((mnt / ".zfuse" / "mount").read_text())
+        assert info["sources"] == [str(tmp_path / "g.zarr")] and info["mountpoint"] == str(mnt)
+        assert info["read_only"] is True and info["reloads"] == 0 and info["last_reload"] is None
+        with pytest.raises(OSError) as refused:
+            open(mnt / ".zfuse" / "mount", "w")
+        assert refused.value.errno in (errno.EROFS, errno.EACCES)
         (mnt / "a" / "c" / "0" / "0.tiff").read_bytes()
         # (other mounts on this machine may be listed too: check only ours)
         assert str(mnt) in run_in(tmp_path, "status").stdout
