@@ -256,7 +256,9 @@ def serve(
     }
 
     def mount_info() -> dict[str, Any]:
-        return {**state, "log": config.log_destination, "uptime_s": round(time.time() - state["started"], 3)}
+        # no uptime here: the content changes only when something happens (status
+        # computes the uptime from `started`)
+        return {**state, "log": config.log_destination}
 
     ops.mount_info = mount_info
     if reload is not None:

@@ -22,7 +22,7 @@ JSON counters: store requests and bytes, cache hits, chunks decoded and decode
 time, read\-ahead, chunks written and deleted, rejected writes, errors.
 .TP
 .B .zfuse/mount
-JSON: the daemon's pid, sources, mountpoint, read_only, start time, uptime,
+JSON: the daemon's pid, sources, mountpoint, read_only, start time,
 number of reloads and the last reload's error, where it logs.
 .B zfuse status
 and

@@ -2,8 +2,8 @@
 
 Mounts are found in the kernel's mount table (`/proc/self/mountinfo`, type
 `fuse.zfuse`, source = the mounted store). Each daemon describes itself in its
-mount's `.zfuse/mount` (JSON: pid, sources, mountpoint, read_only, started,
-uptime_s, reloads, last_reload, last_reload_error, log, version) next to its
+mount's `.zfuse/mount` (JSON: pid, sources, concat_axis, mountpoint,
+read_only, started, reloads, last_reload, last_reload_error, log, version) next to its
 counters in `.zfuse/stats`; reading those goes through the mount, so a hung
 daemon is reported as unresponsive after a timeout, and a dead one (the kernel
 answers ENOTCONN) as stale.
@@ -144,10 +144,11 @@ def describe_mount(entry: MountEntry, timeout: float = 5.0) -> dict[str, Any]:
         item.update(state="error", problem=f"unreadable .zfuse/mount: {e}")
         return item
     item["state"] = "running"
-    for key in ("pid", "sources", "concat_axis", "read_only", "started", "uptime_s", "reloads",
+    for key in ("pid", "sources", "concat_axis", "read_only", "started", "reloads",
                 "last_reload", "last_reload_error", "log", "version"):
         if key in info:
             item[key] = info[key]
+    item["uptime_s"] = round(time.time() - float(info.get("started", time.time())), 3)
     item["stats"] = {k: v for k, v in stats.items() if k != "uptime_s"}
     return item
 
