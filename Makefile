@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-DEB_PACKAGES := fuse3 libfuse3-dev pkg-config libtiff-tools imagej default-jre-headless systemd rsync util-linux
+DEB_PACKAGES := fuse3 libfuse3-dev pkg-config libtiff-tools imagej default-jre-headless systemd rsync util-linux gdal-bin imagemagick
 STAMP_DEB := $(VENV)/.deb-installed
 STAMP_PY := $(VENV)/.py-installed
 # zarr-python 2.18 in its own venv: the tests check that it reads what zfuse writes

@@ -21,6 +21,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parent
 DATA = Path(os.environ.get("ZFUSE_BENCH_DATA", ROOT / "data"))
+# the zfuse whose daemon is measured: this checkout, or another one (a "before" figure:
+# `git worktree add /tmp/zfuse-before REV`, then ZFUSE_BENCH_CODE=/tmp/zfuse-before)
+CODE = Path(os.environ.get("ZFUSE_BENCH_CODE", ROOT.parent))
 BUF = 1 << 20  # `cat`-like reads: 1 MiB buffer
 MiB = 1 << 20
 
@@ -186,7 +189,7 @@ def mounted(
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
             cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, cwd=str(ROOT.parent),
+            env={**os.environ, **(env or {})}, cwd=str(CODE),
         )
     m = Mount(proc, mnt, log_path)
     try:

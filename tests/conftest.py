@@ -30,6 +30,9 @@ def skip_or_fail(reason: str) -> None:
     pytest.skip(reason)
 
 
+TEST_REPLACE_WINDOW = 0.3
+
+
 class Mount:
     """A running `zfuse mount -f` daemon and its mountpoint."""
 
@@ -40,6 +43,22 @@ class Mount:
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    def stats(self) -> dict:
+        import json
+
+        return json.loads((self.path / ".zfuse" / "stats").read_text())
+
+    def errors(self) -> str:
+        return (self.path / ".zfuse" / "errors").read_text()
+
+    def settle(self, timeout: float = 30.0) -> None:
+        """Wait until every unlinked chunk has been deleted from the store (rm defers it)."""
+        deadline = time.monotonic() + timeout
+        while self.stats().get("unlinked_not_yet_deleted", 0):
+            if time.monotonic() > deadline:
+                raise AssertionError("unlinked chunks not deleted from the store in time")
+            time.sleep(0.02)
 
     def unmount(self) -> None:
         """Escalate: fusermount3 -u, lazy unmount, SIGTERM, SIGKILL. Never a fixed sleep."""
@@ -88,6 +107,9 @@ def mount(tmp_path: Path) -> Iterator:
 
     def make(source: str | Path | list, *args: str, name: str = "mnt") -> Mount:
         sources = [str(s) for s in source] if isinstance(source, list) else [str(source)]
+        if not any("replace_window" in a for a in args):
+            # rm's deferred store deletion: short in tests, which wait for it with settle()
+            args = ("-o", f"replace_window={TEST_REPLACE_WINDOW}", *args)
         m = start_mount(sources, tmp_path / f"{name}{len(mounts)}", *args)
         mounts.append(m)
         return m

@@ -76,6 +76,7 @@ def test_concat_axis0_straddling_patch_rm_rename(tmp_path: Path, mount) -> None:
     # rm view chunk (1, 1): its part of both sources becomes fill, nothing else changes
     os.unlink(m.path / "c" / "1" / "1.tiff")
     assert not (m.path / "c" / "1" / "1.tiff").exists()
+    m.settle()
     s1, s2 = _sources(a, b)
     assert (s1[8:13, 16:] == 0).all() and (s2[0:3, 16:] == 0).all()
     np.testing.assert_array_equal(s2[3:], d2[3:])
@@ -167,6 +168,7 @@ def test_legacy_sharded_rm_empties_index_entry_and_keeps_layout(tmp_path: Path, 
     adir = m.path / "volumes" / "vol"
     os.unlink(adir / "c.0.0.0.tiff")
     assert not (adir / "c.0.0.0.tiff").exists()
+    m.settle()
     expected[0:2, 0:3, 0:2] = -1.5
     np.testing.assert_array_equal(zfuse.open_array(str(src), path="volumes/vol")[...], expected)
 
@@ -194,6 +196,7 @@ def test_legacy_emptied_shard_is_removed(tmp_path: Path, mount) -> None:
     assert in_shard
     for f in in_shard:
         os.unlink(f)
+    m.settle()
     assert not shard.exists()
     expected[4:8, 0:4] = 7
     np.testing.assert_array_equal(zfuse.open_array(str(src), path="sparse")[...], expected)

@@ -306,12 +306,13 @@ def test_crop_edges(tmp_path: Path, mount) -> None:
 
 
 def test_strings_array_is_a_directory_without_chunk_files(tmp_path: Path, mount) -> None:
-    """[tree-5] arrays without a TIFF form have no chunk files."""
+    """[tree-5] arrays without a TIFF form have no chunk files; README says why."""
     root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
     s = root.create_array("names", shape=(4,), chunks=(2,), dtype=str)
     s[...] = np.array(["a", "b", "c", "d"])
     root.create_array("img", shape=(4, 4), chunks=(4, 4), dtype="uint8")[...] = 3
     m = mount(tmp_path / "g.zarr")
-    assert os.listdir(m.path / "names") == ["zarr.json"]
+    assert sorted(os.listdir(m.path / "names")) == ["README", "zarr.json"]
     assert "unsupported" in (m.path / "names" / "zarr.json").read_text()
+    assert "array 'names': strings" in (m.path / "names" / "README").read_text()
     assert (m.path / "img" / "c" / "0" / "0.tiff").is_file()

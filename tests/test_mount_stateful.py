@@ -11,6 +11,7 @@ import errno
 import os
 import shutil
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,7 +35,9 @@ coords_st = st.sampled_from(COORDS)
 scratch_st = st.sampled_from([".0.tiff.tmp", "save~", "x.part"])
 
 
-def make_machine(mnt: Path, src: Path, blobs: Path) -> type[RuleBasedStateMachine]:
+def make_machine(m: Any, src: Path, blobs: Path) -> type[RuleBasedStateMachine]:
+    mnt = m.path
+
     def chunk_file(c: tuple[int, int]) -> Path:
         return mnt / "c" / str(c[0]) / f"{c[1]}.tiff"
 
@@ -96,6 +99,34 @@ def make_machine(mnt: Path, src: Path, blobs: Path) -> type[RuleBasedStateMachin
                 chunk_file(c).unlink()
                 self.chunks[c] = None
 
+        @rule(c=coords_st, seed=st.integers(0, 10_000), good=st.booleans())
+        def unlink_then_create(self, c: tuple[int, int], seed: int, good: bool) -> None:
+            """mv from another filesystem: unlink, create, copy; a refused file costs nothing."""
+            if self.chunks[c] is not None:
+                chunk_file(c).unlink()
+            values = stores.values(CHUNKS, "uint16" if good else "float32", seed=seed)
+            if good:
+                shutil.copyfile(tiff_of(values, "replacement"), chunk_file(c))
+                self.chunks[c] = values
+            else:
+                with pytest.raises(OSError) as e:
+                    shutil.copyfile(tiff_of(values, "refused"), chunk_file(c))
+                assert e.value.errno == errno.EINVAL
+                # the unlinked chunk is back; a chunk that did not exist stays absent
+
+        @rule(c=coords_st, seed=st.integers(0, 10_000), cut=st.integers(1, 200))
+        def close_incomplete_then_reopen(self, c: tuple[int, int], seed: int, cut: int) -> None:
+            """Bio-Formats' pattern: the beginning of the file, close, reopen, finish, close."""
+            values = stores.values(CHUNKS, "uint16", seed=seed)
+            data = tiff_of(values, "pieces").read_bytes()
+            cut = min(cut, len(data) - 1)
+            with open(chunk_file(c), "wb") as f:
+                f.write(data[:cut])
+            with open(chunk_file(c), "r+b") as f:
+                f.seek(cut)
+                f.write(data[cut:])
+            self.chunks[c] = values
+
         @rule(name=scratch_st, seed=st.integers(0, 10_000))
         def write_scratch(self, name: str, seed: int) -> None:
             values = stores.values(CHUNKS, "uint16", seed=seed)
@@ -130,6 +161,7 @@ def make_machine(mnt: Path, src: Path, blobs: Path) -> type[RuleBasedStateMachin
                 assert (mnt / "c" / "0" / name).read_bytes() == data
 
         def teardown(self) -> None:
+            m.settle()  # rm's store deletions are deferred
             arr = stores.open_any(src)
             for c, values in self.chunks.items():
                 region = (slice(c[0] * 8, c[0] * 8 + 8), slice(c[1] * 16, c[1] * 16 + 16))
@@ -147,13 +179,13 @@ def _bytes_file(folder: Path, data: bytes) -> Path:
 
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_random_operations_match_the_model(tmp_path: Path, mount, kind: str) -> None:
-    """[cons-1] [ns-1] [ns-2] [ns-3] [ns-4] random operation sequences agree with a model."""
+    """[cons-1] [ns-1] [ns-2] [ns-3] [ns-4] [write-2] random operation sequences agree with a model."""
     src = tmp_path / "a.zarr"
     KINDS[kind](src)
     m = mount(src)
     blobs = tmp_path / "blobs"
     blobs.mkdir()
-    machine = make_machine(m.path, src, blobs)
+    machine = make_machine(m, src, blobs)
     run_state_machine_as_test(
         machine,
         settings=settings(max_examples=12, stateful_step_count=12, deadline=None,

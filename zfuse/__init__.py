@@ -1,5 +1,5 @@
 """zfuse: every chunk of a Zarr store as a standalone TIFF file, and the Zarr
-extensions (pad codec, suffix chunk key encoding, concat-parts and sharding-v1
+extensions (pad and packbits codecs, suffix chunk key encoding, concat-parts and sharding-v1
 storage transformers) for zarr-python 3.
 
 Public API (imported lazily so that `import zfuse` stays cheap and the codec
@@ -9,7 +9,7 @@ entry points zarr-python loads never import the FUSE layer):
 - ``concat(sources, axis, mode="r")``: a virtual concatenation (``ConcatArray``);
   ``save_concat(path, sources, axis)`` / ``load_concat(path, mode="r")`` write and
   read its description file (what ``zfuse concat`` and ``zfuse mount`` use)
-- ``PadCodec``, ``SuffixChunkKeyEncoding``
+- ``PadCodec``, ``PackBitsCodec``, ``SuffixChunkKeyEncoding``
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ _LAZY = {
     "load_concat": ("zfuse.ext.concat", "load_concat"),
     "ConcatArray": ("zfuse.ext.concat", "ConcatArray"),
     "PadCodec": ("zfuse.ext.pad", "PadCodec"),
+    "PackBitsCodec": ("zfuse.ext.packbits", "PackBitsCodec"),
     "SuffixChunkKeyEncoding": ("zfuse.ext.suffix", "SuffixChunkKeyEncoding"),
 }
 

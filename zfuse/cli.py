@@ -36,6 +36,8 @@ MOUNT_OPTIONS = [
     ("metadata_ttl=S", "every S seconds (and on SIGHUP / zfuse reload) open the source again"),
     ("timeout=S", "bound every store request: a hung server gives EIO, not a hung ls"),
     ("threads=N", "worker threads for store I/O and decoding (default 8)"),
+    ("replace_window=S", "an unlinked chunk stays in the store this long for a replacement (default 30)"),
+    ("pending_timeout=S", "an incomplete closed TIFF waits this long to be completed (default 300)"),
     ("log_file=PATH", "append the daemon's log (refused writes and why, errors) to PATH"),
     ("endpoint_url=URL", "object store endpoint (S3-compatible servers)"),
     ("profile=NAME", "AWS profile for s3:// credentials"),
@@ -93,6 +95,10 @@ def apply_mount_options(config: MountConfig, options: list[str]) -> None:
                 config.metadata_ttl = float(value)
             elif key == "timeout":
                 config.timeout = float(value)
+            elif key == "replace_window":
+                config.replace_window = float(value)
+            elif key == "pending_timeout":
+                config.pending_timeout = float(value)
             elif key == "threads":
                 config.max_threads = int(value)
             elif key == "log_file":

@@ -43,6 +43,8 @@ class MountConfig:
     max_threads: int = 8
     metadata_ttl: float | None = None
     timeout: float | None = None
+    replace_window: float | None = None
+    pending_timeout: float | None = None
     storage_options: dict[str, Any] = field(default_factory=dict)
     fuse_options: list[str] = field(default_factory=list)
     # where the daemon's log lines go: a file (--log-file), else stderr (foreground,
@@ -61,7 +63,7 @@ def open_source(
     timeout: float | None = None,
 ) -> Any:
     """The zarr group/array (or concatenation) a mount shows, on metered stores."""
-    from zfuse.ext.api import open_array, open_group
+    from zfuse.ext.api import open_array
 
     mode = "r" if read_only else "r+"
 
@@ -80,11 +82,47 @@ def open_source(
     if os.path.isfile(source) and is_concat_description(source):
         return load_concat(source, mode=mode)
     store = store_of(source)
+    return _open_node(store, source, mode)
+
+
+def _open_node(store: Any, source: str, mode: str) -> Any:
+    """The group or array at the root of `store`; refused with the node's own reason.
+
+    What the root is comes from its stored metadata, so a single-array store
+    zarr-python cannot open is refused with the array's reason, not with the
+    error of trying it as a group.
+    """
+    from zfuse.errors import MetadataError
+    from zfuse.ext.api import open_array, open_group, resolve_store
+    from zfuse.view.hierarchy import (
+        check_codecs,
+        node_type_of,
+        open_root_group,
+        stored_metadata,
+        unsupported_reason,
+    )
+
+    wrapped, path = resolve_store(store, mode)
+    doc = stored_metadata(wrapped, path)
+    kind = node_type_of(doc)
+    if kind == "array":
+        try:
+            array = open_array(wrapped, mode=mode, path=path or None)
+            check_codecs(array)
+            return array
+        except Exception as exc:
+            raise MetadataError(unsupported_reason(source, exc, doc)) from exc
+    if kind == "group":
+        try:
+            return open_root_group(lambda s, **kw: open_group(s, mode=mode, path=path or None, **kw), wrapped)
+        except Exception as exc:
+            raise MetadataError(unsupported_reason(source, exc, doc)) from exc
+    # nothing recognisable at the root: let zarr-python say why
     try:
-        return open_group(store, mode=mode)
+        return open_group(wrapped, mode=mode, path=path or None)
     except Exception as group_error:
         try:
-            return open_array(store, mode=mode)
+            return open_array(wrapped, mode=mode, path=path or None)
         except Exception:
             raise group_error from None
 
@@ -221,7 +259,8 @@ def fsname_of(sources: list[str]) -> str:
         if "://" in source:
             parts = urllib.parse.urlsplit(source)
             if parts.username or parts.password:
-                source = parts._replace(netloc=parts.hostname or "").geturl()
+                host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+                source = parts._replace(netloc=host).geturl()
         shown.append(source)
     text = "+".join(shown)
     text = urllib.parse.quote(text, safe="".join(chr(c) for c in range(0x21, 0x7F)) + " ")
@@ -241,7 +280,9 @@ def serve(
     from zfuse import __version__
     from zfuse.fuse_ops import ZfuseOperations
 
-    ops = ZfuseOperations(view, read_only=config.read_only, max_threads=config.max_threads, stats=stats)
+    ops = ZfuseOperations(view, read_only=config.read_only, max_threads=config.max_threads, stats=stats,
+                          replace_window=config.replace_window, pending_timeout=config.pending_timeout)
+    ops.fs.reload = reload
     state: dict[str, Any] = {
         "pid": os.getpid(),
         "sources": list(config.sources),
@@ -260,7 +301,7 @@ def serve(
         # computes the uptime from `started`)
         return {**state, "log": config.log_destination}
 
-    ops.mount_info = mount_info
+    ops.fs.mount_info = mount_info
     if reload is not None:
         def reload_and_record() -> View:
             try:
@@ -271,7 +312,7 @@ def serve(
             state["last_reload_error"] = None
             return new_view
 
-        ops.reload = reload_and_record
+        ops.fs.reload = reload_and_record
     options = {f"fsname={fsname_of(config.sources)}", "subtype=zfuse", "default_permissions",
                *config.fuse_options}
     if config.read_only:
@@ -301,18 +342,30 @@ async def _main(ops: Any, config: MountConfig, state: dict[str, Any]) -> None:
     async with trio.open_nursery() as nursery:
         ops.nursery = nursery
         nursery.start_soon(_watch_signals, ops, state)
+        nursery.start_soon(_tick, ops)
         if config.metadata_ttl:
             nursery.start_soon(_refresh_every, ops, config.metadata_ttl, state)
         await pyfuse3.main()
-        await ops.writes.commit_all(ops._thread)
+        await ops.fs.shutdown()
         nursery.cancel_scope.cancel()
 
 
 async def _reload(ops: Any, state: dict[str, Any]) -> None:
     """Reload, then count it: `zfuse reload` waits for `reloads` in `.zfuse/mount` to grow."""
-    await ops.refresh()
+    await ops.fs.refresh()
     state["reloads"] += 1
     state["last_reload"] = time.time()
+
+
+async def _tick(ops: Any) -> None:
+    """Deferred deletions and abandoned pending files, when they fall due."""
+    while True:
+        due = ops.fs.writes.next_deadline()
+        await trio.sleep(0.25 if due is None else min(max(due - trio.current_time(), 0.02), 0.25))
+        try:
+            await ops.fs.tick()
+        except Exception:  # already logged and journaled; keep ticking
+            pass
 
 
 async def _watch_signals(ops: Any, state: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """Exception types shared by every layer.
 
 Each layer raises these (never bare ValueError for input problems) so that the
-FUSE adapter can map them to errno values in one table (zfuse/fuse_ops.py).
+FUSE adapter can map them to errno values in one table (`errno_for` below).
 """
 
 from __future__ import annotations
@@ -27,5 +27,39 @@ class SourceMismatchError(ZfuseError, ValueError):
     """Arrays given to a virtual concatenation do not agree (dtype, rank, other axes)."""
 
 
-class ReadOnlyArrayError(ZfuseError, ValueError):
+class ReadOnlyError(ZfuseError):
+    """A change on a read-only mount (EROFS)."""
+
+
+class ReadOnlyArrayError(ReadOnlyError, ValueError):
     """A write to an array (or concatenation) that was opened read-only."""
+
+
+class FileTooLargeError(ZfuseError):
+    """A write past the size any TIFF of this chunk could need (EFBIG)."""
+
+
+class NotAllowedError(ZfuseError, OSError):
+    """A file operation the view refuses, carrying its errno (EPERM, EACCES, ENOENT, ...)."""
+
+    def __init__(self, code: int, message: str) -> None:
+        OSError.__init__(self, code, message)
+
+
+def errno_for(exc: BaseException) -> int:
+    """The one table from exceptions to errno values (used at the FUSE boundary)."""
+    import errno
+
+    if isinstance(exc, ReadOnlyError):
+        return errno.EROFS
+    if isinstance(exc, FileTooLargeError):
+        return errno.EFBIG
+    if isinstance(exc, InvalidTiffError):
+        return errno.EINVAL
+    if isinstance(exc, (CorruptDataError, MetadataError)):
+        return errno.EIO
+    if isinstance(exc, FileNotFoundError):
+        return errno.ENOENT
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    return errno.EIO  # timeouts, bugs: the caller sees an I/O error, the log has the cause

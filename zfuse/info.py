@@ -9,6 +9,7 @@ from zfuse.daemon import MountConfig, make_view
 
 def describe_source(config: MountConfig) -> dict[str, Any]:
     view = make_view(config)
+    reasons = {problem.path: problem.reason for problem in view.problems}
     arrays = []
     for path, arr in view.arrays():
         src = arr.source
@@ -23,12 +24,9 @@ def describe_source(config: MountConfig) -> dict[str, Any]:
         shard_shape = getattr(src, "shard_shape", None)
         if getattr(src, "sharding", None) is not None:
             item["shard_shape"] = list(shard_shape)
-        transformers = src.v3_metadata().get("storage_transformers")
-        if transformers:
-            item["storage_transformers"] = [t.get("name") or t.get("extension") for t in transformers]
         if arr.layout is None:
             item["shown"] = False
-            item["why_not"] = arr.unsupported
+            item["why_not"] = reasons.get(item["path"], arr.unsupported)
         else:
             arr.ensure_listed()
             item["shown"] = True
@@ -42,19 +40,32 @@ def describe_source(config: MountConfig) -> dict[str, Any]:
 
             item["concat"] = describe(concat)
         arrays.append(item)
-    return {"sources": config.sources, "arrays": arrays}
+    # nodes zarr-python could not open: their path and reason only
+    listed = {a["path"] for a in arrays}
+    for problem in view.problems:
+        if problem.path not in listed:
+            arrays.append({"path": problem.path, "shown": False, "why_not": problem.reason})
+    arrays.sort(key=lambda a: a["path"])
+    return {
+        "sources": config.sources,
+        "arrays": arrays,
+        "not_shown": [{"path": p.path, "reason": p.reason} for p in view.problems],
+    }
 
 
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"source: {' '.join(report['sources'])}"]
     for a in report["arrays"]:
         lines.append(f"array {a['path']}")
+        if "shape" not in a:  # zarr-python could not open it
+            lines.append(f"  not shown: {a['why_not']}")
+            continue
         lines.append(f"  shape {tuple(a['shape'])}  dtype {a['dtype']}")
         grid = f"  chunks {tuple(a['chunk_shape'])}  grid {tuple(a['grid_shape'])}"
         if "shard_shape" in a:
             grid += f"  (inner chunks of shards {tuple(a['shard_shape'])})"
         lines.append(grid)
-        ext = list(a["extensions"]) + list(a.get("storage_transformers", []))
+        ext = list(a["extensions"])
         lines.append(f"  codecs/extensions: {', '.join(map(str, ext)) or '-'}")
         if a["shown"]:
             lines.append(
@@ -72,4 +83,6 @@ def format_report(report: dict[str, Any]) -> str:
             total = c.get("straddling_total", len(strad))
             lines.append(f"  view chunks straddling a boundary: {total}"
                          + (f" e.g. {', '.join(str(tuple(x)) for x in strad[:5])}" if strad else ""))
+    if report.get("not_shown"):
+        lines.append(f"{len(report['not_shown'])} not shown (each directory holds a README saying why)")
     return "\n".join(lines)

@@ -16,6 +16,11 @@ Invariants
   transformers against the would-be metadata *before* touching the store
   (MetadataError, nothing written), then creates the array with zarr and writes
   the transformers into its ``zarr.json``.
+* Opening an existing v3 array (``open_array``, or ``open_group`` on a path that
+  holds an array) first checks its stored ``zarr.json`` with
+  :func:`zfuse.ext.validate.validate_array_metadata`: invalid metadata is a
+  MetadataError naming the array, each bad field and its fix, never zarr's bare
+  ``KeyError``.
 """
 
 from __future__ import annotations
@@ -28,11 +33,12 @@ import zarr
 from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
-from zarr.storage import MemoryStore, StorePath
+from zarr.storage import MemoryStore, StorePath, WrapperStore
 from zarr.storage._common import make_store_path
 
 from zfuse.errors import MetadataError
 from zfuse.ext.transformers import StoreIO, TransformerStore, build_stack
+from zfuse.ext.validate import validate_array_metadata
 
 __all__ = ["open_array", "open_group", "raw_array_metadata", "resolve_store"]
 
@@ -83,6 +89,28 @@ async def _metadata_exists(store: Store, path: str) -> bool:
     return await store.exists(_join(path, "zarr.json"))
 
 
+def describe_location(store: Store, path: str) -> str:
+    """The array's location for messages: the innermost store's URL plus the path."""
+    while isinstance(store, WrapperStore):
+        store = store._store
+    base = str(store).rstrip("/")
+    return f"{base}/{path}" if path else base
+
+
+def _check_stored_metadata(wrapped: TransformerStore, path: str) -> None:
+    """MetadataError (array, field, fix) if the v3 array metadata at ``path`` is invalid."""
+    key = _join(path, "zarr.json")
+    buf = sync(wrapped.raw_store.get(key, default_buffer_prototype()))
+    if buf is None:
+        return  # no v3 metadata here: zarr reports the missing node (or reads v2) itself
+    where = describe_location(wrapped.raw_store, path)
+    try:
+        doc = json.loads(buf.to_bytes())
+    except ValueError as e:
+        raise MetadataError(f"array {where}: zarr.json is not valid JSON ({e})") from e
+    validate_array_metadata(doc, where)
+
+
 def open_array(
     store: Any,
     mode: str = "r",
@@ -109,6 +137,8 @@ def open_array(
     creating = mode in ("w", "w-") or (
         mode == "a" and not sync(_metadata_exists(wrapped, array_path))
     )
+    if not creating:
+        _check_stored_metadata(wrapped, array_path)
     if not (creating and transformers):
         return zarr.open_array(store=wrapped, path=array_path, mode=mode, **create_kwargs)
 
@@ -143,6 +173,10 @@ def open_group(
     arrays (``group["name"]``) read and write through the transformer wrapper.
     """
     wrapped, group_path = resolve_store(store, mode, path=path, storage_options=storage_options)
+    if mode in ("r", "r+", "a"):
+        # An array here with broken metadata: its own error says more than "not a group"
+        # (and is what `zfuse info` / the mount report for an array source).
+        _check_stored_metadata(wrapped, group_path)
     return zarr.open_group(store=wrapped, path=group_path, mode=mode, **kwargs)
 
 

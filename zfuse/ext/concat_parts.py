@@ -1,4 +1,4 @@
-"""The ``concat-parts`` storage transformer (seed concat-parts.md, version 0.1).
+"""The ``concat-parts`` storage transformer (spec: docs/specs/concat-parts.md, version 0.1).
 
 A chunk is the concatenation, in order, of the objects ``key + part.key_suffix``
 for every configured part.

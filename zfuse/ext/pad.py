@@ -1,6 +1,6 @@
 """The ``pad`` codec: a zarr v3 bytes->bytes codec adding fixed-size padding.
 
-Spec: /work/shared/seeds/pad-codec.md. JSON form::
+Spec: docs/specs/pad-codec.md. JSON form::
 
     {"name": "pad",
      "configuration": {"location": "start" | "end", "nbytes": N, "padding": "<base64>"}}

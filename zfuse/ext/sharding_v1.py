@@ -1,4 +1,4 @@
-"""Sharding storage transformer, version 1.0 (seed sharding-storage-transformer-v1.rst).
+"""Sharding storage transformer, version 1.0 (spec: docs/specs/sharding-storage-transformer-v1.rst).
 
 Recognised (see :func:`zfuse.ext.transformers.transformer_kind`) by ``"extension"``
 or ``"name"`` equal to ``https://purl.org/zarr/spec/storage_transformers/sharding/1.0``,

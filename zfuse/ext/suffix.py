@@ -1,6 +1,6 @@
 """The ``suffix`` chunk key encoding: a base chunk key encoding plus a fixed suffix.
 
-Spec: /work/shared/seeds/suffix-chunk-key-encoding.md. JSON form::
+Spec: docs/specs/suffix-chunk-key-encoding.md. JSON form::
 
     {"name": "suffix",
      "configuration": {"suffix": ".tiff",

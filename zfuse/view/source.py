@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import re
 import threading
+import warnings
 from abc import ABC, abstractmethod
 from collections.abc import Iterable, Sequence
 from typing import Any
@@ -116,7 +117,8 @@ class ChunkSource(ABC):
 
     @abstractmethod
     def v3_metadata(self) -> dict[str, Any]:
-        """The source's metadata in v3 form (fill value, attributes, dimension names)."""
+        """The view-independent part of the source's v3 metadata: shape, data_type,
+        fill_value, attributes, dimension names (built by zfuse; never fails)."""
 
     def extensions(self) -> list[str]:
         """Names of the Zarr extensions and notable codecs this source uses."""
@@ -124,6 +126,62 @@ class ChunkSource(ABC):
 
     def invalidate(self) -> None:  # noqa: B027 - optional hook
         """Forget cached store state (after external changes)."""
+
+
+def v3_array_fields(
+    shape: Sequence[int], dtype: np.dtype, fill_value: Any, attributes: dict[str, Any], zdtype: Any = None
+) -> dict[str, Any]:
+    """The v3 array document fields zfuse knows without zarr's conversion: shape,
+    data type (byte order is the codecs' business in v3), fill value, attributes."""
+    return {
+        "zarr_format": 3,
+        "node_type": "array",
+        "shape": list(shape),
+        "data_type": v3_data_type(dtype, zdtype),
+        "fill_value": v3_fill_value(fill_value, dtype, zdtype),
+        "attributes": attributes,
+    }
+
+
+_NUMERIC_KINDS = "biufc"
+
+
+def v3_data_type(dtype: np.dtype, zdtype: Any = None) -> Any:
+    if dtype.kind in _NUMERIC_KINDS and dtype.fields is None:
+        return dtype.name  # "int16" for <i2 and >i2 alike
+    if zdtype is not None:
+        try:
+            return zdtype.to_json(zarr_format=3)
+        except Exception:
+            pass
+    return str(dtype)
+
+
+def _float_json(value: float) -> float | str:
+    if np.isnan(value):
+        return "NaN"
+    if np.isinf(value):
+        return "Infinity" if value > 0 else "-Infinity"
+    return float(value)
+
+
+def v3_fill_value(value: Any, dtype: np.dtype, zdtype: Any = None) -> Any:
+    """The fill value as v3 JSON encodes it (NaN/Infinity as strings, complex as [re, im])."""
+    if dtype.kind in _NUMERIC_KINDS and dtype.fields is None:
+        scalar = np.asarray(value if value is not None else 0).astype(dtype)[()]
+        if dtype.kind == "b":
+            return bool(scalar)
+        if dtype.kind in "iu":
+            return int(scalar)
+        if dtype.kind == "f":
+            return _float_json(float(scalar))
+        return [_float_json(float(scalar.real)), _float_json(float(scalar.imag))]
+    if zdtype is not None:
+        try:
+            return zdtype.to_json_scalar(zdtype.cast_scalar(value), zarr_format=3)
+        except Exception:
+            pass
+    return None if value is None else str(value)
 
 
 def _collect(aiter: Any) -> list[Any]:
@@ -240,12 +298,31 @@ class ZarrChunkSource(ChunkSource):
         return meta.chunk_key_encoding.to_dict()
 
     def v3_metadata(self) -> dict[str, Any]:
+        # Built here rather than by zarr's v2 -> v3 conversion, which cannot
+        # express every v2 array zarr-python reads (fill_value null, numcodecs
+        # filters, object dtypes): this never fails.
         meta = self.array.metadata
-        if self.zarr_format == 2:
-            from zarr.metadata.migrate_v3 import _convert_array_metadata
+        doc = v3_array_fields(self.shape, self.dtype, self.fill_value, dict(self.array.attrs), meta.dtype)
+        names = getattr(meta, "dimension_names", None)
+        if names is not None:
+            doc["dimension_names"] = list(names)
+        return doc
 
-            meta = _convert_array_metadata(meta)
-        return meta.to_dict()
+    def stored_form(self) -> dict[str, Any]:
+        """The array's metadata as zarr-python holds it, in v3 form where zarr can
+        convert it (for arrays shown without chunk files), else in v2 form."""
+        meta = self.array.metadata
+        with warnings.catch_warnings():
+            # zarr warns that v2-only data types (fixed-length strings) have no v3 spec
+            warnings.simplefilter("ignore")
+            if self.zarr_format == 2:
+                try:
+                    from zarr.metadata.migrate_v3 import _convert_array_metadata
+
+                    return _convert_array_metadata(meta).to_dict()
+                except Exception:
+                    pass
+            return meta.to_dict()
 
     def extensions(self) -> list[str]:
         meta = self.array.metadata

@@ -33,6 +33,13 @@ import numpy as np
 import zarr
 
 from zfuse.stats import Stats
+from zfuse.view.hierarchy import (
+    ImplicitGroup,
+    group_members,
+    node_type_of,
+    stored_metadata,
+    unsupported_reason,
+)
 from zfuse.view.source import ChunkSource, Coords, ZarrChunkSource
 from zfuse.view.tiff import TiffLayout, build_header, plan_layout, tiff_unsupported_reason
 
@@ -40,6 +47,7 @@ log = logging.getLogger("zfuse.view")
 
 CHUNK_SUFFIX = ".tiff"
 META_NAME = "zarr.json"
+README_NAME = "README"  # in the directory of a node shown without chunk files: why
 DIR, FILE = "dir", "file"
 
 
@@ -63,7 +71,8 @@ class Entry(NamedTuple):
     array: ArrayView | None = None
     coords: Coords | None = None
     content: bytes | None = None  # metadata files
-    node: str = ""  # "group" | "array" | "keydir" | "meta" | "chunk"
+    node: str = ""  # "group" | "array" | "keydir" | "meta" | "chunk" | "image" | "stats"
+    reader: Any = None  # "image" files: an object with size, read_cached(off, n), read(off, n)
 
 
 class ChunkCache:
@@ -171,6 +180,11 @@ class ArrayView:
     # -- names ------------------------------------------------------------
     def file_parts(self, coords: Coords) -> tuple[str, ...]:
         return tuple((self.source.chunk_key(coords) + CHUNK_SUFFIX).split("/"))
+
+    def key_name(self, coords: Coords) -> str:
+        """The chunk's store key with the array's path, for messages (``arr/c/0/1``)."""
+        key = self.source.chunk_key(coords)
+        return f"{self.source.name}/{key}" if self.source.name else key
 
     def coords_of(self, parts: tuple[str, ...]) -> Coords | None:
         """The chunk a file path names, if it names one inside the grid."""
@@ -364,16 +378,16 @@ class ArrayView:
     # -- metadata -----------------------------------------------------------
     def _view_metadata(self) -> bytes:
         """The view's dual-access zarr.json: chunks are `.tiff` keys holding bytes + pad."""
+        if self.layout is None:
+            # no chunk files: the array's own metadata, and why it has no TIFF form
+            stored = getattr(self.source, "stored_form", self.source.v3_metadata)
+            return unsupported_metadata(stored(), self.unsupported or "")
         meta = dict(self.source.v3_metadata())
         meta.pop("storage_transformers", None)
         meta["chunk_grid"] = {
             "name": "regular",
             "configuration": {"chunk_shape": list(self.source.chunk_shape)},
         }
-        if self.layout is None:
-            meta["attributes"] = dict(meta.get("attributes") or {})
-            meta["attributes"]["zfuse"] = {"unsupported": self.unsupported}
-            return json.dumps(meta, indent=2).encode()
         meta["chunk_key_encoding"] = {
             "name": "suffix",
             "configuration": {
@@ -404,6 +418,23 @@ class ArrayView:
             },
         ]
         return json.dumps(meta, indent=2).encode()
+
+
+def _json_default(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    return str(value)
+
+
+def unsupported_metadata(doc: dict[str, Any] | None, reason: str) -> bytes:
+    """The zarr.json of a node shown without chunk files: its own metadata
+    document with the reason in ``attributes.zfuse.unsupported``."""
+    meta = dict(doc or {})
+    meta["attributes"] = dict(meta.get("attributes") or {})
+    meta["attributes"]["zfuse"] = {"unsupported": reason}
+    return json.dumps(meta, indent=2, default=_json_default).encode()
 
 
 def to_pixel_bytes(values: np.ndarray, dtype: np.dtype) -> bytes:
@@ -465,15 +496,27 @@ class _Node:
     children: dict[str, _Node] = field(default_factory=dict)
     array: ArrayView | None = None
     metadata: bytes = b""
+    readme: bytes = b""  # why the node is shown without chunk files (empty: it is not)
+
+
+class Problem(NamedTuple):
+    """A node shown without chunk files, and why (the reason names its path)."""
+
+    path: str
+    reason: str
 
 
 class View:
     """The whole mount: a hierarchy of groups and arrays, addressed by path."""
 
-    def __init__(self, root: _Node, options: ViewOptions, cache: ChunkCache) -> None:
+    def __init__(
+        self, root: _Node, options: ViewOptions, cache: ChunkCache, problems: list[Problem] | None = None
+    ) -> None:
         self.root = root
         self.options = options
         self.cache = cache
+        # every array (or group) shown without chunk files, with the reason, in path order
+        self.problems: list[Problem] = problems or []
 
     def arrays(self) -> Iterator[tuple[tuple[str, ...], ArrayView]]:
         def walk(node: _Node, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], ArrayView]]:
@@ -505,6 +548,8 @@ class View:
             return Entry(DIR, node=node.kind, array=node.array)
         if rest == (META_NAME,):
             return Entry(FILE, size=len(node.metadata), content=node.metadata, node="meta")
+        if rest == (README_NAME,) and node.readme:
+            return Entry(FILE, size=len(node.readme), content=node.readme, node="meta")
         arr = node.array
         if arr is None or arr.layout is None:
             return None
@@ -526,6 +571,8 @@ class View:
             out.append(
                 (META_NAME, Entry(FILE, size=len(node.metadata), content=node.metadata, node="meta"))
             )
+            if node.readme:
+                out.append((README_NAME, Entry(FILE, size=len(node.readme), content=node.readme, node="meta")))
             for name, child in node.children.items():
                 out.append((name, Entry(DIR, node=child.kind, array=child.array)))
         arr = node.array
@@ -574,36 +621,83 @@ def _ome_for(group_attrs: dict[str, Any], array_name: str) -> dict[str, Any] | N
 
 def _group_metadata(group: zarr.Group) -> bytes:
     meta = {"zarr_format": 3, "node_type": "group", "attributes": dict(group.attrs)}
-    return json.dumps(meta, indent=2).encode()
+    return json.dumps(meta, indent=2, default=_json_default).encode()
+
+
+def _readme(reason: str) -> bytes:
+    return (
+        f"{reason}\n\n"
+        "zfuse shows this node without chunk files; the rest of the hierarchy is shown as usual.\n"
+    ).encode()
 
 
 def build_view(
     obj: zarr.Group | zarr.Array | ChunkSource, options: ViewOptions, stats: Stats | None = None
 ) -> View:
-    """The view of a zarr group/array (or any chunk source) opened by the caller."""
-    cache = ChunkCache(options.cache_bytes)
+    """The view of a zarr group/array (or any chunk source) opened by the caller.
 
-    def array_node(source: ChunkSource, ome: dict[str, Any] | None) -> _Node:
-        view = ArrayView(source, options, cache, ome, stats)
+    Each member is opened on its own (`hierarchy.group_members`): an array
+    that zarr-python cannot open, or that has no TIFF form, is a directory
+    with its ``zarr.json`` and a ``README`` saying why, and is listed in
+    `View.problems`; its neighbours are shown as usual.
+    """
+    cache = ChunkCache(options.cache_bytes)
+    problems: list[Problem] = []
+
+    def shown_path(path: tuple[str, ...]) -> str:
+        return "/".join(path) or "/"
+
+    def not_shown(path: tuple[str, ...], kind: str, reason: str, metadata: bytes) -> _Node:
+        problems.append(Problem(shown_path(path), reason))
+        log.warning("%s", reason)
+        return _Node(kind, metadata=metadata, readme=_readme(reason))
+
+    def array_node(source: ChunkSource, ome: dict[str, Any] | None, path: tuple[str, ...]) -> _Node:
+        try:
+            view = ArrayView(source, options, cache, ome, stats)
+        except Exception as exc:  # metadata the view cannot lay out: this array only
+            doc = getattr(source, "stored_form", source.v3_metadata)()
+            reason = unsupported_reason(shown_path(path), exc, doc)
+            return not_shown(path, "array", reason, unsupported_metadata(doc, reason))
         if view.unsupported:
-            log.warning("array %r shown without chunk files: %s", source.name, view.unsupported)
+            reason = unsupported_reason(shown_path(path), view.unsupported, {"node_type": "array"})
+            node = not_shown(path, "array", reason, view.metadata_bytes)
+            node.array = view
+            return node
         return _Node("array", array=view, metadata=view.metadata_bytes)
 
-    def group_node(group: zarr.Group) -> _Node:
+    def failed_node(group: zarr.Group, name: str, exc: BaseException, path: tuple[str, ...]) -> _Node:
+        doc = stored_metadata(group.store_path.store, "/".join(p for p in (group.path, name) if p))
+        kind = node_type_of(doc) or "array"
+        reason = unsupported_reason(shown_path(path), exc, doc)
+        return not_shown(path, kind, reason, unsupported_metadata(doc, reason))
+
+    def group_node(group: zarr.Group, path: tuple[str, ...]) -> _Node:
         node = _Node("group", metadata=_group_metadata(group))
         attrs = dict(group.attrs)
-        for name, member in sorted(group.members(), key=lambda m: m[0]):
-            if isinstance(member, zarr.Group):
-                node.children[name] = group_node(member)
+        for name, member in group_members(group):
+            member_path = (*path, name)
+            if isinstance(member, BaseException):
+                node.children[name] = failed_node(group, name, member, member_path)
+            elif isinstance(member, zarr.Group):
+                child = group_node(member, member_path)
+                if isinstance(member, ImplicitGroup) and not child.children:
+                    continue  # a directory with nothing zarr can reach below it
+                node.children[name] = child
             else:
-                source = ZarrChunkSource(member, name=member.path)
-                node.children[name] = array_node(source, _ome_for(attrs, name))
+                try:
+                    source: ChunkSource = ZarrChunkSource(member, name=member.path)
+                except Exception as exc:
+                    node.children[name] = failed_node(group, name, exc, member_path)
+                    continue
+                node.children[name] = array_node(source, _ome_for(attrs, name), member_path)
         return node
 
     if isinstance(obj, zarr.Group):
-        root = group_node(obj)
+        root = group_node(obj, ())
     elif isinstance(obj, zarr.Array):
-        root = array_node(ZarrChunkSource(obj, name=obj.path), None)
+        root = array_node(ZarrChunkSource(obj, name=obj.path), None, ())
     else:
-        root = array_node(obj, None)
-    return View(root, options, cache)
+        root = array_node(obj, None, ())
+    problems.sort(key=lambda p: p.path)
+    return View(root, options, cache, problems)

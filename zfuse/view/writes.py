@@ -1,17 +1,27 @@
 """Writes through the view: TIFF files in, Zarr chunks out, nothing ever lost.
 
-No FUSE here: the adapter calls these methods with a `thread` coroutine
-function that runs blocking work in a worker thread.
+No FUSE here: `zfuse.fs` calls these methods; blocking work runs through the
+`run` coroutine function it passes in (a worker thread on a mount, a plain call
+in tests). SEMANTICS.md is the user-facing statement of these rules.
 
-Semantics (SEMANTICS.md is the user-facing statement):
-- An open chunk file is an in-memory buffer shared by every handle on that
-  path. Writes may land at any offset; reads on the path see the buffer.
-- Without O_TRUNC the buffer starts as the file's current bytes (our TIFF),
-  so patching pixel bytes in place works.
-- flush (close) commits a dirty chunk buffer: it is parsed as a TIFF,
-  checked against the chunk's shape and dtype, and written through the
-  array's codecs. A file that does not parse fails close() and the stored
-  chunk is unchanged.
+- A path being written has one `FileState`, shared by every handle on it: an
+  in-memory buffer, written at any offset. Without O_TRUNC it starts as the
+  file's current bytes (our TIFF), so patching in place works.
+- close() (flush) of a dirty chunk file classifies the buffer:
+  * complete and valid: parsed, checked against the chunk's shape and dtype
+    and stored through the array's codecs (a commit);
+  * only the beginning of a TIFF (`incomplete_reason`): kept PENDING, not an
+    error. It reads as written so far, can be reopened and finished, and
+    commits when a close leaves it complete. Never completed, it is dropped
+    after `pending_timeout` seconds (and at unmount), the reason journaled;
+  * complete but wrong (dtype, shape, compression, not a TIFF): refused with
+    EINVAL. The stored chunk is unchanged.
+- unlink of a stored chunk hides it at once but deletes it from the store only
+  after `replace_window` seconds (or at unmount). A file created at the same
+  path meanwhile is a *replacement*: the stored chunk stays until the new file
+  commits; a refused or abandoned replacement brings the old chunk back. So a
+  tool that removes its destination before writing it (`mv` across
+  filesystems, Bio-Formats `-overwrite`) can never cost the chunk.
 - A name in an array directory that is not a chunk of the grid is a scratch
   file: it lives in this process only. Renaming it onto a chunk name commits
   it (the atomic-save pattern); scratch files never reach the store.
@@ -31,65 +41,76 @@ from typing import Any
 
 import trio
 
-from zfuse.errors import InvalidTiffError, ZfuseError
+from zfuse.errors import (
+    FileTooLargeError,
+    InvalidTiffError,
+    NotAllowedError,
+    ReadOnlyError,
+)
 from zfuse.stats import Stats
+from zfuse.view.tiff_complete import incomplete_reason
 from zfuse.view.tiff_input import decode_tiff, max_file_size
 from zfuse.view.tree import DIR, FILE, META_NAME, ArrayView, Entry, View
 
+__all__ = [
+    "FileState", "Phase", "Released", "Writes", "RENAME_NOREPLACE", "NAME_MAX",
+    "FileTooLargeError", "NotAllowedError", "ReadOnlyError",
+]
+
 log = logging.getLogger("zfuse.writes")
 
-Thread = Callable[..., Awaitable[Any]]
+Run = Callable[..., Awaitable[Any]]
 Path = tuple[str, ...]
 SCRATCH_MAX_BYTES = 8 * 1024**3
 NAME_MAX = 255
 RENAME_NOREPLACE = 1
+REPLACE_WINDOW = 30.0  # seconds an unlinked chunk stays in the store for a replacement (converters take seconds between deleting and creating their output)
+PENDING_TIMEOUT = 300.0  # seconds an incomplete closed file waits to be completed
+
+
+class Phase(Enum):
+    """Where a written file is in its life."""
+
+    OPEN = "open"  # held by at least one handle
+    PENDING = "pending"  # closed while still an incomplete TIFF: kept, reopenable, expires
+    DETACHED = "detached"  # unlinked or replaced while open: readable by its handles, never stored
 
 
 class Released(Enum):
-    """What a release changed, for the adapter's kernel cache invalidation."""
+    """What a release changed, for the caller's kernel cache invalidation."""
 
     NOTHING = 0
     COMMITTED = 1  # the path now reads as the stored chunk: drop cached data
     VANISHED = 2  # a never-stored file is gone: drop the directory entry
-
-
-class ReadOnlyError(ZfuseError):
-    """A write on a read-only mount (EROFS)."""
-
-
-class FileTooLargeError(ZfuseError):
-    """A write past the size any TIFF of this chunk could need (EFBIG)."""
-
-
-class NotAllowedError(ZfuseError, OSError):
-    """An operation that makes no sense on the view (carries its errno)."""
-
-    def __init__(self, code: int, message: str) -> None:
-        OSError.__init__(self, code, message)
+    PENDING = 3  # kept as an incomplete file: its size is the buffer's
+    REVERTED = 4  # a refused replacement is dropped: the path reads the stored chunk again
 
 
 @dataclass
 class FileState:
-    """The content of one path while it is open for writing or is a scratch file."""
+    """The content of one path while it is written, pending, or a scratch file."""
 
     path: Path
     array: ArrayView | None
     coords: tuple[int, ...] | None
     buffer: bytearray | None = None  # None: not loaded yet (the stored file's bytes)
-    dirty: bool = False
     scratch: bool = False
-    placeholder: bool = False  # an empty new chunk file, not stored until written
-    detached: bool = False  # unlinked or replaced while open: never committed
+    phase: Phase = Phase.OPEN
+    dirty: bool = False
     committed: bool = False  # stored at least once while open
     generation: int = 0  # bumped by every change: a commit only clears what it stored
     handles: int = 0
+    writers: set[int] = field(default_factory=set)  # processes that wrote it (see their bytes)
+    incomplete: str | None = None  # why the last close left it pending
     mtime_ns: int = field(default_factory=time.time_ns)
+    changed_at: float = 0.0  # the Writes clock: pending files expire from here
     commit_lock: trio.Lock = field(default_factory=trio.Lock)
 
-    def changed(self) -> None:
+    def changed(self, now: float) -> None:
         self.dirty = True
         self.generation += 1
         self.mtime_ns = time.time_ns()
+        self.changed_at = now
 
     @property
     def limit(self) -> int:
@@ -97,59 +118,16 @@ class FileState:
             return max_file_size(self.array.layout)
         return SCRATCH_MAX_BYTES
 
-
-class OpenFile:
-    """One open file handle."""
-
-    def __init__(
-        self,
-        path: Path,
-        *,
-        state: FileState | None = None,
-        array: ArrayView | None = None,
-        coords: tuple[int, ...] | None = None,
-        content: bytes | None = None,
-        writable: bool = False,
-    ) -> None:
-        self.path = path
-        self.state = state
-        self.array = array
-        self.coords = coords
-        self.content = content
-        self.writable = writable
-        self.inode = 0  # set by the adapter: fstat after unlink/rename finds the handle by it
-
-    @classmethod
-    def readonly_bytes(cls, path: Path, content: bytes) -> OpenFile:
-        return cls(path, content=content)
-
-    def entry(self) -> Entry:
-        if self.state is not None and self.state.buffer is not None:
-            return Entry(FILE, size=len(self.state.buffer), array=self.array, coords=self.coords, node="chunk")
-        if self.content is not None:
-            return Entry(FILE, size=len(self.content), node="meta")
+    @property
+    def chunk_shapes(self) -> list[tuple[int, ...]]:
         assert self.array is not None and self.coords is not None
-        return Entry(FILE, size=self.array.file_size(self.coords), array=self.array, coords=self.coords, node="chunk")
-
-    def read_cached(self, off: int, size: int) -> bytes | None:
-        """Bytes from memory if they are there (no thread hop), else None."""
-        if self.content is not None:
-            return self.content[off : off + size]
-        if self.state is not None and self.state.buffer is not None:
-            return bytes(self.state.buffer[off : off + size])
-        if self.state is None and self.array is not None and self.coords is not None:
-            return self.array.read_cached(self.coords, off, size)
-        return None
-
-    def read(self, off: int, size: int) -> bytes:
-        """Bytes at [off, off+size) (blocking: may decode the chunk)."""
-        if self.state is not None:
-            return bytes(_loaded(self.state)[off : off + size])
-        assert self.array is not None and self.coords is not None
-        return self.array.read(self.coords, off, size)
+        source = self.array.source
+        full = tuple(source.chunk_shape)
+        cropped = tuple(r.stop - r.start for r in source.chunk_region(self.coords))
+        return [full] if cropped == full else [full, cropped]
 
 
-def _loaded(state: FileState) -> bytearray:
+def load_buffer(state: FileState) -> bytearray:
     """The state's buffer, loading the stored file's bytes first if needed (blocking)."""
     if state.buffer is None:
         if state.array is not None and state.coords is not None and state.array.exists(state.coords):
@@ -160,14 +138,37 @@ def _loaded(state: FileState) -> bytearray:
     return state.buffer
 
 
-class Writes:
-    """Open files, scratch files and commits for one view."""
+async def _nothing(path: Path) -> None:
+    return None
 
-    def __init__(self, view: View, *, read_only: bool, stats: Stats) -> None:
+
+class Writes:
+    """Open, pending and scratch files, commits and deferred deletions for one view."""
+
+    def __init__(
+        self,
+        view: View,
+        *,
+        read_only: bool,
+        stats: Stats,
+        run: Run,
+        clock: Callable[[], float] = time.monotonic,
+        replace_window: float = REPLACE_WINDOW,
+        pending_timeout: float = PENDING_TIMEOUT,
+        journal: Callable[[Path, str], None] | None = None,
+        before_replace: Callable[[Path], Awaitable[None]] = _nothing,
+    ) -> None:
         self.view = view
         self.read_only = read_only
         self.stats = stats
+        self.run = run
+        self.clock = clock
+        self.replace_window = replace_window
+        self.pending_timeout = pending_timeout
+        self.journal = journal or (lambda path, reason: None)
+        self.before_replace = before_replace  # readers of `path` keep its bytes
         self.states: dict[Path, FileState] = {}
+        self.removed: dict[Path, float] = {}  # unlinked chunks still in the store: deadline
         self.made_dirs: set[Path] = set()
         self.mtimes: dict[Path, int] = {}
 
@@ -176,30 +177,53 @@ class Writes:
         if self.read_only:
             raise ReadOnlyError("the mount is read-only")
 
-    def pending_entry(self, path: Path) -> Entry | None:
-        state = self.states.get(path)
-        if state is not None and (state.scratch or not self._stored(state)):
-            return Entry(FILE, size=len(state.buffer or b""), array=state.array, coords=state.coords, node="chunk")
-        if path in self.made_dirs:
-            return Entry(DIR, node="keydir")
-        return None
+    def stored(self, state: FileState) -> bool:
+        """Whether the store holds a chunk at the state's path (visible, not unlinked)."""
+        return (
+            state.array is not None
+            and state.coords is not None
+            and state.path not in self.removed
+            and state.array.exists(state.coords)
+        )
 
-    def _stored(self, state: FileState) -> bool:
-        return state.array is not None and state.coords is not None and state.array.exists(state.coords)
+    def is_removed(self, path: Path) -> bool:
+        """An unlinked chunk not yet deleted from the store: hidden from lookups and listings."""
+        return path in self.removed and path not in self.states
 
-    def open_file_for(self, path: Path) -> OpenFile | None:
+    def sees_buffer(self, state: FileState, pid: int | None) -> bool:
+        """Whether an opener reads the state's buffer rather than the stored chunk.
+
+        The writing process sees its own bytes (Bio-Formats and libtiff read back
+        what they wrote, even through a second descriptor); every other process
+        sees the stored chunk until the replacement commits. Where nothing is
+        stored, the buffer is the file.
+        """
+        if state.scratch or not self.stored(state) or state.committed:
+            return True
+        return pid is not None and pid in state.writers
+
+    def entry_for(self, path: Path, pid: int | None) -> Entry | None:
+        """The entry of a path with a state, as process `pid` sees it (None: no state)."""
         state = self.states.get(path)
-        if state is None or state.buffer is None:
+        if state is None:
+            if path in self.made_dirs:
+                return Entry(DIR, node="keydir")
             return None
-        return OpenFile(path, state=state, array=state.array, coords=state.coords, writable=True)
+        if self.sees_buffer(state, pid):
+            size = len(state.buffer) if state.buffer is not None else None
+        else:
+            size = None
+        if size is None:
+            assert state.array is not None and state.coords is not None
+            size = state.array.file_size(state.coords)
+        return Entry(FILE, size=size, array=state.array, coords=state.coords, node="chunk")
 
     def scratch_in(self, dir_path: Path) -> list[tuple[str, Entry]]:
+        """Entries of `dir_path` that only the daemon holds (new files, scratch, made dirs)."""
         out = []
-        for path in self.states:
-            if path[:-1] == dir_path:
-                entry = self.pending_entry(path)
-                if entry is not None:
-                    out.append((path[-1], entry))
+        for path, state in self.states.items():
+            if path[:-1] == dir_path and (state.scratch or not self.stored(state)):
+                out.append((path[-1], self.entry_for(path, None)))
         for path in self.made_dirs:
             if path[:-1] == dir_path:
                 out.append((path[-1], Entry(DIR, node="keydir")))
@@ -222,7 +246,7 @@ class Writes:
             state.mtime_ns = mtime_ns
         self.mtimes[path] = mtime_ns
 
-    def _chunk_target(self, path: Path) -> tuple[ArrayView, tuple[int, ...] | None]:
+    def chunk_target(self, path: Path) -> tuple[ArrayView, tuple[int, ...] | None]:
         """The array a path is in, and the chunk it names (None: a scratch name)."""
         if len(os.fsencode(path[-1])) > NAME_MAX:
             raise NotAllowedError(errno.ENAMETOOLONG, f"name longer than {NAME_MAX} bytes")
@@ -243,164 +267,258 @@ class Writes:
         return arr, coords
 
     # -- open/create ----------------------------------------------------------
-    async def open(self, path: Path, entry: Entry | None, flags: int, thread: Thread) -> OpenFile:
-        wants_write = bool(flags & (os.O_WRONLY | os.O_RDWR))
-        state = self.states.get(path)
-        if state is None and entry is not None and entry.node == "chunk" and wants_write:
-            self._check_writable()
-            assert entry.array is not None and entry.coords is not None
-            state = FileState(path, entry.array, entry.coords)
-            self.states[path] = state
-        elif wants_write:
-            self._check_writable()
-        if state is None and entry is None and wants_write:
-            # The kernel still holds a dentry for a file that vanished (a refused
-            # new file, dropped at release): an open for writing recreates it, as
-            # the caller's O_CREAT would have.
-            return await self.create(path, flags, thread)
-        if state is None:
-            if entry is None or entry.array is None or entry.coords is None:
-                raise NotAllowedError(errno.ENOENT, "no such chunk")
-            return OpenFile(path, array=entry.array, coords=entry.coords)
-        if flags & os.O_TRUNC and wants_write:
-            state.buffer = bytearray()
-            state.changed()
-        state.handles += 1
-        return OpenFile(path, state=state, array=state.array, coords=state.coords, writable=wants_write)
-
-    async def create(self, path: Path, flags: int, thread: Thread) -> OpenFile:
+    async def open(self, path: Path, entry: Entry | None, flags: int, pid: int | None) -> FileState:
+        """Open `path` for writing (an existing chunk or a file with a state)."""
         self._check_writable()
-        arr, coords = self._chunk_target(path)
         state = self.states.get(path)
         if state is None:
-            state = FileState(path, arr, coords, buffer=bytearray(), dirty=coords is not None, scratch=coords is None)
+            if entry is None:
+                # The kernel still holds a dentry for a file that vanished (a refused
+                # new file, dropped at release): recreate it, as O_CREAT would have.
+                return await self.create(path, flags, pid)
+            if entry.node != "chunk" or entry.array is None or entry.coords is None:
+                raise NotAllowedError(errno.EACCES, "only chunk files can be written")
+            state = FileState(path, entry.array, entry.coords, changed_at=self.clock())
+            self.states[path] = state
+        if state.phase is Phase.PENDING:
+            state.phase = Phase.OPEN
+        if flags & os.O_TRUNC:
+            state.buffer = bytearray()
+            state.changed(self.clock())
+        if pid is not None:
+            state.writers.add(pid)
+        state.handles += 1
+        return state
+
+    async def create(self, path: Path, flags: int, pid: int | None) -> FileState:
+        self._check_writable()
+        arr, coords = self.chunk_target(path)
+        state = self.states.get(path)
+        if state is None:
+            state = FileState(path, arr, coords, buffer=bytearray(), scratch=coords is None)
+            state.changed(self.clock())
+            state.dirty = coords is not None
             self.states[path] = state
         else:
             state.buffer = bytearray()
-            state.changed()
+            state.changed(self.clock())
             state.dirty = not state.scratch
+            state.phase = Phase.OPEN
+        if pid is not None:
+            state.writers.add(pid)
         state.handles += 1
-        return OpenFile(path, state=state, array=arr, coords=coords, writable=True)
+        return state
 
     # -- data ---------------------------------------------------------------
-    async def write(self, handle: OpenFile, off: int, buf: bytes, thread: Thread) -> int:
-        state = handle.state
-        if state is None or not handle.writable:
-            raise NotAllowedError(errno.EBADF, "file not open for writing")
+    async def write(self, state: FileState, off: int, buf: bytes, *, append: bool = False) -> int:
+        """Write at `off`; O_APPEND handles write at the end of the file, whatever offset
+        the kernel computed from the size it had cached (another process's view)."""
+        if append:
+            off = len(state.buffer) if state.buffer is not None else len(await self.run(load_buffer, state))
         end = off + len(buf)
         if end > state.limit:
             raise FileTooLargeError(f"{len(buf)} bytes at offset {off} exceed the {state.limit}-byte limit")
         buffer = state.buffer
         if buffer is None:
-            buffer = await thread(_loaded, state)
+            buffer = await self.run(load_buffer, state)
         if off == len(buffer):
             buffer += buf  # the common sequential case: one copy
         else:
             if end > len(buffer):
                 buffer.extend(bytes(end - len(buffer)))
             buffer[off:end] = buf
-        state.changed()
+        state.changed(self.clock())
         return len(buf)
 
-    async def truncate(self, path: Path, size: int, handle: OpenFile | None, thread: Thread) -> None:
+    async def truncate(self, path: Path, size: int, state: FileState | None, pid: int | None) -> None:
+        """truncate/ftruncate; without an open file (truncate(1)) it commits or fails now."""
         self._check_writable()
-        state = self.states.get(path)
+        state = state or self.states.get(path)
         standalone = state is None
         if state is None:
-            arr, coords = self._chunk_target(path)
-            state = FileState(path, arr, coords)
+            arr, coords = self.chunk_target(path)
+            if coords is not None and not arr.exists(coords):
+                raise NotAllowedError(errno.ENOENT, "no such chunk")
+            state = FileState(path, arr, coords, changed_at=self.clock())
             self.states[path] = state
         if size > state.limit:
             raise FileTooLargeError(f"size {size} exceeds the {state.limit}-byte limit")
+        if pid is not None:
+            state.writers.add(pid)
         try:
-            buffer = await thread(_loaded, state)
+            buffer = await self.run(load_buffer, state)
             if size == len(buffer) and not state.dirty:
                 return
             if size < len(buffer):
                 del buffer[size:]
             else:
                 buffer.extend(bytes(size - len(buffer)))
-            state.changed()
+            state.changed(self.clock())
             if standalone and not state.scratch:
                 # truncate(1) with no open file: the change must commit or fail now
-                await self._commit(state, thread)
+                reason = incomplete_reason(buffer, state.chunk_shapes)
+                if reason:
+                    raise InvalidTiffError(f"truncating to {size} bytes leaves no complete TIFF: {reason}")
+                await self._commit(state)
         finally:
             if standalone and not state.scratch:
                 self.states.pop(path, None)
 
-    async def flush(self, handle: OpenFile, thread: Thread) -> bool:
-        """close() of a descriptor open for writing: commit (errors fail the close)."""
-        state = handle.state
-        if state is None or not handle.writable or not state.dirty or state.scratch or state.detached:
+    async def flush(self, state: FileState) -> bool:
+        """close() of a descriptor open for writing: commit if complete; pending if
+        incomplete; InvalidTiffError if complete but not this chunk. True: committed."""
+        if not state.dirty or state.scratch or state.phase is Phase.DETACHED:
             return False
-        if not state.buffer and not self._stored(state):
-            # Created and closed with nothing written (`touch`, or tools that
-            # create a file first and write it later): an empty placeholder that
-            # stays in the daemon, listed, until a TIFF is written into it.
-            state.placeholder = True
+        buffer = state.buffer if state.buffer is not None else bytearray()
+        reason = incomplete_reason(buffer, state.chunk_shapes)
+        if reason is not None:
+            state.incomplete = reason
             return False
-        await self._commit(state, thread)
-        state.placeholder = False
+        state.incomplete = None
+        await self._commit(state)
         return True
 
-    async def fsync(self, handle: OpenFile, thread: Thread) -> bool:
-        """fsync(): store what the file holds if it is already a complete TIFF.
+    async def fsync(self, state: FileState) -> bool:
+        """fsync(): store the file if it is already complete; an incomplete file stays
+        buffered and fsync succeeds (programs that sync mid-write must not fail)."""
+        return await self.flush(state)
 
-        A file still being written (not yet a TIFF) stays buffered and fsync
-        succeeds: programs that sync mid-write must not fail; close() stores it
-        or reports why not.
-        """
-        try:
-            return await self.flush(handle, thread)
-        except InvalidTiffError:
-            return False
-
-    async def _commit(self, state: FileState, thread: Thread) -> None:
+    async def _commit(self, state: FileState) -> None:
         arr, coords = state.array, state.coords
         assert arr is not None and coords is not None and arr.layout is not None
         # One commit at a time per file; writes landing while it runs bump the
         # generation, so the file stays dirty and the next close stores them.
         async with state.commit_lock:
             generation = state.generation
-            await self._store_tiff(arr, coords, bytes(state.buffer or b""), thread)
+            await self.before_replace(state.path)
+            await self.store_tiff(arr, coords, bytes(state.buffer or b""))
+            self.removed.pop(state.path, None)  # a replacement: nothing left to delete
             if state.generation == generation:
                 state.dirty = False
             state.committed = True
-        # The writer's own bytes stay readable until the last handle closes;
-        # then the path reads as our TIFF of the stored values.
         self.mtimes[state.path] = state.mtime_ns
 
-    async def _store_tiff(self, arr: ArrayView, coords: tuple[int, ...], data: bytes, thread: Thread) -> None:
+    async def store_tiff(self, arr: ArrayView, coords: tuple[int, ...], data: bytes) -> None:
         """Parse `data` as a TIFF of chunk `coords` and store it; errors name the chunk's key."""
         try:
-            await thread(_commit_chunk, arr, coords, data)
+            await self.run(_commit_chunk, arr, coords, data)
         except InvalidTiffError as e:
             self.stats.count("rejected_writes")
-            key = arr.source.chunk_key(coords)
-            raise InvalidTiffError(f"{arr.source.name}/{key}: {e}" if arr.source.name else f"{key}: {e}") from e
+            raise InvalidTiffError(f"{arr.key_name(coords)}: {e}") from e
         self.stats.count("chunks_written")
 
-    async def commit_all(self, thread: Thread) -> None:
-        """On shutdown: commit what open files hold, if it parses (best effort, logged)."""
-        for state in list(self.states.values()):
-            if state.dirty and not state.scratch and state.buffer:
-                try:
-                    await self._commit(state, thread)
-                except Exception as e:
-                    log.error("at shutdown, %s not committed: %s", "/".join(state.path), e)
-
-    def release(self, handle: OpenFile) -> Released:
-        state = handle.state
-        if state is None:
-            return Released.NOTHING
+    def release(self, state: FileState) -> Released:
+        """The last close of one handle: what became of the file."""
         state.handles -= 1
-        if state.handles > 0 or state.scratch or state.placeholder or state.detached:
+        if state.handles > 0 or state.scratch or state.phase is Phase.DETACHED:
             return Released.NOTHING
+        if state.dirty and state.incomplete is not None:
+            state.phase = Phase.PENDING
+            state.changed_at = self.clock()
+            self.stats.count("pending_files")
+            return Released.PENDING
+        if state.dirty and not state.buffer and not self.stored(state) and not state.committed:
+            # created and closed empty (`touch`, tools that create first and fill
+            # later): an empty placeholder, listed, never expiring, not stored
+            state.phase = Phase.PENDING
+            return Released.PENDING
         if self.states.get(state.path) is state:
             del self.states[state.path]
-        if state.committed or self._stored(state):
+        if state.dirty and not state.committed:
+            # refused at close: the file goes, the stored chunk (if any) stays
+            return self._reinstate(state.path)
+        if state.committed or self.stored(state):
             return Released.COMMITTED
         return Released.VANISHED
+
+    def _reinstate(self, path: Path) -> Released:
+        """A replacement that never committed: an unlinked old chunk comes back."""
+        if self.removed.pop(path, None) is not None:
+            arr, rest = self.view.array_at(path)
+            coords = arr.coords_of(rest) if arr is not None and rest else None
+            if arr is not None and coords is not None:
+                arr.add_chunk(coords)
+                return Released.REVERTED
+        arr, rest = self.view.array_at(path)
+        coords = arr.coords_of(rest) if arr is not None and rest else None
+        if arr is not None and coords is not None and arr.exists(coords):
+            return Released.REVERTED
+        return Released.VANISHED
+
+    # -- time -------------------------------------------------------------------
+    async def expire(self, *, everything: bool = False) -> list[Path]:
+        """Carry out what is due: deletions past the replace window, pending files past
+        their timeout (or all of them, at unmount). Returns the paths that changed."""
+        now = self.clock()
+        changed: list[Path] = []
+        for path, state in list(self.states.items()):
+            if state.phase is not Phase.PENDING or state.handles:
+                continue
+            if not state.buffer and not self.stored(state) and path not in self.removed:
+                continue  # an empty placeholder costs nothing: kept until unmount
+            if not everything and now - state.changed_at < self.pending_timeout:
+                continue
+            del self.states[path]
+            if state.buffer:
+                self.stats.count("abandoned_writes")
+                what = "the stored chunk is unchanged" if path in self.removed or self.stored(state) \
+                    else "nothing was stored"
+                self.journal(path, f"incomplete file dropped after {self.pending_timeout:g} s "
+                             f"({state.incomplete or 'never completed'}); {what}")
+            self._reinstate(path)
+            changed.append(path)
+        for path, deadline in list(self.removed.items()):
+            if path in self.states or (not everything and now < deadline):
+                continue
+            arr, rest = self.view.array_at(path)
+            coords = arr.coords_of(rest) if arr is not None and rest else None
+            if arr is None or coords is None:
+                del self.removed[path]
+                continue
+            await self.before_replace(path)
+            try:
+                await self.run(arr.source.delete_chunk, coords)
+            except Exception as e:
+                self.removed.pop(path, None)
+                # the chunk is still stored: show it again rather than pretend
+                arr.add_chunk(coords)
+                self.stats.count("errors")
+                log.error("deleting %s from the store failed, it is shown again: %s", arr.key_name(coords), e)
+                self.journal(path, f"rm: deleting {arr.key_name(coords)} from the store failed, "
+                             f"the chunk is shown again: {e}")
+                changed.append(path)
+                continue
+            self.removed.pop(path, None)  # only now: `settle` waits for the store itself
+            log.info("deleted %s from the store (unlinked, not replaced)", arr.key_name(coords))
+            arr.forget(coords)
+            arr.remove_chunk(coords)
+            self.stats.count("chunks_deleted")
+            changed.append(path)
+        return changed
+
+    def next_deadline(self) -> float | None:
+        """When `expire` next has something to do (None: nothing scheduled)."""
+        times = list(self.removed.values())
+        times += [s.changed_at + self.pending_timeout for s in self.states.values()
+                  if s.phase is Phase.PENDING and s.buffer]
+        return min(times) if times else None
+
+    async def shutdown(self) -> None:
+        """At unmount: commit what open files hold if complete, drop what is pending,
+        carry out deferred deletions (each logged; never raises)."""
+        for state in list(self.states.values()):
+            if state.dirty and not state.scratch and state.buffer and state.phase is not Phase.DETACHED:
+                try:
+                    if await self.flush(state):
+                        continue
+                except Exception as e:
+                    self.journal(state.path, f"at unmount, not stored: {e}")
+                    continue
+                state.phase, state.handles = Phase.PENDING, 0
+        try:
+            await self.expire(everything=True)
+        except Exception as e:
+            log.error("at unmount, deferred deletions failed: %s", e)
 
     # -- namespace ---------------------------------------------------------------
     def _detach(self, path: Path) -> None:
@@ -408,10 +526,10 @@ class Writes:
         bytes but never commit (POSIX: an unlinked file's data goes nowhere)."""
         state = self.states.pop(path, None)
         if state is not None:
-            state.detached = True
+            state.phase = Phase.DETACHED
             state.dirty = False
 
-    async def unlink(self, path: Path, thread: Thread) -> None:
+    async def unlink(self, path: Path) -> None:
         self._check_writable()
         state = self.states.get(path)
         if state is not None and state.scratch:
@@ -421,34 +539,36 @@ class Writes:
         coords = arr.coords_of(rest) if arr is not None and rest else None
         if arr is None or coords is None:
             raise NotAllowedError(errno.EPERM, "only chunk files and scratch files can be removed")
-        if not arr.exists(coords):
-            if state is not None:
-                self._detach(path)
-                return
+        stored = arr.exists(coords) and path not in self.removed
+        if not stored and state is None:
             raise NotAllowedError(errno.ENOENT, "no such chunk")
         self._detach(path)
-        await thread(arr.source.delete_chunk, coords)
-        arr.forget(coords)
-        arr.remove_chunk(coords)
-        self.stats.count("chunks_deleted")
+        if stored:
+            # Hidden now; deleted from the store when the replace window closes, unless
+            # a new file at this path commits first (then there is nothing to delete).
+            self.removed[path] = self.clock() + self.replace_window
+            arr.remove_chunk(coords)
+        self.stats.count("unlinks")
 
-    def _exists(self, path: Path) -> bool:
-        if path in self.states and self.pending_entry(path) is not None:
+    def exists(self, path: Path) -> bool:
+        if path in self.states:
             return True
+        if path in self.removed:
+            return False
         entry = self.view.entry(path)
         return entry is not None and entry.node == "chunk"
 
-    async def rename(self, old: Path, new: Path, flags: int, thread: Thread) -> None:
+    async def rename(self, old: Path, new: Path, flags: int) -> None:
         self._check_writable()
         if flags & ~RENAME_NOREPLACE:
             raise NotAllowedError(errno.EINVAL, "only the RENAME_NOREPLACE flag is supported")
-        if flags & RENAME_NOREPLACE and self._exists(new):
+        if flags & RENAME_NOREPLACE and self.exists(new):
             raise NotAllowedError(errno.EEXIST, "target exists (RENAME_NOREPLACE)")
         src = self.states.get(old)
         old_entry = self.view.entry(old)
         if src is None and old_entry is not None and old_entry.kind == DIR:
             raise NotAllowedError(errno.EPERM, "directories cannot be renamed")
-        new_arr, new_coords = self._chunk_target(new)
+        new_arr, new_coords = self.chunk_target(new)
         if src is not None and src.scratch:
             if new_coords is None:  # scratch -> scratch
                 self._detach(new)
@@ -456,23 +576,32 @@ class Writes:
                 src.path = new
                 self.states[new] = src
                 return
-            await self._store_tiff(new_arr, new_coords, bytes(src.buffer or b""), thread)
+            data = bytes(src.buffer or b"")
+            reason = incomplete_reason(data, [tuple(new_arr.source.chunk_shape)])
+            if reason is not None:
+                raise InvalidTiffError(f"{new_arr.key_name(new_coords)}: the file is incomplete ({reason})")
+            await self.before_replace(new)
+            await self.store_tiff(new_arr, new_coords, data)
+            self.removed.pop(new, None)
             del self.states[old]
             self._detach(new)
             return
         old_arr, old_rest = self.view.array_at(old)
         old_coords = old_arr.coords_of(old_rest) if old_arr is not None and old_rest else None
-        if old_arr is None or old_coords is None or not old_arr.exists(old_coords):
+        if old_arr is None or old_coords is None or not old_arr.exists(old_coords) or old in self.removed:
             raise NotAllowedError(errno.ENOENT if old_arr else errno.EPERM, "no such chunk or scratch file")
         if new_coords is None:
             # Taking a chunk out of the store into daemon memory (`mv x.tiff x.bak`)
             # would lose it at unmount: refuse, a copy does the job safely.
             raise NotAllowedError(errno.EPERM, "a chunk can only be renamed onto another chunk name; copy it instead")
-        data = await thread(old_arr.read, old_coords, 0, old_arr.file_size(old_coords))
-        await self._store_tiff(new_arr, new_coords, data, thread)
+        data = await self.run(old_arr.read, old_coords, 0, old_arr.file_size(old_coords))
+        await self.before_replace(new)
+        await self.store_tiff(new_arr, new_coords, data)
+        self.removed.pop(new, None)
         self._detach(old)
         self._detach(new)
-        await thread(old_arr.source.delete_chunk, old_coords)
+        await self.before_replace(old)
+        await self.run(old_arr.source.delete_chunk, old_coords)
         old_arr.forget(old_coords)
         old_arr.remove_chunk(old_coords)
 
@@ -498,9 +627,25 @@ class Writes:
         entry = self.view.entry(path)
         if entry is None:
             raise NotAllowedError(errno.ENOENT, "no such directory")
-        if self.view.list_dir(path):
+        if [e for e in self.view.list_dir(path) if (*path, e[0]) not in self.removed]:
             raise NotAllowedError(errno.ENOTEMPTY, "not empty")
         raise NotAllowedError(errno.EPERM, "groups and arrays cannot be removed")
+
+    def rebind(self, view: View) -> None:
+        """After a reload: point every state at its array in the new view."""
+        self.view = view
+        for state in self.states.values():
+            if state.array is None or state.coords is None:
+                continue
+            arr, rest = view.array_at(state.path)
+            coords = arr.coords_of(rest) if arr is not None and arr.layout is not None and rest else None
+            if arr is not None and coords is not None:
+                state.array, state.coords = arr, coords
+        for path in self.removed:  # still hidden in the new view's listing
+            arr, rest = view.array_at(path)
+            coords = arr.coords_of(rest) if arr is not None and rest else None
+            if arr is not None and coords is not None:
+                arr.remove_chunk(coords)
 
 
 def _looks_like_chunk(arr: ArrayView, rest: Path) -> bool:

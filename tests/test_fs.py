@@ -1,0 +1,592 @@
+"""The filesystem layer (`zfuse.fs`) driven by plain calls: no kernel, no FUSE, no sleeps.
+
+The `Kernel` class below plays the kernel's part: it resolves paths by lookups,
+turns an open with O_CREAT of a missing name into create, and records the
+cache invalidations zfuse asks for. Time is a fake clock moved by hand. Each
+test states a rule of SEMANTICS.md (tags in docstrings) as decided by the
+filesystem layer; real-mount tests check what only the kernel decides.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+import trio
+import trio.testing
+
+from zfuse.daemon import MountConfig, make_view
+from zfuse.fs import ROOT_INODE, FileSystem, FsError
+from zfuse.stats import Stats
+
+import stores
+
+WRITER, OTHER = 100, 200  # process ids
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Kernel:
+    """The kernel's part, modelled: path walks, O_CREAT, and recorded invalidations."""
+
+    def __init__(self, fs: FileSystem) -> None:
+        self.fs = fs
+        self.invalidated: list[int] = []
+        self.forgotten_names: list[tuple[int, str]] = []
+
+    # Kernel protocol (called by fs)
+    def invalidate_inode(self, ino: int) -> None:
+        self.invalidated.append(ino)
+
+    def invalidate_entry(self, parent_ino: int, name: str) -> None:
+        self.forgotten_names.append((parent_ino, name))
+
+    # system calls, as the VFS turns them into filesystem operations
+    def call(self, fn, *args):  # noqa: ANN001, ANN201
+        return trio.run(fn, *args)
+
+    def walk(self, path: str, pid: int = WRITER) -> int:
+        ino = ROOT_INODE
+        for name in [p for p in path.split("/") if p]:
+            ino = self.call(self.fs.lookup, ino, name, pid).ino
+        return ino
+
+    def parent_and_name(self, path: str) -> tuple[int, str]:
+        head, _, name = path.rpartition("/")
+        return self.walk(head), name
+
+    def stat(self, path: str, pid: int = WRITER):  # noqa: ANN201
+        return self.call(self.fs.getattr, self.walk(path, pid), pid)
+
+    def exists(self, path: str, pid: int = WRITER) -> bool:
+        try:
+            self.walk(path, pid)
+            return True
+        except FsError as e:
+            assert e.errno == errno.ENOENT
+            return False
+
+    def open(self, path: str, flags: int = os.O_RDONLY, pid: int = WRITER) -> int:
+        try:
+            ino = self.walk(path, pid)
+        except FsError as e:
+            if e.errno != errno.ENOENT or not flags & os.O_CREAT:
+                raise
+            parent, name = self.parent_and_name(path)
+            reply, _ = self.call(self.fs.create, parent, name, flags, pid)
+            return reply.fh
+        return self.call(self.fs.open, ino, flags, pid).fh
+
+    def read(self, fh: int, size: int = 1 << 30, off: int = 0) -> bytes:
+        return self.call(self.fs.read, fh, off, size)
+
+    def write(self, fh: int, data: bytes, off: int = 0) -> None:
+        assert self.call(self.fs.write, fh, off, data) == len(data)
+
+    def close(self, fh: int) -> None:
+        """close(2) of the last descriptor: flush, then release (as the kernel does)."""
+        try:
+            self.call(self.fs.flush, fh)
+        finally:
+            self.fs.release(fh)
+
+    def write_file(self, path: str, data: bytes, pid: int = WRITER, *, step: int = 0) -> None:
+        fh = self.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, pid)
+        step = step or len(data) or 1
+        for off in range(0, len(data), step):
+            self.write(fh, data[off : off + step], off)
+        self.close(fh)
+
+    def read_file(self, path: str, pid: int = OTHER) -> bytes:
+        fh = self.open(path, os.O_RDONLY, pid)
+        try:
+            return self.read(fh)
+        finally:
+            self.fs.release(fh)
+
+    def unlink(self, path: str) -> None:
+        parent, name = self.parent_and_name(path)
+        self.call(self.fs.unlink, parent, name)
+
+    def rename(self, old: str, new: str, flags: int = 0) -> None:
+        p_old, n_old = self.parent_and_name(old)
+        p_new, n_new = self.parent_and_name(new)
+        self.call(self.fs.rename, p_old, n_old, p_new, n_new, flags)
+
+    def listdir(self, path: str) -> list[str]:
+        fh = self.call(self.fs.opendir, self.walk(path))
+        names: list[str] = []
+        self.fs.readdir(fh, 0, lambda name, attrs, nxt: names.append(name) or True)
+        self.fs.releasedir(fh)
+        return names
+
+    def tick(self) -> None:
+        self.call(self.fs.tick)
+
+
+def tiff(values: np.ndarray, **kw: object) -> bytes:
+    out = io.BytesIO()
+    tifffile.imwrite(out, values, **kw)
+    return out.getvalue()
+
+
+def pixels(data: bytes) -> np.ndarray:
+    return tifffile.imread(io.BytesIO(data))
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+def make_fs(src: Path, clock: Clock, **kw: object) -> tuple[FileSystem, Kernel]:
+    config = MountConfig(sources=[str(src)], mountpoint="", read_only=bool(kw.pop("read_only", False)))
+    view = make_view(config)
+    fs = FileSystem(view, read_only=config.read_only, stats=Stats(), clock=clock, process=lambda pid: pid,
+                    reload=lambda: make_view(config), **kw)  # type: ignore[arg-type]
+    kernel = Kernel(fs)
+    fs.kernel = kernel
+    return fs, kernel
+
+
+@pytest.fixture
+def v3(tmp_path: Path, clock: Clock):  # noqa: ANN201
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src)
+    fs, k = make_fs(src, clock, replace_window=5.0, pending_timeout=60.0)
+    return src, data, fs, k
+
+
+CHUNK = "c/0/0.tiff"
+
+
+def chunk00(data: np.ndarray) -> np.ndarray:
+    return data[0:8, 0:16]
+
+
+# -------------------------------------------------------------- replacement
+
+
+def test_rm_then_refused_file_keeps_the_chunk(v3, clock: Clock) -> None:
+    """[ns-4] [write-5] unlink + create + a refused file: the store is byte-identical and the
+    file reads the old chunk again (mv across filesystems, bfconvert -overwrite)."""
+    src, data, fs, k = v3
+    before = stores.snapshot(src)
+    k.unlink(CHUNK)
+    assert not k.exists(CHUNK)
+    fh = k.open(CHUNK, os.O_WRONLY | os.O_CREAT)
+    k.write(fh, tiff(np.zeros((8, 16), "float32")))
+    with pytest.raises(FsError) as e:
+        k.call(k.fs.flush, fh)
+    assert e.value.errno == errno.EINVAL
+    fs.release(fh)
+    assert stores.snapshot(src) == before
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), chunk00(data))
+    clock.now += 100
+    k.tick()
+    assert stores.snapshot(src) == before  # nothing left to delete
+    assert "wrong dtype" in k.read_file(".zfuse/errors").decode()
+
+
+def test_rm_then_good_file_replaces(v3, clock: Clock) -> None:
+    """[ns-4] unlink + create of a good file stores the new chunk; nothing is deleted later."""
+    src, data, fs, k = v3
+    k.unlink(CHUNK)
+    new = stores.values((8, 16), "uint16", seed=5)
+    k.write_file(CHUNK, tiff(new))
+    clock.now += 100
+    k.tick()
+    np.testing.assert_array_equal(stores.open_any(src)[0:8, 0:16], new)
+
+
+def test_plain_rm_deletes_when_the_window_closes(v3, clock: Clock) -> None:
+    """[ns-4] rm: gone from lookups and listings at once, from the store after the window."""
+    src, data, fs, k = v3
+    k.unlink(CHUNK)
+    assert not k.exists(CHUNK) and "0.tiff" not in k.listdir("c/0")
+    assert (src / "c" / "0" / "0").exists()
+    clock.now += 4.9
+    k.tick()
+    assert (src / "c" / "0" / "0").exists()
+    clock.now += 0.2
+    k.tick()
+    assert not (src / "c" / "0" / "0").exists()
+    assert fs.stats.snapshot()["chunks_deleted"] == 1
+
+
+def test_rm_is_carried_out_at_unmount(v3) -> None:
+    """[ns-4] deferred deletions happen at unmount at the latest."""
+    src, data, fs, k = v3
+    k.unlink(CHUNK)
+    k.call(fs.shutdown)
+    assert not (src / "c" / "0" / "0").exists()
+
+
+def test_rm_then_abandoned_replacement_brings_the_old_chunk_back(v3, clock: Clock) -> None:
+    """[ns-4] [write-2] unlink, then a new file that is never completed: after the pending
+    timeout it is dropped (journaled) and the old chunk reads again."""
+    src, data, fs, k = v3
+    before = stores.snapshot(src)
+    k.unlink(CHUNK)
+    whole = tiff(stores.values((8, 16), "uint16", seed=9))
+    k.write_file(CHUNK, whole[: len(whole) // 2])  # a writer killed half way
+    assert k.stat(CHUNK, WRITER).size == len(whole) // 2
+    clock.now += 61
+    k.tick()
+    assert stores.snapshot(src) == before
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), chunk00(data))
+    assert "incomplete file dropped" in k.read_file(".zfuse/errors").decode()
+    assert fs.stats.snapshot()["abandoned_writes"] == 1
+
+
+# -------------------------------------------------------------- pending files
+
+
+def test_close_incomplete_then_reopen_commits(v3) -> None:
+    """[write-2] Bio-Formats' pattern: header, close, reopen read-write, add the image, close."""
+    src, data, fs, k = v3
+    new = stores.values((8, 16), "uint16", seed=11)
+    whole = tiff(new)
+    k.write_file(CHUNK, whole[:8])  # the header only: no error
+    assert k.read_file(CHUNK, WRITER) == whole[:8]  # the writer reads back what it wrote
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK, OTHER)), chunk00(data))  # others: stored
+    fh = k.open(CHUNK, os.O_RDWR, WRITER)
+    assert k.read(fh) == whole[:8]
+    k.write(fh, whole[8:], 8)
+    k.close(fh)
+    np.testing.assert_array_equal(stores.open_any(src)[0:8, 0:16], new)
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK, OTHER)), new)
+
+
+def test_pages_missing_is_incomplete(tmp_path: Path, clock: Clock) -> None:
+    """[write-2] a TIFF with fewer pages than the chunk is pending, not refused; a later page
+    completes it."""
+    src = tmp_path / "a.zarr"
+    stores.v3(src, shape=(4, 20, 30), chunks=(2, 8, 16))
+    fs, k = make_fs(src, clock)
+    new = stores.values((2, 8, 16), "uint16", seed=3)
+    k.write_file("c/0/0/0.tiff", tiff(new[:1]))
+    assert fs.stats.snapshot().get("rejected_writes", 0) == 0
+    k.write_file("c/0/0/0.tiff", tiff(new))
+    np.testing.assert_array_equal(stores.open_any(src)[0:2, 0:8, 0:16], new)
+
+
+def test_imagemagick_pattern_is_not_an_error(v3) -> None:
+    """[write-2] open with O_TRUNC, close empty, then write: no error, nothing counted."""
+    src, data, fs, k = v3
+    fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC)
+    k.close(fh)
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK, OTHER)), chunk00(data))
+    new = stores.values((8, 16), "uint16", seed=12)
+    k.write_file(CHUNK, tiff(new))
+    np.testing.assert_array_equal(stores.open_any(src)[0:8, 0:16], new)
+    assert fs.stats.snapshot().get("errors", 0) == 0
+    assert k.read_file(".zfuse/errors") == b""
+
+
+def test_fsync_mid_write_and_duplicated_descriptors(v3) -> None:
+    """[write-2] fsync of a partial file succeeds; with two descriptors on one open file, a
+    close before the file is complete is no error and the last close stores it."""
+    src, data, fs, k = v3
+    new = stores.values((8, 16), "uint16", seed=13)
+    whole = tiff(new)
+    fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC)
+    k.write(fh, whole[:100])
+    k.call(fs.fsync, fh)
+    k.call(fs.flush, fh)  # the first of two closes (dup'd descriptor): incomplete, no error
+    k.write(fh, whole[100:], 100)
+    k.close(fh)
+    np.testing.assert_array_equal(stores.open_any(src)[0:8, 0:16], new)
+
+
+def test_complete_but_wrong_shape_is_refused_at_close(v3) -> None:
+    """[write-5] a complete TIFF of the wrong shape: EINVAL at close, chunk unchanged."""
+    src, data, fs, k = v3
+    before = stores.snapshot(src)
+    with pytest.raises(FsError) as e:
+        k.write_file(CHUNK, tiff(np.ones((5, 5), "uint16")))
+    assert e.value.errno == errno.EINVAL
+    assert stores.snapshot(src) == before
+    assert "wrong shape" in k.read_file(".zfuse/errors").decode()
+
+
+def test_not_a_tiff_is_refused(v3) -> None:
+    """[write-5] bytes that do not begin a TIFF are refused at close."""
+    src, data, fs, k = v3
+    with pytest.raises(FsError) as e:
+        k.write_file(CHUNK, b"hello world" * 10)
+    assert e.value.errno == errno.EINVAL
+
+
+# -------------------------------------------------------------- who sees what
+
+
+def test_other_processes_see_the_stored_chunk_until_commit(v3) -> None:
+    """[write-2] while a replacement is written, other processes read the stored chunk
+    (bytes and size); the writer sees its own bytes; after close everyone sees the new one."""
+    src, data, fs, k = v3
+    stored_size = k.stat(CHUNK).size
+    new = stores.values((8, 16), "uint16", seed=14)
+    whole = tiff(new)
+    fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC, WRITER)
+    k.write(fh, whole[:50])
+    assert k.stat(CHUNK, WRITER).size == 50
+    assert k.stat(CHUNK, OTHER).size == stored_size
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK, OTHER)), chunk00(data))
+    reader = k.open(CHUNK, os.O_RDONLY, OTHER)  # open across the commit: keeps the old bytes
+    k.write(fh, whole[50:], 50)
+    k.close(fh)
+    np.testing.assert_array_equal(pixels(k.read(reader)), chunk00(data))
+    fs.release(reader)
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK, OTHER)), new)
+
+
+def test_rename_onto_a_chunk_never_loses_the_name(v3) -> None:
+    """[ns-2] the atomic-save pattern: a process that looked the chunk up just before the
+    rename can still stat and open that inode; an open reader keeps the old bytes."""
+    src, data, fs, k = v3
+    looked_up = k.walk(CHUNK, OTHER)  # resolved by a reader a moment before the rename
+    reader = k.open(CHUNK, os.O_RDONLY, OTHER)
+    new = stores.values((8, 16), "uint16", seed=15)
+    k.write_file("c/0/.0.tiff.tmp", tiff(new))
+    k.rename("c/0/.0.tiff.tmp", CHUNK)
+    assert k.call(fs.getattr, looked_up, OTHER).size > 0
+    fh = k.call(fs.open, looked_up, os.O_RDONLY, OTHER).fh
+    np.testing.assert_array_equal(pixels(k.read(fh)), new)
+    fs.release(fh)
+    np.testing.assert_array_equal(pixels(k.read(reader)), chunk00(data))
+    fs.release(reader)
+    assert "0.tiff" in k.listdir("c/0") and ".0.tiff.tmp" not in k.listdir("c/0")
+
+
+def test_listing_during_a_replacement_keeps_the_chunk(v3) -> None:
+    """[ns-4] a chunk being rewritten stays listed, once."""
+    src, data, fs, k = v3
+    fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC)
+    k.write(fh, b"II*\0")
+    assert k.listdir("c/0").count("0.tiff") == 1
+    k.close(fh)
+    assert k.listdir("c/0").count("0.tiff") == 1
+
+
+def test_unlinked_while_open_writer_stores_nothing(v3) -> None:
+    """[ns-4] a writer whose file is unlinked never stores; its reader keeps reading."""
+    src, data, fs, k = v3
+    new = stores.values((8, 16), "uint16", seed=16)
+    fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC)
+    k.write(fh, tiff(new))
+    k.unlink(CHUNK)
+    k.close(fh)
+    k.call(fs.shutdown)
+    assert not (src / "c" / "0" / "0").exists()
+
+
+def test_commit_while_writes_continue_keeps_them(v3) -> None:
+    """[write-2] writes landing after a commit keep the file dirty: the next close stores them."""
+    src, data, fs, k = v3
+    a, b = stores.values((8, 16), "uint16", seed=17), stores.values((8, 16), "uint16", seed=18)
+    fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC)
+    k.write(fh, tiff(a))
+    k.call(fs.flush, fh)
+    np.testing.assert_array_equal(stores.open_any(src)[0:8, 0:16], a)
+    k.write(fh, tiff(b))
+    k.close(fh)
+    np.testing.assert_array_equal(stores.open_any(src)[0:8, 0:16], b)
+
+
+def test_reload_during_a_write_commits_into_the_new_view(v3) -> None:
+    """[cons-2] a reload between write and close: the close commits into the reloaded view."""
+    src, data, fs, k = v3
+    new = stores.values((8, 16), "uint16", seed=19)
+    fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC)
+    k.write(fh, tiff(new))
+    old_view = fs.view
+    k.call(fs.refresh)
+    assert fs.view is not old_view
+    k.close(fh)
+    np.testing.assert_array_equal(stores.open_any(src)[0:8, 0:16], new)
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), new)
+
+
+def test_rm_survives_a_reload(v3, clock: Clock) -> None:
+    """[cons-2] an unlinked chunk stays hidden across a reload and is still deleted."""
+    src, data, fs, k = v3
+    k.unlink(CHUNK)
+    k.call(fs.refresh)
+    assert not k.exists(CHUNK) and "0.tiff" not in k.listdir("c/0")
+    clock.now += 10
+    k.tick()
+    assert not (src / "c" / "0" / "0").exists()
+
+
+# -------------------------------------------------------------- namespace and errors
+
+
+def test_read_only_mount(tmp_path: Path, clock: Clock) -> None:
+    """[ns-8] every change fails with EROFS."""
+    src = tmp_path / "a.zarr"
+    stores.v3(src)
+    fs, k = make_fs(src, clock, read_only=True)
+    for attempt in (lambda: k.open(CHUNK, os.O_RDWR), lambda: k.unlink(CHUNK),
+                    lambda: k.open("c/0/x.tmp", os.O_WRONLY | os.O_CREAT),
+                    lambda: k.rename(CHUNK, "c/0/1.tiff")):
+        with pytest.raises(FsError) as e:
+            attempt()
+        assert e.value.errno == errno.EROFS
+
+
+def test_metadata_and_special_files_are_not_writable(v3) -> None:
+    """[ns-7] zarr.json and .zfuse/ files: EACCES to write, EPERM to create in .zfuse/."""
+    src, data, fs, k = v3
+    for path in ("zarr.json", ".zfuse/stats", ".zfuse/errors"):
+        with pytest.raises(FsError) as e:
+            k.open(path, os.O_WRONLY)
+        assert e.value.errno == errno.EACCES
+    with pytest.raises(FsError) as e:
+        k.open(".zfuse/new", os.O_WRONLY | os.O_CREAT)
+    assert e.value.errno == errno.EPERM
+
+
+def test_stats_size_is_the_size_read(v3) -> None:
+    """[tree-6] .zfuse/stats: the size stat reports is the size read gives, and it is JSON."""
+    src, data, fs, k = v3
+    k.read_file(CHUNK)
+    size = k.stat(".zfuse/stats").size
+    content = k.read_file(".zfuse/stats")
+    assert len(content) == size
+    assert json.loads(content)["bytes_read"] > 0
+
+
+def test_scratch_files_live_in_memory(v3) -> None:
+    """[ns-1] a non-chunk name is a scratch file: listed, readable, never stored."""
+    src, data, fs, k = v3
+    before = stores.snapshot(src)
+    k.write_file("c/0/notes.txt", b"hello")
+    assert k.read_file("c/0/notes.txt") == b"hello"
+    assert "notes.txt" in k.listdir("c/0")
+    k.call(fs.shutdown)
+    assert stores.snapshot(src) == before
+
+
+def test_forgotten_inodes_are_freed(v3) -> None:
+    """Inodes the kernel forgot are dropped: memory follows what the kernel holds."""
+    src, data, fs, k = v3
+    ino = k.walk(CHUNK)
+    assert ino in fs.inodes
+    lookups = fs.inodes[ino].lookups
+    fs.forget([(ino, lookups)])
+    assert ino not in fs.inodes
+    assert k.walk(CHUNK) != ino or ino in fs.inodes
+
+
+def test_bfconvert_overwrite_sequence_refused_keeps_the_chunk(v3, clock: Clock) -> None:
+    """[ns-4] [write-2] Bio-Formats `bfconvert -overwrite` as the mount sees it: unlink,
+    create + close empty, reopen read-write and read-only, write the header, close the
+    reader, write byte by byte past the replace window, then a refused close."""
+    src, data, fs, k = v3
+    before = stores.snapshot(src)
+    bad = tiff(np.full((8, 16), 9, "float32"))
+    k.unlink(CHUNK)
+    k.close(k.open(CHUNK, os.O_RDWR | os.O_CREAT))
+    fh = k.open(CHUNK, os.O_RDWR)
+    reader = k.open(CHUNK, os.O_RDONLY)
+    k.write(fh, bad[:8])
+    k.close(reader)
+    clock.now += 10
+    k.tick()
+    for off in range(8, len(bad)):
+        k.write(fh, bad[off : off + 1], off)
+    with pytest.raises(FsError):
+        k.close(fh)
+    clock.now += 10
+    k.tick()
+    assert stores.snapshot(src) == before
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), chunk00(data))
+
+
+def test_cp_waits_for_page_cache_readers(v3) -> None:
+    """[write-2] an O_TRUNC writer waits for readers that read the chunk through the page
+    cache to close (the kernel would cut their file to 0 bytes); readers opening meanwhile
+    get direct I/O and the stored chunk."""
+    src, data, fs, k = v3
+    ino = k.walk(CHUNK)
+
+    async def scenario() -> None:
+        early = await fs.open(ino, os.O_RDONLY, OTHER)
+        assert early.keep_cache and not early.direct_io
+        opened = trio.Event()
+        writer_fh: list[int] = []
+
+        async def writer() -> None:
+            writer_fh.append((await fs.open(ino, os.O_WRONLY | os.O_TRUNC, WRITER)).fh)
+            opened.set()
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not opened.is_set()  # waiting for the early reader
+            late = await fs.open(ino, os.O_RDONLY, OTHER)
+            assert late.direct_io
+            np.testing.assert_array_equal(pixels(await fs.read(late.fh, 0, 1 << 20)), chunk00(data))
+            fs.release(late.fh)
+            fs.release(early.fh)  # the last page-cache reader closes: the writer goes on
+        assert opened.is_set()
+        fs.release(writer_fh[0])
+
+    trio.run(scenario)
+
+
+def test_cp_waits_for_page_cache_readers_only_so_long(tmp_path: Path, clock: Clock) -> None:
+    """[write-2] a reader that keeps the file open does not block a writer for ever."""
+    src = tmp_path / "a.zarr"
+    stores.v3(src)
+    fs, k = make_fs(src, clock, reader_grace=0.01)
+    reader = k.open(CHUNK, os.O_RDONLY, OTHER)
+    new = stores.values((8, 16), "uint16", seed=21)
+    k.write_file(CHUNK, tiff(new))
+    np.testing.assert_array_equal(stores.open_any(src)[0:8, 0:16], new)
+    fs.release(reader)
+
+
+def test_names_only_the_daemon_holds_are_never_cached(v3) -> None:
+    """[ns-1] scratch files and files being written get no attribute or entry cache time:
+    a rename or release can take them away at any moment."""
+    src, data, fs, k = v3
+    k.write_file("c/0/.0.tiff.tmp", b"partial")
+    assert k.stat("c/0/.0.tiff.tmp").timeout == 0
+    assert k.stat(CHUNK).timeout > 0
+    fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC)
+    assert k.stat(CHUNK).timeout == 0
+    fs.release(fh)
+
+
+def test_arrays_not_shown_are_in_the_error_journal(tmp_path: Path, clock: Clock) -> None:
+    """[tree-5] [tree-6] an array whose metadata zarr-python rejects is listed in
+    .zfuse/errors with the array's path, the field and the fix; its neighbour is shown."""
+    import zarr
+
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    root.create_array("good", shape=(4, 4), chunks=(2, 2), dtype="uint8")[...] = 1
+    bad = tmp_path / "g.zarr" / "bad"
+    bad.mkdir()
+    (bad / "zarr.json").write_text(json.dumps({
+        "zarr_format": 3, "node_type": "array", "shape": [4], "data_type": "uint8",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [2]}},
+        "chunk_key_encoding": {"name": "default"}, "codecs": [{"name": "zstd"}]}))
+    fs, k = make_fs(tmp_path / "g.zarr", clock)
+    journal = k.read_file(".zfuse/errors").decode()
+    (line,) = [x for x in journal.splitlines() if "\tbad\t" in x]
+    assert "not shown" in line and "fill_value: missing" in line and "Add" in line
+    assert "c" in k.listdir("good")

@@ -1,0 +1,800 @@
+"""The filesystem layer: inodes, open files, `.zfuse/` and every file policy, no FUSE.
+
+`zfuse.fuse_ops` translates each FUSE request into one call here and the
+result or `FsError` into one reply; everything a request *decides* is decided
+here, so it is tested with plain calls (tests/test_fs.py), no kernel.
+
+What lives here:
+- Inodes. An inode names a path until the kernel forgets it. An inode whose
+  name was replaced (rename onto it) or unlinked stays valid: a process that
+  looked the name up a moment before can still open and stat it, and sees the
+  path's current file (never ENOENT for a name that always existed).
+- Open files (`Handle`). A handle reads one of: a fixed byte snapshot
+  (metadata, `.zfuse/` files, a chunk replaced or unlinked while open), a write
+  state's buffer, a whole-image reader, or the stored chunk.
+- Who sees what while a chunk is being replaced: the writing process sees its
+  own bytes (sizes included); every other process sees the stored chunk until
+  the replacement commits, and readers open at that moment keep the old bytes.
+  Handles on paths being written bypass the kernel page cache (direct I/O),
+  which is what lets two processes see two versions of one file.
+- Read-ahead: opening a chunk cold schedules the next chunks' decode.
+- Reload: a new view, with open files and write states moved onto it.
+- `.zfuse/mount`: what the daemon says about itself (`mount_info`, set by the daemon).
+- The error journal `.zfuse/errors`: every refusal, abandoned file and store
+  error, one line each, readable by the mount's user.
+"""
+
+from __future__ import annotations
+
+import collections
+import errno
+import functools
+import json
+import logging
+import os
+import stat as stat_mod
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+import trio
+
+from zfuse.errors import NotAllowedError, ReadOnlyError, ZfuseError, errno_for
+from zfuse.stats import Stats
+from zfuse.view.tree import DIR, FILE, Entry, View
+from zfuse.view.writes import (
+    PENDING_TIMEOUT,
+    REPLACE_WINDOW,
+    FileState,
+    Phase,
+    Released,
+    Writes,
+    load_buffer,
+)
+
+log = logging.getLogger("zfuse.fs")
+
+Path = tuple[str, ...]
+T = TypeVar("T")
+Run = Callable[..., Awaitable[Any]]
+
+ROOT_INODE = 1
+READ_AHEAD = 4  # chunk files decoded ahead of a sequential reader
+SPECIAL_DIR = ".zfuse"
+STATS_FILE, ERRORS_FILE = "stats", "errors"
+MOUNT_FILE = "mount"  # the daemon's pid, sources, reloads, log (JSON; read by zfuse status/reload)
+ATTR_TIMEOUT = 5.0
+ERRORS_KEPT = 500
+READER_GRACE = 2.0  # seconds a replacing writer waits for page-cache readers to close
+QUIET_ERRNOS = (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY)  # answers, not failures
+
+
+class FsError(Exception):
+    """An operation failed with `errno` (already logged and counted)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.errno = code
+
+
+class Kernel(Protocol):
+    """What the filesystem asks of the kernel: forget cached data and names."""
+
+    def invalidate_inode(self, ino: int) -> None: ...
+
+    def invalidate_entry(self, parent_ino: int, name: str) -> None: ...
+
+
+@dataclass
+class Attributes:
+    ino: int
+    mode: int
+    size: int
+    mtime_ns: int
+    uid: int
+    gid: int
+    timeout: float  # attribute and entry cache seconds
+
+    @property
+    def is_dir(self) -> bool:
+        return stat_mod.S_ISDIR(self.mode)
+
+
+@dataclass
+class OpenReply:
+    fh: int
+    keep_cache: bool = False
+    direct_io: bool = False
+
+
+@dataclass
+class Inode:
+    ino: int
+    path: Path
+    lookups: int = 0
+    detached: bool = False  # its name now belongs to another file, or was unlinked
+
+
+class Handle:
+    """One open file."""
+
+    def __init__(self, path: Path, inode: Inode, *, pid: int | None = None) -> None:
+        self.path = path
+        self.inode = inode
+        self.pid = pid
+        self.state: FileState | None = None  # reads and writes go to this buffer
+        self.writable = False
+        self.append = False  # O_APPEND: writes go to the end
+        self.content: bytes | None = None  # a fixed snapshot
+        self.reader: Any = None  # whole-image files: read_cached/read/size
+        self.array: Any = None
+        self.coords: tuple[int, ...] | None = None
+        self.page_cached = False  # reads go through the kernel's page cache (not direct I/O)
+
+    def entry(self) -> Entry:
+        if self.content is not None:
+            return Entry(FILE, size=len(self.content), node="meta")
+        if self.state is not None and self.state.buffer is not None:
+            return Entry(FILE, size=len(self.state.buffer), array=self.array, coords=self.coords, node="chunk")
+        if self.reader is not None:
+            return Entry(FILE, size=self.reader.size, node="image", reader=self.reader)
+        assert self.array is not None and self.coords is not None
+        return Entry(FILE, size=self.array.file_size(self.coords), array=self.array, coords=self.coords, node="chunk")
+
+    def read_cached(self, off: int, size: int) -> bytes | None:
+        """Bytes from memory if they are there (no thread hop), else None."""
+        if self.content is not None:
+            return self.content[off : off + size]
+        if self.state is not None:
+            buffer = self.state.buffer
+            return bytes(buffer[off : off + size]) if buffer is not None else None
+        if self.reader is not None:
+            return self.reader.read_cached(off, size)
+        return self.array.read_cached(self.coords, off, size)
+
+    def read(self, off: int, size: int) -> bytes:
+        """Bytes at [off, off+size) (blocking: may decode)."""
+        if self.state is not None:
+            return bytes(load_buffer(self.state)[off : off + size])
+        if self.reader is not None:
+            return self.reader.read(off, size)
+        return self.array.read(self.coords, off, size)
+
+
+@dataclass
+class _DirHandle:
+    path: Path
+    entries: list[tuple[str, Entry]]
+
+
+def process_of(tid: int) -> int:
+    """The process (thread group) a FUSE request's thread id belongs to."""
+    try:
+        with open(f"/proc/{tid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"Tgid:"):
+                    return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return tid
+
+
+async def _run_here(fn: Callable[..., T], *args: Any) -> T:
+    return fn(*args)
+
+
+def operation(path_of: Callable[..., Path | None]) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[T]]]:
+    """Every public operation: any failure is logged once with its store key,
+    counted, journaled, and leaves as FsError(errno)."""
+
+    def wrap(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+        @functools.wraps(fn)
+        async def run(self: FileSystem, *args: Any) -> T:
+            try:
+                return await fn(self, *args)
+            except FsError:
+                raise
+            except Exception as e:
+                try:
+                    path = path_of(self, *args)
+                except Exception:
+                    path = None
+                raise self.fail(e, fn.__name__, path) from None
+
+        return run
+
+    return wrap
+
+
+def _by_inode(self: FileSystem, ino: int, *rest: Any) -> Path | None:
+    inode = self.inodes.get(ino)
+    return inode.path if inode else None
+
+
+def _by_child(self: FileSystem, parent: int, name: str, *rest: Any) -> Path | None:
+    inode = self.inodes.get(parent)
+    return (*inode.path, name) if inode else None
+
+
+def _by_handle(self: FileSystem, fh: int, *rest: Any) -> Path | None:
+    handle = self.handles.get(fh)
+    return handle.path if handle else None
+
+
+def _padded_json(value: dict[str, Any]) -> bytes:
+    """JSON padded to a 1 KiB multiple: the size `stat` reports stays the size `read` gets."""
+    text = json.dumps(value, indent=2, sort_keys=True)
+    return (text + " " * (-(len(text) + 1) % 1024) + "\n").encode()
+
+
+class FileSystem:
+    """The mount's file operations over a `View`, decided without FUSE."""
+
+    def __init__(
+        self,
+        view: View,
+        *,
+        read_only: bool = False,
+        stats: Stats | None = None,
+        run: Run = _run_here,
+        kernel: Kernel | None = None,
+        spawn: Callable[[Callable[..., Any], Any], None] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        uid: int | None = None,
+        gid: int | None = None,
+        replace_window: float = REPLACE_WINDOW,
+        pending_timeout: float = PENDING_TIMEOUT,
+        process: Callable[[int], int] = process_of,
+        reload: Callable[[], View] | None = None,
+        reader_grace: float = READER_GRACE,
+    ) -> None:
+        self.view = view
+        self.reader_grace = reader_grace
+        self._cached_readers: dict[Path, int] = {}  # open page-cache handles per path
+        self._readers_gone: dict[Path, trio.Event] = {}  # replacing writers waiting on them
+        self.read_only = read_only
+        self.stats = stats or Stats()
+        self.run = run  # blocking work, in a worker thread on a mount
+        self.kernel = kernel
+        self.spawn = spawn  # background blocking work (read-ahead); None: no read-ahead
+        self.process = process
+        self.reload = reload
+        # what `.zfuse/mount` shows (the daemon sets it; without it there is no such file)
+        self.mount_info: Callable[[], dict[str, Any]] | None = None
+        self.uid = os.getuid() if uid is None else uid
+        self.gid = os.getgid() if gid is None else gid
+        self.started_ns = time.time_ns()
+        self.errors: collections.deque[str] = collections.deque(maxlen=ERRORS_KEPT)
+        self.writes = Writes(
+            view, read_only=read_only, stats=self.stats, run=run, clock=clock,
+            replace_window=replace_window, pending_timeout=pending_timeout,
+            journal=self.journal, before_replace=self._keep_readers,
+        )
+        self.inodes: dict[int, Inode] = {ROOT_INODE: Inode(ROOT_INODE, (), lookups=1)}
+        self._ino_of: dict[Path, int] = {(): ROOT_INODE}
+        self._next_ino = ROOT_INODE + 1
+        self.handles: dict[int, Handle] = {}
+        self._dirs: dict[int, _DirHandle] = {}
+        self._next_fh = 1
+        self._reading_ahead: set[Any] = set()
+        self._journal_problems(view)
+        self._dir_modes = {True: stat_mod.S_IFDIR | 0o755, False: stat_mod.S_IFDIR | 0o555}
+        self._file_modes = {True: stat_mod.S_IFREG | 0o644, False: stat_mod.S_IFREG | 0o444}
+
+    # -- errors -------------------------------------------------------------
+    def fail(self, exc: BaseException, op: str, path: Path | None) -> FsError:
+        """Log an error once (naming the store key), count and journal it."""
+        code = errno_for(exc)
+        where = "/".join(path) if path else "/"
+        key = self.store_key(path) if path else where
+        if isinstance(exc, NotAllowedError) and code in QUIET_ERRNOS:
+            log.debug("%s %s: %s", op, where, exc)
+            return FsError(code)
+        self.stats.count("errors")
+        expected = isinstance(exc, (ZfuseError, OSError, TimeoutError))
+        reason = str(exc) if expected else f"{type(exc).__name__}: {exc}"
+        log.error("%s %s [store key %s]: %s (%s)", op, where, key, reason,
+                  errno.errorcode.get(code, code), exc_info=None if expected else exc)
+        self.journal(path or (), f"{op}: {reason} ({errno.errorcode.get(code, code)})")
+        return FsError(code)
+
+    def journal(self, path: Path, reason: str) -> None:
+        """One line of `.zfuse/errors`: time, path, reason."""
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
+        reason = " ".join(reason.split())  # one line per entry
+        self.errors.append(f"{stamp}\t{'/'.join(path) or '/'}\t{reason}")
+        if "incomplete file dropped" in reason:
+            log.warning("%s: %s", "/".join(path), reason)
+
+    def _journal_problems(self, view: View) -> None:
+        """Arrays the view shows without chunk files, and why: in `.zfuse/errors` too."""
+        for problem in getattr(view, "problems", ()):
+            self.journal(tuple(problem.path.split("/")) if problem.path else (), f"not shown: {problem.reason}")
+
+    def store_key(self, path: Path) -> str:
+        """The store key behind a path, for log lines (the chunk's key, or the path)."""
+        arr, rest = self.view.array_at(path)
+        coords = arr.coords_of(rest) if arr is not None and rest else None
+        if arr is None or coords is None:
+            return "/".join(path) or "/"
+        return arr.key_name(coords)
+
+    # -- inodes ---------------------------------------------------------------
+    def _inode(self, path: Path) -> Inode:
+        ino = self._ino_of.get(path)
+        if ino is not None:
+            return self.inodes[ino]
+        inode = Inode(self._next_ino, path)
+        self._next_ino += 1
+        self.inodes[inode.ino] = inode
+        self._ino_of[path] = inode.ino
+        return inode
+
+    def _get(self, ino: int) -> Inode:
+        inode = self.inodes.get(ino)
+        if inode is None:
+            raise FsError(errno.ENOENT)
+        return inode
+
+    def _child(self, parent: int, name: str) -> Path:
+        base = self._get(parent).path
+        if name == ".":
+            return base
+        if name == "..":
+            return base[:-1]
+        return (*base, name)
+
+    def remember(self, ino: int) -> None:
+        """The kernel took a reference to `ino` (a lookup reply or a readdirplus entry)."""
+        inode = self.inodes.get(ino)
+        if inode is not None:
+            inode.lookups += 1
+
+    def forget(self, items: list[tuple[int, int]]) -> None:
+        """The kernel dropped references; inodes it no longer knows are freed."""
+        for ino, count in items:
+            inode = self.inodes.get(ino)
+            if inode is None or ino == ROOT_INODE:
+                continue
+            inode.lookups -= count
+            if inode.lookups <= 0:
+                del self.inodes[ino]
+                if self._ino_of.get(inode.path) == ino:
+                    del self._ino_of[inode.path]
+
+    def _detach_inode(self, path: Path) -> None:
+        """`path` now names another file (or none): its inode keeps working by number."""
+        ino = self._ino_of.pop(path, None)
+        if ino is not None:
+            self.inodes[ino].detached = True
+            self._invalidate(ino)
+
+    # -- entries --------------------------------------------------------------
+    def _special_entry(self, path: Path) -> Entry | None:
+        if path == (SPECIAL_DIR,):
+            return Entry(DIR, node="stats")
+        if path[:1] == (SPECIAL_DIR,) and len(path) == 2 and path[1] in (STATS_FILE, ERRORS_FILE):
+            return Entry(FILE, size=len(self._special_bytes(path[1])), node="stats")
+        if path == (SPECIAL_DIR, MOUNT_FILE) and self.mount_info is not None:
+            return Entry(FILE, size=len(self._special_bytes(MOUNT_FILE)), node="stats")
+        return None
+
+    def _special_bytes(self, name: str) -> bytes:
+        if name == ERRORS_FILE:
+            return ("\n".join(self.errors) + "\n").encode() if self.errors else b""
+        if name == MOUNT_FILE and self.mount_info is not None:
+            return _padded_json(self.mount_info())
+        snapshot = self.stats.snapshot()
+        cache = self.view.cache
+        snapshot.update(cache_hits=cache.hits, cache_misses=cache.misses, cache_bytes=cache.used,
+                        pending_files_now=sum(s.phase is Phase.PENDING for s in self.writes.states.values()),
+                        unlinked_not_yet_deleted=len(self.writes.removed))
+        return _padded_json(snapshot)
+
+    async def _listed(self, path: Path, *, inside_only: bool = False) -> View:
+        """The current view with the array at `path` listed. Callers use this one view
+        for the whole request even if a reload swaps `self.view` meanwhile."""
+        view = self.view
+        arr, rest = view.array_at(path)
+        if inside_only and not rest:
+            return view
+        while arr is not None and not arr.listed:
+            await self.run(arr.ensure_listed)
+        return view
+
+    async def _entry(self, path: Path, pid: int | None = None) -> Entry | None:
+        """What is at `path` for process `pid`: `.zfuse/`, written files, then the view."""
+        special = self._special_entry(path)
+        if special is not None:
+            return special
+        if path in self.writes.states or path in self.writes.made_dirs:
+            return self.writes.entry_for(path, self._process(pid))
+        if self.writes.is_removed(path):
+            return None
+        view = await self._listed(path, inside_only=True)
+        return view.entry(path)
+
+    def _process(self, pid: int | None) -> int | None:
+        return None if pid is None else self.process(pid)
+
+    def attributes(self, path: Path, entry: Entry, ino: int | None = None) -> Attributes:
+        # hot: called once per entry of every readdir (100,000 for `ls -lR` of a big array)
+        if ino is None:
+            ino = self._inode(path).ino
+        node = entry.node
+        writable = not self.read_only and node not in ("stats", "meta", "image")
+        mode = (self._dir_modes if entry.kind == DIR else self._file_modes)[writable]
+        mtime = (self.writes.mtime_ns(path) if self.writes.touched else None) or self.started_ns
+        # never cached: live counters, files being written, and names only the daemon
+        # holds (scratch, placeholders), which a rename or release can take away
+        live = node == "stats" or (entry.kind == FILE and entry.coords is None and node == "chunk") \
+            or path in self.writes.states
+        return Attributes(ino, mode, entry.size, mtime, self.uid, self.gid, 0 if live else ATTR_TIMEOUT)
+
+    # -- lookup and attributes ---------------------------------------------
+    @operation(_by_child)
+    async def lookup(self, parent: int, name: str, pid: int | None = None) -> Attributes:
+        path = self._child(parent, name)
+        entry = await self._entry(path, pid)
+        if entry is None:
+            raise FsError(errno.ENOENT)
+        attrs = self.attributes(path, entry)
+        self.remember(attrs.ino)
+        return attrs
+
+    @operation(_by_inode)
+    async def getattr(self, ino: int, pid: int | None = None) -> Attributes:
+        inode = self._get(ino)
+        if inode.detached:
+            # unlinked or replaced: an open file answers for itself (fstat)
+            for handle in self.handles.values():
+                if handle.inode is inode and (handle.content is not None or
+                                              (handle.state and handle.state.phase is Phase.DETACHED)):
+                    return self.attributes(handle.path, handle.entry(), ino)
+        entry = await self._entry(inode.path, pid)
+        if entry is None:
+            raise FsError(errno.ENOENT)
+        return self.attributes(inode.path, entry, ino)
+
+    @operation(_by_inode)
+    async def setattr(
+        self, ino: int, size: int | None = None, mtime_ns: int | None = None,
+        owner_or_mode: bool = False, fh: int | None = None, pid: int | None = None,
+    ) -> Attributes:
+        path = self._get(ino).path
+        entry = await self._entry(path, pid)
+        if entry is None:
+            raise FsError(errno.ENOENT)
+        if size is not None and entry.node in ("meta", "stats", "image"):
+            raise FsError(errno.EROFS if self.read_only else errno.EACCES)
+        if size is not None:
+            handle = self.handles.get(fh) if fh else None
+            state = handle.state if handle is not None and handle.writable else None
+            await self.writes.truncate(path, size, state, self._process(pid))
+            self._invalidate(ino)
+        elif owner_or_mode and self.read_only:
+            raise ReadOnlyError("the mount is read-only")
+        if mtime_ns is not None:
+            if self.read_only:
+                raise ReadOnlyError("the mount is read-only")
+            self.writes.touch(path, mtime_ns)
+        # chmod/chown are accepted and ignored: cp -p and rsync -a must not fail
+        return await self.getattr(ino, pid)
+
+    def statfs(self) -> dict[str, int]:
+        return {"bsize": 128 * 1024, "files": len(self.inodes), "namemax": 255}
+
+    # -- directories --------------------------------------------------------
+    @operation(_by_inode)
+    async def opendir(self, ino: int) -> int:
+        path = self._get(ino).path
+        entry = await self._entry(path)
+        if entry is None or entry.kind != DIR:
+            raise FsError(errno.ENOTDIR if entry else errno.ENOENT)
+        if entry.node == "stats":
+            entries = [(name, special) for name in (ERRORS_FILE, MOUNT_FILE, STATS_FILE)
+                       if (special := self._special_entry((SPECIAL_DIR, name))) is not None]
+        else:
+            view = await self._listed(path)
+            listed = view.list_dir(path)
+            if self.writes.removed:
+                listed = [e for e in listed if not self.writes.is_removed((*path, e[0]))]
+            extra = self.writes.scratch_in(path)
+            if extra:
+                names = {name for name, _ in extra}
+                listed = sorted([e for e in listed if e[0] not in names] + extra, key=lambda e: e[0])
+            entries = listed
+        fh = self._next_fh
+        self._next_fh += 1
+        self._dirs[fh] = _DirHandle(path, entries)  # a snapshot: paging stays consistent
+        return fh
+
+    def readdir(self, fh: int, start: int, accept: Callable[[str, Attributes, int], bool]) -> None:
+        """Offer entries from `start` to `accept` until it returns False (buffer full)."""
+        handle = self._dirs[fh]
+        for i in range(start, len(handle.entries)):
+            name, entry = handle.entries[i]
+            attrs = self.attributes((*handle.path, name), entry)
+            if not accept(name, attrs, i + 1):
+                break
+            self.remember(attrs.ino)
+
+    def releasedir(self, fh: int) -> None:
+        self._dirs.pop(fh, None)
+
+    # -- files -----------------------------------------------------------------
+    def _new_handle(self, handle: Handle) -> int:
+        fh = self._next_fh
+        self._next_fh += 1
+        self.handles[fh] = handle
+        return fh
+
+    @operation(_by_inode)
+    async def open(self, ino: int, flags: int, pid: int | None = None) -> OpenReply:
+        inode = self._get(ino)
+        path = inode.path
+        process = self._process(pid)
+        wants_write = bool(flags & (os.O_WRONLY | os.O_RDWR))
+        entry = await self._entry(path, pid)
+        if entry is not None and entry.kind == DIR:
+            raise FsError(errno.EISDIR)
+        handle = Handle(path, inode, pid=process)
+        if entry is not None and entry.node in ("stats", "meta", "image"):
+            if wants_write:
+                raise (ReadOnlyError("the mount is read-only") if self.read_only else
+                       NotAllowedError(errno.EACCES, f"{'/'.join(path)} is read-only"))
+            if entry.node == "image":
+                handle.reader = entry.reader
+                return OpenReply(self._new_handle(handle), keep_cache=True)
+            handle.content = self._special_bytes(path[-1]) if entry.node == "stats" else entry.content or b""
+            return OpenReply(self._new_handle(handle), direct_io=entry.node == "stats")
+        state = self.writes.states.get(path)
+        if wants_write:
+            if flags & os.O_TRUNC and state is None and self._cached_readers.get(path):
+                await self._wait_for_cached_readers(path)
+            state = await self.writes.open(path, entry, flags, process)
+            handle.state, handle.writable = state, True
+            handle.append = bool(flags & os.O_APPEND)
+            handle.array, handle.coords = state.array, state.coords
+            # a file whose bytes differ from what other processes see bypasses the page
+            # cache; an untouched chunk opened to patch in place keeps it (mmap works)
+            direct = state.dirty or state.scratch or bool(flags & os.O_TRUNC)
+            return OpenReply(self._new_handle(handle), direct_io=direct)
+        if entry is None or entry.node != "chunk":
+            raise FsError(errno.ENOENT)
+        handle.array, handle.coords = entry.array, entry.coords
+        if state is not None or path in self._readers_gone:
+            if state is not None and self.writes.sees_buffer(state, process):
+                handle.state = state
+            return OpenReply(self._new_handle(handle), direct_io=True)
+        handle.page_cached = True
+        self._cached_readers[path] = self._cached_readers.get(path, 0) + 1
+        fh = self._new_handle(handle)
+        self._read_ahead(entry.array, entry.coords)
+        return OpenReply(fh, keep_cache=True)  # unchanged chunks keep their page cache
+
+    @operation(_by_child)
+    async def create(self, parent: int, name: str, flags: int, pid: int | None = None) -> tuple[OpenReply, Attributes]:
+        path = self._child(parent, name)
+        self._refuse_special(path)
+        state = await self.writes.create(path, flags, self._process(pid))
+        inode = self._inode(path)
+        handle = Handle(path, inode, pid=self._process(pid))
+        handle.state, handle.writable = state, True
+        handle.array, handle.coords = state.array, state.coords
+        attrs = self.attributes(path, handle.entry(), inode.ino)
+        self.remember(inode.ino)
+        return OpenReply(self._new_handle(handle), direct_io=True), attrs
+
+    @operation(_by_handle)
+    async def read(self, fh: int, off: int, size: int) -> bytes:
+        handle = self.handles[fh]
+        data = handle.read_cached(off, size)
+        if data is None:
+            data = await self.run(handle.read, off, size)
+        self.stats.count("bytes_read", len(data))
+        return data
+
+    @operation(_by_handle)
+    async def write(self, fh: int, off: int, buf: bytes) -> int:
+        handle = self.handles[fh]
+        if handle.state is None or not handle.writable:
+            raise NotAllowedError(errno.EBADF, "file not open for writing")
+        return await self.writes.write(handle.state, off, buf, append=handle.append)
+
+    @operation(_by_handle)
+    async def flush(self, fh: int) -> None:
+        handle = self.handles[fh]
+        if handle.state is not None and handle.writable and await self.writes.flush(handle.state):
+            self._invalidate_path(handle.path)
+
+    @operation(_by_handle)
+    async def fsync(self, fh: int) -> None:
+        handle = self.handles[fh]
+        if handle.state is not None and handle.writable and await self.writes.fsync(handle.state):
+            self._invalidate_path(handle.path)
+
+    def release(self, fh: int) -> None:
+        handle = self.handles.pop(fh, None)
+        if handle is not None and handle.page_cached:
+            left = self._cached_readers.get(handle.path, 1) - 1
+            if left > 0:
+                self._cached_readers[handle.path] = left
+            else:
+                self._cached_readers.pop(handle.path, None)
+                waiting = self._readers_gone.get(handle.path)
+                if waiting is not None:
+                    waiting.set()
+        if handle is None or handle.state is None or not handle.writable:
+            return
+        outcome = self.writes.release(handle.state)
+        if outcome in (Released.COMMITTED, Released.PENDING, Released.REVERTED):
+            self._invalidate_path(handle.path)  # new bytes or size: drop cached data
+        elif outcome is Released.VANISHED:
+            self._forget_name(handle.path)
+
+    async def _wait_for_cached_readers(self, path: Path) -> None:
+        """Before `cp` truncates a chunk, let readers that read it through the page cache
+        finish (bounded by `reader_grace`): the kernel sets the file's size to 0 on
+        O_TRUNC for every opener, so such a reader would see a short file. Readers
+        opening meanwhile get direct I/O and read the stored chunk."""
+        event = self._readers_gone.setdefault(path, trio.Event())
+        try:
+            with trio.move_on_after(self.reader_grace):
+                await event.wait()
+        finally:
+            if self._readers_gone.get(path) is event:
+                del self._readers_gone[path]
+
+    # -- read-ahead across files --------------------------------------------
+    def _read_ahead(self, arr: Any, coords: tuple[int, ...]) -> None:
+        """Decode the next chunks in C order in the background while this one is read.
+
+        A reader going through chunk files one by one otherwise waits for each
+        decode in turn; with read-ahead, decoding overlaps the transfer.
+        """
+        if self.spawn is None or arr.layout is None:
+            return
+        if arr.cache.max_bytes < 4 * arr.layout.data_size:
+            return  # no room to keep what is decoded ahead
+        if arr.is_cached(coords):
+            return  # a re-read, not a cold scan: the kernel's page cache serves it
+        for nxt in arr.successors(coords, READ_AHEAD):
+            key = (id(arr), nxt)
+            if key in self._reading_ahead or arr.is_cached(nxt):
+                continue
+            self._reading_ahead.add(key)
+            self.spawn(self._decode_ahead, (arr, nxt, key))
+
+    def _decode_ahead(self, job: tuple[Any, tuple[int, ...], Any]) -> None:
+        arr, coords, key = job
+        try:
+            arr.pixel_bytes(coords)
+            self.stats.count("read_ahead")
+        except Exception as e:  # the real read reports it, with its errno
+            log.debug("read-ahead of %s failed: %s", coords, e)
+        finally:
+            self._reading_ahead.discard(key)
+
+    # -- namespace changes --------------------------------------------------
+    def _refuse_special(self, *paths: Path) -> None:
+        """`.zfuse/` is ours: nothing is created, renamed or removed there."""
+        for path in paths:
+            if path[:1] == (SPECIAL_DIR,):
+                raise (ReadOnlyError("the mount is read-only") if self.read_only
+                       else NotAllowedError(errno.EPERM, f"{SPECIAL_DIR}/ is zfuse's own"))
+
+    async def _keep_readers(self, path: Path) -> None:
+        """Readers of a chunk about to be replaced or deleted keep its current bytes."""
+        for handle in list(self.handles.values()):
+            if handle.path == path and handle.state is None and handle.content is None and handle.array is not None:
+                # (an unlinked chunk is no longer listed but still stored: it reads as it was)
+                arr, coords = handle.array, handle.coords
+                handle.content = await self.run(arr.read, coords, 0, arr.file_size(coords))
+
+    @operation(_by_child)
+    async def unlink(self, parent: int, name: str) -> None:
+        path = self._child(parent, name)
+        self._refuse_special(path)
+        await self.writes.unlink(path)
+        self._detach_inode(path)
+
+    @operation(_by_child)
+    async def rename(self, parent_old: int, old_name: str, parent_new: int, new_name: str, flags: int) -> None:
+        old, new = self._child(parent_old, old_name), self._child(parent_new, new_name)
+        self._refuse_special(old, new)
+        await self._keep_readers(old)
+        await self.writes.rename(old, new, flags)
+        # the kernel moved the inode of `old` to `new`; the one that was at `new` is
+        # detached but stays valid for whoever looked it up a moment ago
+        self._detach_inode(new)
+        ino = self._ino_of.pop(old, None)
+        if ino is not None:
+            self.inodes[ino].path = new
+            self._ino_of[new] = ino
+            self._invalidate(ino)
+
+    @operation(_by_child)
+    async def mkdir(self, parent: int, name: str) -> Attributes:
+        path = self._child(parent, name)
+        self._refuse_special(path)
+        entry = await self.writes.mkdir(path)
+        attrs = self.attributes(path, entry)
+        self.remember(attrs.ino)
+        return attrs
+
+    @operation(_by_child)
+    async def rmdir(self, parent: int, name: str) -> None:
+        path = self._child(parent, name)
+        self._refuse_special(path)
+        await self.writes.rmdir(path)
+
+    def refuse_link(self) -> FsError:
+        """symlink, link, mknod: the view has only directories and TIFF files."""
+        return FsError(errno.EROFS if self.read_only else errno.EPERM)
+
+    # -- time, reload, shutdown -----------------------------------------------
+    async def tick(self) -> None:
+        """Carry out what is due (deferred deletions, abandoned pending files)."""
+        try:
+            changed = await self.writes.expire()
+        except Exception as e:
+            raise self.fail(e, "expire", None) from None
+        for path in changed:
+            self._invalidate_path(path)
+            self._forget_name(path)
+
+    async def shutdown(self) -> None:
+        await self.writes.shutdown()
+
+    async def refresh(self) -> None:
+        """Reload metadata; forget listings, shard indexes, decoded chunks and the
+        kernel's caches (SIGHUP, metadata_ttl).
+
+        With a `reload` callable the source is opened again and a new view built
+        (arrays added, removed or resized are seen). Open files move to the new
+        view too: what they read afterwards is the store as it is now, never old
+        byte ranges applied to rewritten objects.
+        """
+        old = self.view
+        view = None
+        if self.reload is not None:
+            try:
+                view = await self.run(self.reload)
+            except Exception as e:  # keep serving the old view rather than nothing
+                log.error("reload failed, keeping the previous view: %s", e)
+                self.journal((), f"reload failed, keeping the previous view: {e}")
+        if view is None:
+            await self.run(old.refresh)
+        else:
+            old.cache.clear()  # the old view is dropped; the swap happens here, between requests
+            self.view = view
+            self.writes.rebind(view)
+            self._journal_problems(view)
+            for handle in self.handles.values():
+                if handle.array is None or handle.content is not None or handle.state is not None:
+                    continue
+                arr, rest = view.array_at(handle.path)
+                coords = arr.coords_of(rest) if arr is not None and arr.layout is not None and rest else None
+                if arr is not None and coords is not None:
+                    handle.array, handle.coords = arr, coords
+        for ino in list(self.inodes):
+            if ino != ROOT_INODE:
+                self._invalidate(ino)
+
+    # -- kernel cache invalidation --------------------------------------------
+    def _invalidate(self, ino: int) -> None:
+        if self.kernel is not None:
+            self.kernel.invalidate_inode(ino)
+
+    def _invalidate_path(self, path: Path) -> None:
+        ino = self._ino_of.get(path)
+        if ino is not None:
+            self._invalidate(ino)
+
+    def _forget_name(self, path: Path) -> None:
+        """A name that no longer resolves: the kernel must not keep its dentry."""
+        parent = self._ino_of.get(path[:-1])
+        if parent is not None and self.kernel is not None:
+            self.kernel.invalidate_entry(parent, path[-1])
