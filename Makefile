@@ -23,10 +23,12 @@ $(STAMP_DEB):
 	fi
 	@mkdir -p $(VENV) && touch $@
 
-$(STAMP_PY): pyproject.toml $(STAMP_DEB)
+$(STAMP_PY): pyproject.toml man/zfuse.1 $(STAMP_DEB)
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	@# editable installs skip data-files: put the man page where `man zfuse` finds it
+	install -D -m 644 man/zfuse.1 $(VENV)/share/man/man1/zfuse.1
 	@touch $@
 
 $(STAMP_ZARR2): $(STAMP_DEB)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -38,27 +39,6 @@ def test_background_mount_returns_once_live_and_umount(tmp_path: Path) -> None:
     finally:
         u = run("umount", str(mnt))
     assert u.returncode == 0, u.stderr
-    assert not os.path.ismount(mnt)
-
-
-@pytest.mark.parametrize("case", ["missing", "not-zarr", "no-mountpoint"])
-def test_mount_failures_are_clear(tmp_path: Path, case: str) -> None:
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    source = tmp_path / "a.zarr"
-    if case == "missing":
-        expect = "no such file"
-    elif case == "not-zarr":
-        source.mkdir()
-        (source / "hello.txt").write_text("hi")
-        expect = "cannot open"
-    else:
-        stores.v3(source)
-        mnt = tmp_path / "nowhere"
-        expect = "not a directory"
-    r = run("mount", str(source), str(mnt))
-    assert r.returncode != 0
-    assert expect in r.stderr.lower(), r.stderr
     assert not os.path.ismount(mnt)
 
 
@@ -104,3 +84,343 @@ def test_missing_dev_fuse_is_a_clear_error(tmp_path: Path) -> None:
     r = subprocess.run(["unshare", "-m", "sh", "-c", script], capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "/dev/fuse is missing" in r.stderr, r.stderr
+
+
+# -- the first hour (issue 13): errors that name the real problem --------------------------
+def run_in(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run([*ZFUSE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)
+
+
+def _mount_error_case(tmp_path: Path, case: str) -> tuple[list[str], str]:
+    (tmp_path / "mnt").mkdir()
+    if case == "not-zarr":
+        (tmp_path / "notzarr").mkdir()
+        (tmp_path / "notzarr" / "hello.txt").write_text("hi")
+        return (["mount", "notzarr", "mnt"],
+                "zfuse: no Zarr metadata (zarr.json, .zarray or .zgroup) found at notzarr\n")
+    if case == "zarr-one-level-down":
+        stores.v3(tmp_path / "outer" / "a.zarr")
+        return (["mount", "outer", "mnt"],
+                "zfuse: no Zarr metadata (zarr.json, .zarray or .zgroup) found at outer; "
+                "Zarr data one level down: outer/a.zarr\n")
+    if case == "file":
+        (tmp_path / "file.txt").write_text("hi")
+        return (["mount", "file.txt", "mnt"],
+                "zfuse: file.txt is a file, not a Zarr store: a SOURCE is a Zarr directory, a URL, "
+                "or a concat description file (written by `zfuse concat`)\n")
+    if case == "missing-source":
+        return ["mount", "missing.zarr", "mnt"], "zfuse: cannot open missing.zarr: no such file or directory\n"
+    stores.v3(tmp_path / "a.zarr")
+    if case == "missing-mountpoint":
+        return (["mount", "a.zarr", "nowhere"],
+                f"zfuse: mountpoint {tmp_path}/nowhere does not exist (create it with mkdir)\n")
+    if case == "mountpoint-is-file":
+        (tmp_path / "f").write_text("")
+        return ["mount", "a.zarr", "f"], f"zfuse: mountpoint {tmp_path}/f is not a directory\n"
+    if case == "info-not-zarr":
+        (tmp_path / "notzarr").mkdir()
+        return (["info", "notzarr"],
+                "zfuse: no Zarr metadata (zarr.json, .zarray or .zgroup) found at notzarr\n")
+    assert case == "umount-not-mounted"
+    return ["umount", "mnt"], "zfuse: mnt is not mounted\n"
+
+
+@pytest.mark.parametrize("case", ["not-zarr", "zarr-one-level-down", "file", "missing-source",
+                                  "missing-mountpoint", "mountpoint-is-file", "info-not-zarr",
+                                  "umount-not-mounted"])
+def test_error_messages_name_the_real_problem(tmp_path: Path, case: str) -> None:
+    """Exact text, as a user running the command from the store's directory sees it."""
+    args, expected = _mount_error_case(tmp_path, case)
+    r = run_in(tmp_path, *args)
+    assert r.returncode == 1
+    assert r.stderr == expected
+    assert r.stdout == ""
+    assert not os.path.ismount(tmp_path / "mnt")
+
+
+def test_umount_of_something_else_says_so(tmp_path: Path) -> None:
+    r = run("umount", "/proc")
+    assert r.returncode == 1
+    assert r.stderr == "zfuse: /proc is not a zfuse mount (it is proc); use umount(8)\n"
+
+
+def _daemon_pid(mnt: Path) -> int:
+    return json.loads((mnt / ".zfuse" / "mount").read_text())["pid"]
+
+
+def _background_mount(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    """`zfuse mount ARGS` from tmp_path; the last argument is the mountpoint."""
+    if reason := fuse_available():
+        skip_or_fail(reason)
+    r = run_in(tmp_path, "mount", *args)
+    assert r.returncode == 0, r.stderr
+    assert os.path.ismount(tmp_path / args[-1])
+    return r
+
+
+def _cleanup(mnt: Path) -> None:
+    if os.path.ismount(mnt):
+        subprocess.run(["fusermount3", "-u", "-z", str(mnt)], capture_output=True)
+
+
+def _wait_gone(pid: int) -> None:
+    import psutil
+
+    try:
+        psutil.Process(pid).wait(timeout=30)
+    except psutil.NoSuchProcess:
+        pass
+
+
+@pytest.mark.mount
+def test_stale_mountpoint_is_named_and_cleared_with_umount_z(tmp_path: Path) -> None:
+    import signal
+
+    stores.v3(tmp_path / "a.zarr")
+    (tmp_path / "mnt").mkdir()
+    try:
+        _background_mount(tmp_path, "--log-file", "log.txt", "a.zarr", "mnt")
+        pid = _daemon_pid(tmp_path / "mnt")
+        os.kill(pid, signal.SIGKILL)  # the daemon dies without unmounting
+        _wait_gone(pid)
+        again = run_in(tmp_path, "mount", "a.zarr", "mnt")
+        assert again.returncode == 1
+        assert again.stderr == (
+            f"zfuse: mountpoint {tmp_path}/mnt is a stale mount: the zfuse daemon that served it is "
+            f"gone (Transport endpoint is not connected); clear it with: zfuse umount -z {tmp_path}/mnt\n")
+        st = run_in(tmp_path, "status", "mnt")
+        assert st.returncode == 1
+        assert st.stdout == (
+            f"{tmp_path}/mnt  STALE  source {tmp_path}/a.zarr\n"
+            f"  the daemon is gone (Transport endpoint is not connected); clear it with: "
+            f"zfuse umount -z {tmp_path}/mnt\n")
+        rl = run_in(tmp_path, "reload", "mnt")
+        assert rl.returncode == 1
+        assert rl.stderr == ("zfuse: cannot reload mnt: mnt is a stale mount: its daemon is gone; "
+                             "clear it with: zfuse umount -z mnt\n")
+        z = run_in(tmp_path, "umount", "-z", "mnt")
+        assert z.returncode == 0, z.stderr
+        assert not os.path.ismount(tmp_path / "mnt")
+        _background_mount(tmp_path, "a.zarr", "mnt")  # usable again
+        assert (tmp_path / "mnt" / "c" / "0" / "0.tiff").is_file()
+    finally:
+        run_in(tmp_path, "umount", "mnt")
+        _cleanup(tmp_path / "mnt")
+
+
+@pytest.mark.mount
+def test_nonempty_mountpoint_warns(tmp_path: Path) -> None:
+    import re
+
+    stores.v3(tmp_path / "a.zarr")
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "mnt" / "old.txt").write_text("hidden while mounted")
+    try:
+        r = _background_mount(tmp_path, "--log-file", "log.txt", "a.zarr", "mnt")
+        warning = (f"WARNING zfuse.daemon: mountpoint {tmp_path}/mnt is not empty: its 1 entry is "
+                   "hidden while zfuse is mounted there")
+        assert re.fullmatch(rf"zfuse\[\d+\] {re.escape(warning)}\n", r.stderr), r.stderr
+        assert warning in (tmp_path / "log.txt").read_text()
+        assert not (tmp_path / "mnt" / "old.txt").exists()
+    finally:
+        run_in(tmp_path, "umount", "mnt")
+        _cleanup(tmp_path / "mnt")
+    assert (tmp_path / "mnt" / "old.txt").read_text() == "hidden while mounted"
+
+
+@pytest.mark.mount
+def test_findmnt_shows_the_source_and_fuse_zfuse(tmp_path: Path) -> None:
+    """fsname = the source (absolute, even when given relative), subtype zfuse; a path
+    with a space and a comma survives libfuse's option parsing."""
+    src = tmp_path / "my data" / "a,1.zarr"
+    stores.v3(src)
+    stores.v3(tmp_path / "b.zarr")
+    for name in ("m1", "m2"):
+        (tmp_path / name).mkdir()
+    try:
+        _background_mount(tmp_path, "my data/a,1.zarr", "m1")
+        _background_mount(tmp_path, "--concat", "0", "b.zarr", "b.zarr", "m2")
+        for mnt, source in (("m1", str(src)), ("m2", f"{tmp_path}/b.zarr+{tmp_path}/b.zarr")):
+            out = subprocess.run(["findmnt", "-J", "-o", "TARGET,SOURCE,FSTYPE", str(tmp_path / mnt)],
+                                 capture_output=True, text=True, check=True).stdout
+            (fs,) = json.loads(out)["filesystems"]
+            assert fs == {"target": str(tmp_path / mnt), "source": source, "fstype": "fuse.zfuse"}
+        listing = subprocess.run(["mount"], capture_output=True, text=True, check=True).stdout
+        assert f"{src} on {tmp_path}/m1 type fuse.zfuse (" in listing
+    finally:
+        for name in ("m1", "m2"):
+            run_in(tmp_path, "umount", name)
+            _cleanup(tmp_path / name)
+
+
+@pytest.mark.mount
+def test_status_and_reload_on_a_real_mount(tmp_path: Path) -> None:
+    """[tree-6] `.zfuse/mount` describes the daemon; `zfuse status` and `zfuse reload` use it."""
+    import errno
+    import re
+
+    stores.v3(tmp_path / "g.zarr" / "a")
+    zarr.open_group(str(tmp_path / "g.zarr"), mode="a")
+    (tmp_path / "mnt").mkdir()
+    mnt = tmp_path / "mnt"
+    try:
+        _background_mount(tmp_path, "-o", "ro", "--log-file", "log.txt", "g.zarr", "mnt")
+        pid = _daemon_pid(mnt)
+        assert os.readlink(f"/proc/{pid}/cwd") == "/"  # the caller's directory is not kept busy
+        assert {"mount", "stats"} <= set(os.listdir(mnt / ".zfuse"))
+        info = json.loads((mnt / ".zfuse" / "mount").read_text())
+        assert info["sources"] == [str(tmp_path / "g.zarr")] and info["mountpoint"] == str(mnt)
+        assert info["read_only"] is True and info["reloads"] == 0 and info["last_reload"] is None
+        with pytest.raises(OSError) as refused:
+            open(mnt / ".zfuse" / "mount", "w")
+        assert refused.value.errno in (errno.EROFS, errno.EACCES)
+        (mnt / "a" / "c" / "0" / "0.tiff").read_bytes()
+        # (other mounts on this machine may be listed too: check only ours)
+        assert str(mnt) in run_in(tmp_path, "status").stdout
+        st = run_in(tmp_path, "status", "mnt")
+        assert st.returncode == 0, st.stderr
+        pattern = (rf"{re.escape(str(mnt))}  pid {pid}  read-only  up \d+s\n"
+                   rf"  source  {re.escape(str(tmp_path / 'g.zarr'))}\n"
+                   rf"  log     {re.escape(str(tmp_path / 'log.txt'))}\n"
+                   r"  reloads 0\n"
+                   r"  stats   .*chunks_decoded=[1-9]\d* .*\n")
+        assert re.fullmatch(pattern, st.stdout), st.stdout
+        (item,) = [i for i in json.loads(run_in(tmp_path, "status", "--json", "mnt").stdout)]
+        assert item["state"] == "running" and item["pid"] == pid and item["read_only"] is True
+        assert item["sources"] == [str(tmp_path / "g.zarr")] and item["source"] == str(tmp_path / "g.zarr")
+        assert item["stats"]["chunks_decoded"] >= 1 and item["reloads"] == 0
+
+        # a new array appears after `zfuse reload`, which returns once the reload is done
+        stores.v3(tmp_path / "g.zarr" / "b", shape=(4, 4), chunks=(4, 4))
+        rl = run_in(tmp_path, "reload", "mnt")
+        assert rl.returncode == 0, rl.stderr
+        assert rl.stdout == f"reloaded mnt (reload 1, pid {pid})\n"
+        assert (mnt / "b" / "c" / "0" / "0.tiff").is_file()
+        assert "SIGHUP: reloading metadata" in (tmp_path / "log.txt").read_text()
+
+        # a failed reload is reported, and the mount keeps the previous view
+        (tmp_path / "g.zarr" / "zarr.json").rename(tmp_path / "zarr.json.away")
+        bad = run_in(tmp_path, "reload", "mnt")
+        assert bad.returncode == 1
+        assert bad.stderr.startswith("zfuse: cannot reload mnt: the reload failed, the mount keeps "
+                                     "showing the previous state: "), bad.stderr
+        assert (mnt / "b" / "c" / "0" / "0.tiff").is_file()
+        assert "FAILED" in run_in(tmp_path, "status", "mnt").stdout
+    finally:
+        run_in(tmp_path, "umount", "mnt")
+        _cleanup(mnt)
+    nothing = run_in(tmp_path, "status", "mnt")
+    assert nothing.returncode == 1 and nothing.stderr == "zfuse: mnt is not a zfuse mount\n"
+
+
+@pytest.mark.mount
+def test_log_file_keeps_refusal_reasons_of_a_background_daemon(tmp_path: Path) -> None:
+    """mount.fuse3 form with -o log_file=: the reason for EINVAL on close is in the file."""
+    import errno
+
+    import numpy as np
+    import tifffile
+
+    stores.v3(tmp_path / "a.zarr")  # uint16 chunks of 8x16
+    (tmp_path / "mnt").mkdir()
+    try:
+        _background_mount(tmp_path, "-o", "log_file=zfuse.log", "a.zarr", "mnt")
+        target = tmp_path / "mnt" / "c" / "0" / "0.tiff"
+        wrong = tmp_path / "wrong.tif"
+        tifffile.imwrite(wrong, np.ones((8, 16), dtype=np.float32))
+        with pytest.raises(OSError) as info:
+            with open(target, "r+b") as f:
+                f.truncate(0)
+                f.write(wrong.read_bytes())
+        assert info.value.errno == errno.EINVAL
+        log = (tmp_path / "zfuse.log").read_text()
+        assert "c/0/0.tiff" in log and "float32" in log and "uint16" in log, log
+        assert json.loads((tmp_path / "mnt" / ".zfuse" / "mount").read_text())["log"] == str(
+            tmp_path / "zfuse.log")
+    finally:
+        run_in(tmp_path, "umount", "mnt")
+        _cleanup(tmp_path / "mnt")
+
+
+def test_log_file_that_cannot_be_written_is_refused(tmp_path: Path) -> None:
+    if reason := fuse_available():
+        skip_or_fail(reason)
+    stores.v3(tmp_path / "a.zarr")
+    (tmp_path / "mnt").mkdir()
+    r = run_in(tmp_path, "mount", "a.zarr", "mnt", "--log-file", "no/such/dir/log.txt")
+    assert r.returncode == 1
+    assert r.stderr == (f"zfuse: cannot write the log file {tmp_path}/no/such/dir/log.txt: "
+                        "No such file or directory\n")
+    assert not os.path.ismount(tmp_path / "mnt")
+
+
+# -- help ----------------------------------------------------------------------------------
+def test_every_subcommand_and_option_has_help() -> None:
+    import argparse
+
+    from zfuse.cli import build_parser
+
+    parser = build_parser()
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    summaries = {c.dest: c.help for c in sub._choices_actions}
+    assert set(summaries) == {"mount", "umount", "status", "reload", "info", "concat"}
+    for name, p in sub.choices.items():
+        assert summaries[name], name
+        assert p.description and len(p.description) > 30, name
+        assert "example" in (p.epilog or ""), name
+        assert f"zfuse {name}" in p.epilog, name
+        for action in p._actions:
+            if isinstance(action, argparse._HelpAction) or action.help == argparse.SUPPRESS:
+                continue
+            assert action.help and len(action.help) > 10, (name, action.dest)
+    top = run("--help")
+    assert top.returncode == 0
+    for name, summary in summaries.items():
+        assert re.search(rf"^\s+{name}\s+{re.escape(summary)}", top.stdout, re.M), (name, top.stdout)
+    assert "man zfuse" in top.stdout
+
+
+def test_help_explains_what_users_asked_about() -> None:
+    umount = run("umount", "-h").stdout
+    assert "lazy unmount" in umount and "stale" in umount
+    concat = run("concat", "-h").stdout
+    assert "--axis N" in concat and "OUT.json" in concat and "relative to it" in concat
+    info = run("info", "-h").stdout
+    assert "--concat AXIS" in info and "endpoint_url=" in info
+    mount = run("mount", "--help").stdout
+    assert "--log-file PATH" in mount and "log_file=PATH" in mount
+    assert "journalctl -u zfuse@NAME" in mount  # under systemd: the journal
+
+
+# -- zfuse info ------------------------------------------------------------------------------
+def test_info_into_a_closed_pipe_exits_cleanly(tmp_path: Path) -> None:
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    for i in range(220):  # > 64 KiB of JSON: more than a pipe holds
+        root.create_array(f"array_with_a_long_name_{i:04d}", shape=(4, 4), chunks=(2, 2), dtype="u1")
+    cmd = f"{sys.executable} -m zfuse.cli info --json g.zarr | head -c 10"
+    r = subprocess.run(["bash", "-o", "pipefail", "-c", cmd], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120)
+    assert r.stdout == '{\n  "sourc'
+    assert r.stderr == ""
+    assert r.returncode == 0
+    full = run_in(tmp_path, "info", "--json", "g.zarr")
+    assert len(full.stdout) > 65536
+
+
+def test_info_says_why_an_array_is_not_shown_once(tmp_path: Path) -> None:
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    s = root.create_array("names", shape=(4,), chunks=(2,), dtype=str)
+    s[...] = ["a", "b", "c", "d"]
+    r = run_in(tmp_path, "info", "g.zarr")
+    assert r.returncode == 0
+    assert r.stderr == ""
+    assert r.stdout.count("have no TIFF sample format") == 1
+
+
+def test_info_concat_names_sources_as_given(tmp_path: Path) -> None:
+    stores.v3(tmp_path / "a.zarr", shape=(10, 30))
+    stores.v3(tmp_path / "b.zarr", shape=(7, 30))
+    r = run_in(tmp_path, "info", "--concat", "0", "a.zarr", "b.zarr")
+    assert r.returncode == 0, r.stderr
+    assert "    a.zarr: shape (10, 30) at offset 0\n    b.zarr: shape (7, 30) at offset 10\n" in r.stdout
+    assert "zfuse-" not in r.stdout and "file://" not in r.stdout

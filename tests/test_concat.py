@@ -18,7 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.numpy import basic_indices
 
-from zfuse.concat import (
+from zfuse.errors import MetadataError, ReadOnlyArrayError, SourceMismatchError
+from zfuse.ext.concat import (
     ConcatArray,
     concat,
     describe,
@@ -26,7 +27,6 @@ from zfuse.concat import (
     load_concat,
     save_concat,
 )
-from zfuse.errors import MetadataError, SourceMismatchError
 
 HYP = settings(
     max_examples=40,
@@ -447,6 +447,12 @@ def test_delete_and_exists_sharded(tmp_path: Path) -> None:
 
 def test_read_only_sources_refuse_writes(base_source: Path) -> None:
     ca = concat([base_source, base_source], 0)  # default mode "r"
-    with pytest.raises(ValueError, match="read-only"):  # zarr's own refusal
-        ca[0] = 1
+    assert ca.read_only
+    how = 'to write, open it with mode="r+": zfuse.concat(sources, axis, mode="r+")'
+    for write in (lambda: ca.__setitem__(0, 1), lambda: ca.write_chunk((0, 0), np.zeros(ca.chunks)),
+                  lambda: ca.delete_chunk((0, 0))):
+        with pytest.raises(ReadOnlyArrayError, match="read-only") as info:
+            write()
+        assert "source 0 (" in str(info.value) and how in str(info.value)
     np.testing.assert_array_equal(ca[...], 0)
+    assert not concat([base_source, base_source], 0, mode="r+").read_only

@@ -215,3 +215,21 @@ def test_fstab_line_with_an_s3_source(zfuse_on_default_path: None, tmp_path: Pat
             np.testing.assert_array_equal(tifffile.imread(mnt / "c" / "1" / "0.tiff"), data[8:16, 0:16])
         finally:
             cleanup(mnt)
+
+
+def test_mount_t_fuse_zfuse_log_file_and_fsname(zfuse_on_default_path: None, tmp_path: Path) -> None:
+    """-o log_file= keeps a background daemon's log in a file; /proc/mounts names the source."""
+    src, mnt, log = tmp_path / "a.zarr", tmp_path / "mnt", tmp_path / "zfuse.log"
+    stores.v3(src)
+    mnt.mkdir()
+    try:
+        result = run_mount("-t", "fuse.zfuse", str(src), str(mnt), "-o", f"ro,log_file={log}")
+        assert result.returncode == 0, result.stderr
+        fields = proc_mounts_entry(mnt)
+        assert fields[:3] == [str(src), str(mnt), "fuse.zfuse"]
+        assert f"INFO zfuse.daemon: mounted {src} at {mnt}" in log.read_text()
+        (daemon,) = daemons_for(mnt)
+        assert daemon.cwd() == "/"
+    finally:
+        cleanup(mnt)
+    assert f"INFO zfuse.daemon: unmounted {mnt}" in log.read_text()

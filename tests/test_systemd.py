@@ -9,6 +9,7 @@ which the mount is gone and what an open file held is in the store.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -98,13 +99,13 @@ def exec_start(unit: Path, env: dict[str, str]) -> list[str]:
 
 
 def test_example_env_file_gives_a_valid_command_line() -> None:
-    from zfuse.cli import _mount_parser, apply_mount_options
+    from zfuse.cli import apply_mount_options, build_parser
     from zfuse.daemon import MountConfig
 
     argv = exec_start(UNIT_DIR / "zfuse@.service", read_env_file(UNIT_DIR / "zfuse-example.env"))
     assert argv == [SHIPPED_ZFUSE, "mount", "-f", "-o", "ro,allow_other,cache_size=512M,metadata_ttl=300,timeout=30",
                     "s3://my-bucket/images/a.zarr", "/mnt/a"]
-    args = _mount_parser().parse_args(argv[2:])
+    args = build_parser().parse_args(argv[1:])
     config = MountConfig(sources=args.sources, mountpoint=args.mountpoint)
     apply_mount_options(config, args.options)
     assert args.foreground and config.read_only and config.allow_other and config.fuse_options == []
@@ -146,8 +147,11 @@ def test_notify_ready_when_live_and_stopping_on_sigterm(
     argv = exec_start(UNIT_DIR / "zfuse@.service", unit_env)
     assert argv[0] == SHIPPED_ZFUSE and "-f" in argv and str(src) in argv and "--crop-edges" in argv
     argv[0] = VENV_ZFUSE
-    env = {**os.environ, **unit_env, "NOTIFY_SOCKET": sock_path}
     log = open(tmp_path / "daemon.log", "wb")
+    # systemd connects stdout/stderr to the journal and says so in JOURNAL_STREAM
+    st = os.fstat(log.fileno())
+    env = {**os.environ, **unit_env, "NOTIFY_SOCKET": sock_path,
+           "JOURNAL_STREAM": f"{st.st_dev}:{st.st_ino}"}
     proc = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
     log.close()
     try:
@@ -157,6 +161,9 @@ def test_notify_ready_when_live_and_stopping_on_sigterm(
         assert msg.get("READY") == "1", msg
         assert proc.poll() is None
         assert sorted(os.listdir(mnt / "c")) == ["0", "1", "2"]
+        # under systemd the log is stderr, i.e. the journal
+        assert json.loads((mnt / ".zfuse" / "mount").read_text())["log"] == "journal (stderr)"
+        assert f"INFO zfuse.daemon: mounted {src} at {mnt}" in (tmp_path / "daemon.log").read_text()
         # an open file holds a new chunk when the stop comes: SIGTERM must commit it
         new = (np.arange(8 * 16, dtype="uint16").reshape(8, 16) + 500).astype("uint16")
         made = tmp_path / "new.tif"

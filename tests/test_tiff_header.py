@@ -49,8 +49,8 @@ REQUIRED_TAGS = [
 
 
 def raw(layout: TiffLayout, chunk: np.ndarray) -> bytes:
-    """Pixel bytes exactly as the view serves them."""
-    return np.ascontiguousarray(chunk).astype(layout.dtype).tobytes()
+    """Pixel bytes exactly as the view serves them (pages in the file's order)."""
+    return np.ascontiguousarray(layout.to_file_order(chunk)).astype(layout.dtype).tobytes()
 
 
 def write_chunk(
@@ -185,7 +185,7 @@ def test_imagej_opens_chunks(tmp_path: Path) -> None:
     hyper = [
         # (axes, types, shape, (channels, slices, frames))
         ("tzcyx", None, (2, 3, 4, 5, 6), (4, 3, 2)),
-        ("tczyx", None, (2, 3, 4, 5, 6), (1, 24, 1)),  # z fastest: not ImageJ order
+        ("tczyx", None, (2, 3, 4, 5, 6), (3, 4, 2)),  # OME order: pages reordered c, z, t
         ("tczyx", None, (1, 1, 4, 5, 6), (1, 4, 1)),  # size-1 axes do not matter
         ("tczyx", None, (2, 1, 4, 5, 6), (1, 4, 2)),
         ("cyx", ["channel", "space", "space"], (3, 5, 6), (3, 1, 1)),
@@ -313,7 +313,7 @@ def imagej_metadata(header: bytes) -> dict:
     "shape, axes, types, expect",
     [
         ((2, 3, 4, 5, 6), "tzcyx", None, {"channels": 4, "slices": 3, "frames": 2}),
-        ((2, 3, 4, 5, 6), "tczyx", None, {"slices": 24}),
+        ((2, 3, 4, 5, 6), "tczyx", None, {"channels": 3, "slices": 4, "frames": 2}),
         ((1, 1, 16, 5, 6), "tczyx", None, {"slices": 16}),
         ((1, 3, 1, 5, 6), "tczyx", None, {"channels": 3}),
         ((3, 5, 6), "cyx", ["channel", "space", "space"], {"channels": 3}),
@@ -470,3 +470,42 @@ def tifffile_bytes() -> bytes:
     buf = io.BytesIO()
     tifffile.imwrite(buf, np.zeros((2, 2), "u1"))
     return buf.getvalue()
+
+
+def test_ome_tczyx_chunk_is_an_imagej_hyperstack_in_czt_page_order(tmp_path: Path) -> None:
+    """OME-Zarr stores (t, c, z, y, x); ImageJ's pages run c fastest, then z, then t.
+    The file's pages follow ImageJ, so tifffile (and ImageJ) see a true TZCYX hyperstack."""
+    chunk = sample((2, 3, 4, 5, 6), "u2", 11)
+    layout = plan_layout(chunk.shape, "u2", axes=list("tczyx"),
+                         scales=[1.5, 1.0, 2.0, 0.5, 0.25],
+                         units=["second", None, "micrometer", "micrometer", "micrometer"])
+    assert layout.file_axes == (0, 2, 1, 3, 4)
+    path = write_chunk(tmp_path / "c.tiff", layout, chunk, (0,) * 5)
+    with tifffile.TiffFile(path) as tif:
+        assert tif.is_imagej
+        series = tif.series[0]
+        assert series.axes == "TZCYX"
+        np.testing.assert_array_equal(series.asarray(), chunk.transpose(0, 2, 1, 3, 4))
+        md = tif.imagej_metadata
+    assert (md["channels"], md["slices"], md["frames"], md["spacing"]) == (3, 4, 2, 2.0)
+    # page k = (t, z, c) with c fastest
+    pages = read_pages(path)
+    np.testing.assert_array_equal(pages[1], chunk[0, 1, 0])  # t0 z0 c1
+    np.testing.assert_array_equal(pages[3], chunk[0, 0, 1])  # t0 z1 c0
+    np.testing.assert_array_equal(pages[12], chunk[1, 0, 0])  # t1 z0 c0
+    # a cropped edge chunk keeps the same order
+    crop = chunk[:, :2, :3, :4, :5]
+    cut = write_chunk(tmp_path / "crop.tiff", layout, crop, (0,) * 5, shape=crop.shape)
+    with tifffile.TiffFile(cut) as tif:
+        assert tif.series[0].axes == "TZCYX"
+        np.testing.assert_array_equal(tif.series[0].asarray(), crop.transpose(0, 2, 1, 3, 4))
+
+
+def test_pages_keep_chunk_order_when_already_imagej_order_or_unnamed() -> None:
+    assert plan_layout((2, 3, 4, 5, 6), "u2", axes=list("tzcyx")).file_axes == (0, 1, 2, 3, 4)
+    assert plan_layout((2, 3, 4, 5, 6), "u2").file_axes == (0, 1, 2, 3, 4)  # a plain stack
+    assert plan_layout((2, 3, 4, 5, 6), "u2", axes=list("zzcyx")).file_axes == (0, 1, 2, 3, 4)
+    # size-1 axes stay put; only the axes with pages are reordered
+    assert plan_layout((1, 3, 4, 5, 6), "u2", axes=list("tczyx")).file_axes == (0, 2, 1, 3, 4)
+    assert plan_layout((2, 1, 4, 5, 6), "u2", axes=list("tczyx")).file_axes == (0, 1, 2, 3, 4)
+    assert plan_layout((3, 2, 5, 6), "u2", axes=list("czyx")).file_axes == (1, 0, 2, 3)

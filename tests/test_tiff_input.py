@@ -434,3 +434,23 @@ def test_mangled_files_never_crash(cut: int, flip: int, value: int) -> None:
         except InvalidTiffError:
             continue
         assert got.shape == a.shape and got.dtype == np.uint16
+
+
+def test_ome_tczyx_chunk_takes_pages_in_imagej_order() -> None:
+    """A chunk stored (t, c, z, y, x) is shown with ImageJ's page order c, z, t;
+    files written into it are read in that order: zfuse's own bytes, an ImageJ
+    hyperstack written by tifffile, and a compressed plain multi-page TIFF."""
+    chunk = sample((2, 3, 4, 5, 6), "u2", 5)
+    layout = plan_layout(chunk.shape, "u2", axes=list("tczyx"))
+    tzcyx = np.ascontiguousarray(chunk.transpose(0, 2, 1, 3, 4))
+    own = build_header(layout, (0,) * 5) + tzcyx.tobytes()
+    assert_decodes(own, chunk, layout=layout)
+    imagej = tiff_bytes(tzcyx, imagej=True, metadata={"axes": "TZCYX"}, photometric=None)
+    assert_decodes(imagej, chunk, layout=layout)
+    plain = tiff_bytes(tzcyx.reshape(24, 5, 6), compression="zlib")
+    assert_decodes(plain, chunk, layout=layout)
+    # a cropped edge chunk: the same order over the smaller shape
+    crop = chunk[:, :2, :3]
+    cut = tiff_bytes(np.ascontiguousarray(crop.transpose(0, 2, 1, 3, 4)).reshape(-1, 5, 6))
+    got = decode(cut, chunk_shape=chunk.shape, dtype="u2", cropped_shape=crop.shape, layout=layout)
+    np.testing.assert_array_equal(got, crop)

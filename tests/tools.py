@@ -254,6 +254,50 @@ def imagej_save_tiff(src: np.ndarray | str | os.PathLike[str], dst: str | os.Pat
     imagej_save_many([(src, dst)])
 
 
+_HYPERSTACK_MACRO = (
+    _INIT
+    + r"""
+setBatchMode(true);
+open(getArgument());
+getDimensions(w, h, c, z, t);
+getVoxelSize(pw, ph, pd, unit);
+print("ZFUSE_DIMS\t" + w + "\t" + h + "\t" + c + "\t" + z + "\t" + t + "\t" + Stack.isHyperstack
+      + "\t" + d2s(pw, 9) + "\t" + d2s(pd, 9) + "\t" + unit + "\t" + d2s(Stack.getFrameInterval(), 9));
+for (tt = 1; tt <= t; tt++) {
+  for (zz = 1; zz <= z; zz++) {
+    for (cc = 1; cc <= c; cc++) {
+      Stack.setPosition(cc, zz, tt);
+      getStatistics(area, mean);
+      print("ZFUSE_PLANE\t" + cc + "\t" + zz + "\t" + tt + "\t" + d2s(mean, 9));
+    }
+  }
+}
+print("ZFUSE_DONE");
+"""
+)
+
+
+def imagej_hyperstack(path: str | os.PathLike[str]) -> dict[str, object]:
+    """Open one file in headless ImageJ: width, height, channels, slices, frames,
+    hyperstack (bool), pixelWidth, pixelDepth, unit, frameInterval, and `planes`:
+    {(c, z, t): mean} with 0-based positions, as ImageJ's position sliders see it."""
+    (file,) = _check_paths([path])
+    out = _run_macro(_HYPERSTACK_MACRO, file)
+    dims = [line.split("\t")[1:] for line in out.splitlines() if line.startswith("ZFUSE_DIMS\t")]
+    if not dims or "ZFUSE_DONE" not in out:
+        raise AssertionError(f"ImageJ did not open {file}; output:\n{out}")
+    w, h, c, z, t, hyper, pw, pd, unit, finterval = dims[0]
+    planes = {}
+    for line in out.splitlines():
+        if line.startswith("ZFUSE_PLANE\t"):
+            cc, zz, tt, mean = line.split("\t")[1:]
+            planes[(int(cc) - 1, int(zz) - 1, int(tt) - 1)] = float(mean)
+    return {"width": int(w), "height": int(h), "channels": int(c), "slices": int(z),
+            "frames": int(t), "hyperstack": hyper in ("1", "true"), "pixelWidth": float(pw),
+            "pixelDepth": float(pd), "unit": unit, "frameInterval": float(finterval),
+            "planes": planes}
+
+
 def wait_until(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
     """Poll `condition` until it is true (returns its value); fail after `timeout` s.
 

@@ -6,7 +6,9 @@ Public API (imported lazily so that `import zfuse` stays cheap and the codec
 entry points zarr-python loads never import the FUSE layer):
 
 - ``open_array(store, mode="r", **create_kwargs)`` / ``open_group(...)``
-- ``concat(sources, axis)``
+- ``concat(sources, axis, mode="r")``: a virtual concatenation (``ConcatArray``);
+  ``save_concat(path, sources, axis)`` / ``load_concat(path, mode="r")`` write and
+  read its description file (what ``zfuse concat`` and ``zfuse mount`` use)
 - ``PadCodec``, ``PackBitsCodec``, ``SuffixChunkKeyEncoding``
 """
 
@@ -19,7 +21,10 @@ __version__ = "0.1.0"
 _LAZY = {
     "open_array": ("zfuse.ext.api", "open_array"),
     "open_group": ("zfuse.ext.api", "open_group"),
-    "concat": ("zfuse.concat", "concat"),
+    "concat": ("zfuse.ext.concat", "concat"),
+    "save_concat": ("zfuse.ext.concat", "save_concat"),
+    "load_concat": ("zfuse.ext.concat", "load_concat"),
+    "ConcatArray": ("zfuse.ext.concat", "ConcatArray"),
     "PadCodec": ("zfuse.ext.pad", "PadCodec"),
     "PackBitsCodec": ("zfuse.ext.packbits", "PackBitsCodec"),
     "SuffixChunkKeyEncoding": ("zfuse.ext.suffix", "SuffixChunkKeyEncoding"),

@@ -1,9 +1,12 @@
-"""The `zfuse` command: mount, umount, info, concat.
+"""The `zfuse` command: mount, umount, status, reload, info, concat.
 
 `zfuse mount SOURCE MOUNTPOINT` returns once the mount is live (the daemon
 keeps running in the background) or exits non-zero with a clear message.
 `zfuse SOURCE MOUNTPOINT -o opts` (no subcommand) is the form `mount.fuse3`
 uses for `mount -t fuse.zfuse` and /etc/fstab.
+
+Every subcommand and option has help text and an example (`zfuse CMD -h`);
+the man page `zfuse.1` is generated from the same parser (zfuse/manpage.py).
 """
 
 from __future__ import annotations
@@ -15,12 +18,52 @@ import os
 import re
 import subprocess
 import sys
-from typing import Any
+from collections.abc import Callable
 
 from zfuse.daemon import MountConfig
 
-SUBCOMMANDS = {"mount", "umount", "unmount", "info", "concat"}
+SUBCOMMANDS = {"mount", "umount", "unmount", "status", "reload", "info", "concat"}
 _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?$")
+
+# -o options zfuse itself understands: (name, meaning); the rest go to FUSE unchanged
+MOUNT_OPTIONS = [
+    ("ro", "read-only: every write fails with EROFS"),
+    ("rw", "read-write (the default, except for http(s) sources)"),
+    ("allow_other", "other users may see the mount (non-root needs user_allow_other in /etc/fuse.conf)"),
+    ("cache_size=SIZE", "bounded LRU of decoded chunks, e.g. 512M (default 256M)"),
+    ("all_chunks", "list every grid position; missing chunks read as the fill value"),
+    ("crop_edges", "edge chunks cropped to the array bounds"),
+    ("metadata_ttl=S", "every S seconds (and on SIGHUP / zfuse reload) open the source again"),
+    ("timeout=S", "bound every store request: a hung server gives EIO, not a hung ls"),
+    ("threads=N", "worker threads for store I/O and decoding (default 8)"),
+    ("replace_window=S", "an unlinked chunk stays in the store this long for a replacement (default 30)"),
+    ("pending_timeout=S", "an incomplete closed TIFF waits this long to be completed (default 300)"),
+    ("read_ahead_kb=N", "the kernel's read-ahead window for this mount, in KiB (default 1024; root only)"),
+    ("log_file=PATH", "append the daemon's log (refused writes and why, errors) to PATH"),
+    ("endpoint_url=URL", "object store endpoint (S3-compatible servers)"),
+    ("profile=NAME", "AWS profile for s3:// credentials"),
+    ("region=NAME", "object store region"),
+    ("anon", "anonymous access to a public bucket"),
+]
+
+_MOUNT_EPILOG = """\
+-o options (comma-separated; also in /etc/fstab and mount -t fuse.zfuse):
+{options}
+  Other options (e.g. default_permissions) are passed to FUSE unchanged.
+
+logging:
+  In the foreground (-f) the daemon logs to stderr; under systemd (zfuse@.service
+  runs `zfuse mount -f`) that is the journal: journalctl -u zfuse@NAME.
+  In the background it logs to --log-file PATH (or -o log_file=PATH) if given,
+  else to the system log (/dev/log) if there is one. A refused write (close()
+  fails with EINVAL) is logged there with its reason.
+
+examples:
+  zfuse mount data.zarr /mnt/view
+  zfuse mount -o ro,cache_size=1G --log-file ~/zfuse.log s3://bucket/a.zarr /mnt/a
+  zfuse mount --concat 0 a.zarr b.zarr /mnt/ab
+  mount -t fuse.zfuse /data/a.zarr /mnt/a -o ro,allow_other,log_file=/var/log/zfuse-a.log
+"""
 
 
 def parse_size(text: str) -> int:
@@ -61,6 +104,10 @@ def apply_mount_options(config: MountConfig, options: list[str]) -> None:
                 config.read_ahead_kb = int(value)
             elif key == "threads":
                 config.max_threads = int(value)
+            elif key == "log_file":
+                if not value:
+                    raise ValueError("log_file needs a path: -o log_file=PATH")
+                config.log_file = os.path.abspath(os.path.expanduser(value))
             elif key in ("endpoint_url", "profile", "region", "anon"):
                 _storage_option(config, key, value)
             elif key in ("dev", "suid", "nodev", "nosuid", "exec", "noexec", "auto", "noauto",
@@ -83,40 +130,150 @@ def _storage_option(config: MountConfig, key: str, value: str) -> None:
         so[key] = value
 
 
-def _mount_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="zfuse mount", description="Mount a Zarr store: every chunk a TIFF file.")
-    p.add_argument("sources", nargs="+", metavar="SOURCE", help="store path or URL (several with --concat)")
-    p.add_argument("mountpoint", metavar="MOUNTPOINT")
-    p.add_argument("-f", "--foreground", action="store_true", help="stay in the foreground")
+# -- the parser -------------------------------------------------------------------
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    def __init__(self, prog: str) -> None:
+        super().__init__(prog, max_help_position=32)
+
+
+def _add_mount_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("sources", nargs="+", metavar="SOURCE",
+                   help="Zarr store: a directory, s3://, gs://, https:// URL, or a concat "
+                        "description file (several SOURCEs with --concat)")
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="an existing directory (best empty)")
+    p.add_argument("-f", "--foreground", action="store_true",
+                   help="stay in the foreground, logging to stderr (what systemd runs)")
     p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",
-                   help="comma-separated: ro, allow_other, cache_size=SIZE, metadata_ttl=S, timeout=S, "
-                        "replace_window=S (an unlinked chunk stays in the store this long for a replacement, "
-                        "default 30), pending_timeout=S (an incomplete closed TIFF waits this long to be "
-                        "completed, default 300), read_ahead_kb=N (kernel read-ahead window, default 1024; root only), "
-                        "endpoint_url=URL, ...")
-    p.add_argument("--cache-size", type=parse_size, default=None, help="decoded-chunk cache (default 256M)")
-    p.add_argument("--all-chunks", action="store_true", help="list every grid position; missing chunks read as fill value")
-    p.add_argument("--crop-edges", action="store_true", help="edge chunks cropped to the array bounds")
-    p.add_argument("--concat", type=int, default=None, metavar="AXIS", help="show the SOURCEs concatenated along AXIS")
-    p.add_argument("-v", "--verbose", action="count", default=0, help="-v: log every FUSE operation")
+                   help="comma-separated mount options, listed below")
+    p.add_argument("--cache-size", type=parse_size, default=None, metavar="SIZE",
+                   help="decoded-chunk cache, e.g. 512M (default 256M); same as -o cache_size=")
+    p.add_argument("--all-chunks", action="store_true",
+                   help="list every grid position; missing chunks read as the fill value")
+    p.add_argument("--crop-edges", action="store_true",
+                   help="edge chunks cropped to the array bounds (default: full chunk shape)")
+    p.add_argument("--concat", type=int, default=None, metavar="AXIS",
+                   help="show the SOURCEs concatenated along AXIS")
+    p.add_argument("--log-file", default=None, metavar="PATH",
+                   help="append the daemon's log to PATH, readable without root "
+                        "(same as -o log_file=PATH)")
+    p.add_argument("-v", "--verbose", action="count", default=0,
+                   help="log every FUSE operation (debug level)")
     p.add_argument("--ready-fd", type=int, default=None, help=argparse.SUPPRESS)
-    return p
 
 
-def _configure_logging(verbose: int) -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The whole command line; `zfuse CMD -h` and the man page come from it."""
+    parser = argparse.ArgumentParser(
+        prog="zfuse", formatter_class=_Formatter,
+        description="Mount a Zarr store so that every chunk is a standalone TIFF file.",
+        epilog="zfuse SOURCE MOUNTPOINT -o OPTIONS   is the form mount -t fuse.zfuse and "
+               "/etc/fstab use.\n"
+               "Run `zfuse COMMAND -h` for a command's options and examples; "
+               "`man zfuse` for the manual.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", title="commands")
+
+    def add(name: str, summary: str, description: str, examples: list[str],
+            handler: Callable[..., int], epilog: str = "") -> argparse.ArgumentParser:
+        text = epilog or "examples:\n" + "".join(f"  {e}\n" for e in examples)
+        p = sub.add_parser(name, help=summary, description=description, epilog=text,
+                           formatter_class=_Formatter)
+        p.set_defaults(handler=handler)
+        return p
+
+    options = "".join(f"  {name:<18}{meaning}\n" for name, meaning in MOUNT_OPTIONS)
+    p = add("mount", "mount a Zarr store: every chunk a TIFF file",
+            "Mount SOURCE at MOUNTPOINT: groups and arrays are directories, every chunk a .tiff "
+            "file. Returns once the mount is live; the daemon stays in the background.",
+            [], cmd_mount, epilog=_MOUNT_EPILOG.format(options=options.rstrip("\n")))
+    _add_mount_arguments(p)
+
+    p = add("umount", "unmount (committing what open files hold)",
+            "Unmount MOUNTPOINT: the daemon commits what open files hold, then exits.",
+            ["zfuse umount /mnt/view", "zfuse umount -z /mnt/view   # stale or busy mount"],
+            cmd_umount)
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="where a zfuse mount is")
+    p.add_argument("-z", "--lazy", action="store_true",
+                   help="lazy unmount: detach now, finish once no process uses the mount; also "
+                        "clears a stale mount whose daemon died ('Transport endpoint is not "
+                        "connected')")
+
+    p = add("status", "list running zfuse mounts: source, pid, uptime, counters",
+            "Show every zfuse mount (or the given ones): mountpoint, source, daemon PID, "
+            "read-only or not, uptime, log destination, reloads and the counters of "
+            ".zfuse/stats. A mount whose daemon died is shown as STALE.",
+            ["zfuse status", "zfuse status /mnt/view --json"], cmd_status)
+    p.add_argument("mountpoints", nargs="*", metavar="MOUNTPOINT",
+                   help="only these mounts (default: all zfuse mounts)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--timeout", type=float, default=5.0, metavar="S",
+                   help="give up on a daemon that does not answer within S seconds (default 5)")
+
+    p = add("reload", "re-read the source's metadata and drop caches (SIGHUP)",
+            "Make the daemon serving MOUNTPOINT open its source again (new, removed or resized "
+            "arrays appear) and drop cached listings and chunks; waits until the reload is done.",
+            ["zfuse reload /mnt/view"], cmd_reload)
+    p.add_argument("mountpoint", metavar="MOUNTPOINT", help="where a zfuse mount is")
+    p.add_argument("--timeout", type=float, default=60.0, metavar="S",
+                   help="how long to wait for the reload to finish (default 60)")
+
+    p = add("info", "what a mount of SOURCE would show (arrays, chunks, TIFF sizes)",
+            "Per array: shape, dtype, chunk grid (inner chunks of shards), codecs and "
+            "extensions, TIFF header and file size, number of chunk files, or why an array "
+            "is not shown. For a concatenation: the sources and their offsets.",
+            ["zfuse info data.zarr", "zfuse info --json s3://bucket/a.zarr -o anon",
+             "zfuse info --concat 0 a.zarr b.zarr"], cmd_info)
+    p.add_argument("sources", nargs="+", metavar="SOURCE",
+                   help="Zarr store path or URL, or a concat description file")
+    p.add_argument("--concat", type=int, default=None, metavar="AXIS",
+                   help="describe the SOURCEs concatenated along AXIS")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("-o", dest="options", action="append", default=[], metavar="OPTS",
+                   help="mount options that affect opening or the view: endpoint_url=, profile=, "
+                        "region=, anon, all_chunks, crop_edges, timeout= (see zfuse mount -h)")
+
+    p = add("concat", "save a virtual concatenation as a description file",
+            "Check that the SOURCE arrays can be concatenated along AXIS (same dtype, rank and "
+            "other axes) and write OUT, a small JSON file that zfuse mount, zfuse info and "
+            "zfuse.load_concat() accept. Nothing is copied.",
+            ["zfuse concat --axis 0 ab.json a.zarr b.zarr && zfuse mount ab.json /mnt/ab"],
+            cmd_concat)
+    p.add_argument("--axis", type=int, required=True, metavar="N",
+                   help="the axis along which the sources follow each other")
+    p.add_argument("out", metavar="OUT.json",
+                   help="description file to write (sources under its directory are stored "
+                        "relative to it)")
+    p.add_argument("sources", nargs="+", metavar="SOURCE", help="Zarr arrays, in order")
+    return parser
+
+
+def _configure_logging(verbose: int, log_file: str | None = None, background: bool = False) -> None:
     level = logging.DEBUG if verbose else logging.INFO
     logging.basicConfig(level=level, stream=sys.stderr, format="zfuse[%(process)d] %(levelname)s %(name)s: %(message)s")
+    if background:
+        # until it detaches, a background daemon's stderr is the caller's terminal:
+        # only warnings there (a successful `zfuse mount` prints nothing)
+        for handler in logging.getLogger().handlers:
+            handler.setLevel(logging.WARNING)
+    if log_file is not None:
+        handler = logging.FileHandler(log_file, encoding="utf-8")
+        handler.setFormatter(logging.Formatter(
+            "%(asctime)s zfuse[%(process)d] %(levelname)s %(name)s: %(message)s"))
+        logging.getLogger().addHandler(handler)
     if not verbose:
         for noisy in ("botocore", "s3fs", "aiobotocore", "fsspec", "urllib3"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def cmd_mount(argv: list[str]) -> int:
-    args = _mount_parser().parse_args(argv)
+# -- mount ----------------------------------------------------------------------
+def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
     if args.concat is None and len(args.sources) != 1:
         print("zfuse: several SOURCEs need --concat AXIS", file=sys.stderr)
         return 2
-    config = MountConfig(sources=args.sources, mountpoint=os.path.abspath(args.mountpoint), concat_axis=args.concat)
+    # local paths absolute: the daemon leaves the caller's working directory
+    sources = [s if "://" in s else os.path.abspath(s) for s in args.sources]
+    config = MountConfig(sources=sources, mountpoint=os.path.abspath(args.mountpoint),
+                         concat_axis=args.concat)
     try:
         apply_mount_options(config, args.options)
     except (ValueError, argparse.ArgumentTypeError) as e:
@@ -124,24 +281,40 @@ def cmd_mount(argv: list[str]) -> int:
         return 2
     if args.cache_size is not None:
         config.cache_bytes = args.cache_size
+    if args.log_file is not None:
+        config.log_file = os.path.abspath(os.path.expanduser(args.log_file))
     config.all_chunks |= args.all_chunks
     config.crop_edges |= args.crop_edges
     if not args.foreground:
-        return _spawn_daemon(argv)
-    _configure_logging(args.verbose)
-    return _run_foreground(config, args.ready_fd, args.verbose)
+        return _spawn_daemon(argv, config)
+    return _run_foreground(config, args.sources, args.ready_fd, args.verbose)
 
 
-def _run_foreground(config: MountConfig, ready_fd: int | None, verbose: int) -> int:
-    from zfuse.daemon import check_mountpoint, make_view, serve
+def describe_open_error(sources: list[str], exc: BaseException) -> str:
+    """One line naming the source and the cause, never an internal store wrapper."""
+    from zarr.errors import NodeNotFoundError
+
+    shown = " ".join(sources)
+    if isinstance(exc, NodeNotFoundError):
+        return f"no Zarr metadata (zarr.json, .zarray or .zgroup) found at {shown}"
+    if isinstance(exc, OSError) and exc.strerror:
+        return f"cannot open {shown}: {exc.strerror}"
+    return f"cannot open {shown}: {type(exc).__name__}: {exc}"
+
+
+def _run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int | None,
+                    verbose: int) -> int:
+    from zfuse.daemon import check_mountpoint, check_sources, make_view, serve
     from zfuse.stats import Stats
+
+    log = logging.getLogger("zfuse.daemon")
 
     def report(message: str) -> None:
         if ready_fd is not None:
             os.write(ready_fd, message.encode())
             os.close(ready_fd)
             if message == "ready":
-                _detach_stdio()
+                _detach_stdio(config)
 
     def fail(message: str) -> int:
         # in the background the parent prints it; in the foreground we do
@@ -149,16 +322,34 @@ def _run_foreground(config: MountConfig, ready_fd: int | None, verbose: int) -> 
             report("error: " + message)
         else:
             print("zfuse: " + message, file=sys.stderr)
+        if config.log_file is not None:
+            log.error("%s", message)
         return 1
 
+    if config.log_file is not None:
+        try:
+            open(config.log_file, "a").close()
+        except OSError as e:
+            config.log_file = None
+            return fail(f"cannot write the log file {e.filename}: {e.strerror}")
+        config.log_destination = config.log_file
+    elif os.environ.get("JOURNAL_STREAM"):
+        config.log_destination = "journal (stderr)"
+    _configure_logging(verbose, config.log_file, background=ready_fd is not None)
     try:
-        check_mountpoint(config.mountpoint)
+        warning = check_mountpoint(config.mountpoint)
+        check_sources(shown_sources)  # as the user spelled them, from the user's directory
+        # let go of the caller's directory (it could not be unmounted or removed
+        # while the daemon runs); every path in `config` is absolute by now
+        os.chdir("/")
+        if warning:
+            log.warning("%s", warning)
         stats = Stats()
         view = make_view(config, stats)
     except SystemExit as e:
         return fail(str(e.code).removeprefix("zfuse: "))
     except Exception as e:
-        return fail(f"cannot open {' '.join(config.sources)}: {type(e).__name__}: {e}")
+        return fail(describe_open_error(shown_sources, e))
     if verbose:
         from zfuse.fuse_ops import enable_operation_log
 
@@ -171,7 +362,7 @@ def _run_foreground(config: MountConfig, ready_fd: int | None, verbose: int) -> 
     return 0
 
 
-def _detach_stdio() -> None:
+def _detach_stdio(config: MountConfig) -> None:
     """A backgrounded daemon lets go of its caller's stdout/stderr, as libfuse's
     fuse_daemonize does: `mount -t fuse.zfuse` run with pipes (`$(mount ...)`,
     subprocess) would otherwise wait for EOF until the filesystem is unmounted."""
@@ -179,16 +370,25 @@ def _detach_stdio() -> None:
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.close(devnull)
-    # keep logging somewhere: the system log when there is one
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
+            root.removeHandler(handler)  # stderr is /dev/null now
+    if config.log_file is not None:
+        return
+    # no log file: the system log when there is one
     if os.path.exists("/dev/log"):
         from logging.handlers import SysLogHandler
 
         handler = SysLogHandler(address="/dev/log")
         handler.setFormatter(logging.Formatter("zfuse[%(process)d]: %(levelname)s %(name)s: %(message)s"))
-        logging.getLogger().addHandler(handler)
+        root.addHandler(handler)
+        config.log_destination = "system log (/dev/log)"
+    else:
+        config.log_destination = "none (no --log-file, no system log)"
 
 
-def _spawn_daemon(argv: list[str]) -> int:
+def _spawn_daemon(argv: list[str], config: MountConfig) -> int:
     """Run the daemon in the background; return once the mount is live or failed."""
     read_fd, write_fd = os.pipe()
     cmd = [sys.executable, "-m", "zfuse.cli", "mount", *argv, "-f", "--ready-fd", str(write_fd)]
@@ -203,6 +403,10 @@ def _spawn_daemon(argv: list[str]) -> int:
     os.close(read_fd)
     message = b"".join(chunks).decode(errors="replace")
     if message == "ready":
+        if config.log_file is None and not os.path.exists("/dev/log"):
+            print("zfuse: note: no --log-file and no system log here: the daemon's messages "
+                  "(such as why a write was refused) are not kept; see zfuse mount -h",
+                  file=sys.stderr)
         return 0
     code = proc.wait()
     if message.startswith("error: "):
@@ -212,34 +416,87 @@ def _spawn_daemon(argv: list[str]) -> int:
     return 1
 
 
-def cmd_umount(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="zfuse umount")
-    p.add_argument("mountpoint")
-    p.add_argument("-z", "--lazy", action="store_true")
-    args = p.parse_args(argv)
-    cmd = ["fusermount3", "-u", *(["-z"] if args.lazy else []), args.mountpoint]
+# -- umount, status, reload -------------------------------------------------------------
+def cmd_umount(args: argparse.Namespace, argv: list[str]) -> int:
+    from zfuse.mounts import FSTYPE, find_mount
+
+    shown = args.mountpoint
+    entry = find_mount(args.mountpoint)
+    if entry is None:
+        print(f"zfuse: {shown} is not mounted", file=sys.stderr)
+        return 1
+    if not entry.fstype.startswith("fuse"):
+        print(f"zfuse: {shown} is not a zfuse mount (it is {entry.fstype}); use umount(8)",
+              file=sys.stderr)
+        return 1
+    cmd = ["fusermount3", "-u", *(["-z"] if args.lazy else []), entry.mountpoint]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
-        print(f"zfuse: cannot unmount {args.mountpoint}: {result.stderr.strip()}", file=sys.stderr)
+        reason = result.stderr.strip().removeprefix("fusermount3: ")
+        if "busy" in reason.lower():
+            print(f"zfuse: cannot unmount {shown}: it is busy (a process has a file or its "
+                  f"working directory there; `fuser -vm {shown}` shows which); "
+                  f"`zfuse umount -z {shown}` detaches it now and finishes once it is unused",
+                  file=sys.stderr)
+        elif entry.fstype != FSTYPE:
+            print(f"zfuse: cannot unmount {shown} ({entry.fstype}): {reason}", file=sys.stderr)
+        else:
+            print(f"zfuse: cannot unmount {shown}: {reason}", file=sys.stderr)
         return 1
     return 0
 
 
-def cmd_info(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="zfuse info", description="What the view of SOURCE will contain.")
-    p.add_argument("sources", nargs="+", metavar="SOURCE")
-    p.add_argument("--concat", type=int, default=None, metavar="AXIS")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("-o", dest="options", action="append", default=[])
-    args = p.parse_args(argv)
+def cmd_status(args: argparse.Namespace, argv: list[str]) -> int:
+    from zfuse.mounts import NotMounted, format_status, status
+
+    try:
+        items = status(args.mountpoints, timeout=args.timeout)
+    except NotMounted as e:
+        print(f"zfuse: {e} is not a zfuse mount", file=sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps(items, indent=2))
+    else:
+        print(format_status(items))
+    return 0 if all(i["state"] == "running" for i in items) else 1
+
+
+def cmd_reload(args: argparse.Namespace, argv: list[str]) -> int:
+    from zfuse.mounts import NotMounted, ReloadError, reload_mount
+
+    try:
+        info = reload_mount(args.mountpoint, timeout=args.timeout)
+    except NotMounted:
+        print(f"zfuse: {args.mountpoint} is not a zfuse mount", file=sys.stderr)
+        return 1
+    except ReloadError as e:
+        print(f"zfuse: cannot reload {args.mountpoint}: {e}", file=sys.stderr)
+        return 1
+    print(f"reloaded {args.mountpoint} (reload {info['reloads']}, pid {info['pid']})")
+    return 0
+
+
+# -- info, concat ----------------------------------------------------------------------
+def cmd_info(args: argparse.Namespace, argv: list[str]) -> int:
+    from zfuse.daemon import check_sources
     from zfuse.info import describe_source
 
+    # the report says why an array is not shown: no separate warning on stderr
+    logging.getLogger("zfuse.view").setLevel(logging.ERROR)
     config = MountConfig(sources=args.sources, mountpoint="", concat_axis=args.concat, read_only=True)
-    apply_mount_options(config, args.options)
     try:
+        apply_mount_options(config, args.options)
+    except (ValueError, argparse.ArgumentTypeError) as e:
+        print(f"zfuse: bad -o option: {e}", file=sys.stderr)
+        return 2
+    try:
+        check_sources(args.sources)
         report = describe_source(config)
+    except SystemExit as e:
+        print(e.code, file=sys.stderr)
+        return 1
     except Exception as e:
-        print(f"zfuse: cannot open {' '.join(args.sources)}: {type(e).__name__}: {e}", file=sys.stderr)
+        print(f"zfuse: {describe_open_error(args.sources, e)}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(report, indent=2, default=str))
@@ -250,13 +507,8 @@ def cmd_info(argv: list[str]) -> int:
     return 0
 
 
-def cmd_concat(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="zfuse concat", description="Save a virtual concatenation description.")
-    p.add_argument("--axis", type=int, required=True)
-    p.add_argument("out")
-    p.add_argument("sources", nargs="+")
-    args = p.parse_args(argv)
-    from zfuse.concat import save_concat
+def cmd_concat(args: argparse.Namespace, argv: list[str]) -> int:
+    from zfuse.ext.concat import save_concat
 
     try:
         save_concat(args.out, args.sources, args.axis)
@@ -268,23 +520,33 @@ def cmd_concat(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if not argv or argv[0] in ("-h", "--help"):
-        print("usage: zfuse {mount,umount,info,concat} ...\n"
-              "       zfuse SOURCE MOUNTPOINT [-o OPTIONS]   (as run by mount -t fuse.zfuse)")
-        return 0 if argv else 2
+    parser = build_parser()
+    if not argv:
+        parser.print_usage(sys.stderr)
+        return 2
     if argv[0] == "--version":
         from zfuse import __version__
 
         print(f"zfuse {__version__}")
         return 0
-    command, rest = argv[0], argv[1:]
-    if command not in SUBCOMMANDS:
-        command, rest = "mount", argv  # mount.fuse3 form: SOURCE MOUNTPOINT -o opts
-    handlers: dict[str, Any] = {
-        "mount": cmd_mount, "umount": cmd_umount, "unmount": cmd_umount,
-        "info": cmd_info, "concat": cmd_concat,
-    }
-    return handlers[command](rest)
+    if argv[0] == "unmount":
+        argv[0] = "umount"  # the other spelling people type
+    elif argv[0] not in SUBCOMMANDS and not argv[0].startswith("-"):
+        argv = ["mount", *argv]  # mount.fuse3 form: SOURCE MOUNTPOINT -o opts
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_usage(sys.stderr)
+        return 2
+    try:
+        code = args.handler(args, argv[1:])
+        sys.stdout.flush()  # inside the try: a closed pipe is reported here, not at exit
+        return code
+    except BrokenPipeError:
+        # the reader went away (`zfuse info --json X | head`): not an error of ours;
+        # point stdout at /dev/null so the interpreter's final flush stays quiet
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
 
 
 if __name__ == "__main__":

@@ -9,14 +9,17 @@ files hold; SIGHUP drops cached metadata, listings and chunks.
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import signal
 import socket
+import stat
+import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import trio
@@ -46,6 +49,10 @@ class MountConfig:
     pending_timeout: float | None = None
     storage_options: dict[str, Any] = field(default_factory=dict)
     fuse_options: list[str] = field(default_factory=list)
+    # where the daemon's log lines go: a file (--log-file), else stderr (foreground,
+    # systemd's journal), else the system log once a background daemon detaches
+    log_file: str | None = None
+    log_destination: str = "stderr"
 
 
 def open_source(
@@ -67,11 +74,12 @@ def open_source(
                             stats, timeout)
 
     if concat_axis is not None:
-        from zfuse.concat import concat
+        from zfuse.ext.concat import concat
 
-        return concat([open_array(store_of(s), mode=mode) for s in sources], axis=concat_axis)
+        return concat([open_array(store_of(s), mode=mode) for s in sources], axis=concat_axis,
+                      names=sources)
     (source,) = sources
-    from zfuse.concat import is_concat_description, load_concat
+    from zfuse.ext.concat import is_concat_description, load_concat
 
     if os.path.isfile(source) and is_concat_description(source):
         return load_concat(source, mode=mode)
@@ -136,7 +144,7 @@ def make_view(config: MountConfig, stats: Stats | None = None) -> View:
     )
     obj = open_source(config.sources, config.concat_axis, read_only=config.read_only,
                       storage_options=config.storage_options, stats=stats, timeout=config.timeout)
-    from zfuse.concat import ConcatArray
+    from zfuse.ext.concat import ConcatArray
 
     if isinstance(obj, ConcatArray):
         from zfuse.view.concat_source import ConcatChunkSource
@@ -179,14 +187,108 @@ def sd_notify(message: str) -> None:
         sock.sendall(message.encode())
 
 
-def check_mountpoint(mountpoint: str) -> None:
-    path = Path(mountpoint)
-    if not path.is_dir():
+ZARR_METADATA_FILES = ("zarr.json", ".zarray", ".zgroup", ".zmetadata")
+
+
+def check_mountpoint(mountpoint: str) -> str | None:
+    """Refuse a mountpoint that cannot be used, saying why and what to do; return a
+    warning to show if it can be used but something is off (a non-empty directory)."""
+    try:
+        st = os.stat(mountpoint)
+    except FileNotFoundError:
+        raise SystemExit(f"zfuse: mountpoint {mountpoint} does not exist (create it with mkdir)") from None
+    except OSError as e:
+        if e.errno == errno.ENOTCONN:
+            raise SystemExit(
+                f"zfuse: mountpoint {mountpoint} is a stale mount: the zfuse daemon that served it "
+                f"is gone ({e.strerror}); clear it with: zfuse umount -z {mountpoint}") from None
+        raise SystemExit(f"zfuse: cannot use mountpoint {mountpoint}: {e.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
         raise SystemExit(f"zfuse: mountpoint {mountpoint} is not a directory")
-    if os.path.ismount(path):
+    if os.path.ismount(mountpoint):
+        if _is_stale(mountpoint):
+            raise SystemExit(
+                f"zfuse: mountpoint {mountpoint} is a stale mount: the zfuse daemon that served it "
+                f"is gone (Transport endpoint is not connected); clear it with: "
+                f"zfuse umount -z {mountpoint}")
         raise SystemExit(f"zfuse: mountpoint {mountpoint} is busy (already a mount point)")
     if not os.path.exists("/dev/fuse"):
         raise SystemExit("zfuse: /dev/fuse is missing (is the fuse kernel module loaded?)")
+    try:
+        hidden = len(os.listdir(mountpoint))
+    except OSError:
+        hidden = 0
+    if hidden:
+        return (f"mountpoint {mountpoint} is not empty: its {hidden} "
+                f"entr{'y is' if hidden == 1 else 'ies are'} hidden while zfuse is mounted there")
+    return None
+
+
+def _is_stale(mountpoint: str) -> bool:
+    """True if a FUSE mount's daemon is gone (the kernel may still answer stat() of
+    its root from cache; statfs always asks the daemon). A hung daemon is not stale."""
+    from zfuse.mounts import MountNotResponding, call_with_timeout
+
+    try:
+        call_with_timeout(os.statvfs, mountpoint, timeout=2.0)
+    except OSError as e:
+        return e.errno == errno.ENOTCONN
+    except MountNotResponding:
+        return False
+    return False
+
+
+def check_sources(sources: list[str]) -> None:
+    """Refuse a local source that cannot be a Zarr store, naming what it is instead
+    (zarr-python's own errors name internal store wrappers, or the wrong thing)."""
+    from zfuse.ext.concat import is_concat_description
+
+    for source in sources:
+        if "://" in source and not source.startswith("file://"):
+            continue  # remote: only opening it can tell
+        path = source.removeprefix("file://")
+        if not os.path.exists(path):
+            raise SystemExit(f"zfuse: cannot open {source}: no such file or directory")
+        if not os.path.isdir(path):
+            if is_concat_description(path):
+                continue
+            raise SystemExit(
+                f"zfuse: {source} is a file, not a Zarr store: a SOURCE is a Zarr directory, "
+                "a URL, or a concat description file (written by `zfuse concat`)")
+        if any(os.path.exists(os.path.join(path, name)) for name in ZARR_METADATA_FILES):
+            continue
+        message = f"zfuse: no Zarr metadata (zarr.json, .zarray or .zgroup) found at {source}"
+        below = _zarr_children(path)
+        if below:
+            shown = ", ".join(os.path.join(source, name) for name in below[:3])
+            message += f"; Zarr data one level down: {shown}{', ...' if len(below) > 3 else ''}"
+        raise SystemExit(message)
+
+
+def _zarr_children(path: str) -> list[str]:
+    try:
+        names = sorted(os.listdir(path))
+    except OSError:
+        return []
+    return [n for n in names
+            if any(os.path.exists(os.path.join(path, n, m)) for m in ZARR_METADATA_FILES)]
+
+
+def fsname_of(sources: list[str]) -> str:
+    """What `mount`/`findmnt` show as the mount's source: the source path or URL
+    (credentials removed: /proc/mounts is world-readable). libfuse splits options
+    at commas (escaped with a backslash) and pyfuse3 passes them as ASCII."""
+    shown = []
+    for source in sources:
+        if "://" in source:
+            parts = urllib.parse.urlsplit(source)
+            if parts.username or parts.password:
+                host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+                source = parts._replace(netloc=host).geturl()
+        shown.append(source)
+    text = "+".join(shown)
+    text = urllib.parse.quote(text, safe="".join(chr(c) for c in range(0x21, 0x7F)) + " ")
+    return text.replace("\\", "\\\\").replace(",", "\\,")
 
 
 def serve(
@@ -199,12 +301,44 @@ def serve(
     """Mount `view` at the mountpoint and serve until unmounted or signalled."""
     import pyfuse3
 
+    from zfuse import __version__
     from zfuse.fuse_ops import ZfuseOperations
 
     ops = ZfuseOperations(view, read_only=config.read_only, max_threads=config.max_threads, stats=stats,
                           replace_window=config.replace_window, pending_timeout=config.pending_timeout)
     ops.fs.reload = reload
-    options = {"fsname=zfuse", "subtype=zfuse", "default_permissions", *config.fuse_options}
+    state: dict[str, Any] = {
+        "pid": os.getpid(),
+        "sources": list(config.sources),
+        "concat_axis": config.concat_axis,
+        "mountpoint": config.mountpoint,
+        "read_only": config.read_only,
+        "started": time.time(),
+        "reloads": 0,
+        "last_reload": None,
+        "last_reload_error": None,
+        "version": __version__,
+    }
+
+    def mount_info() -> dict[str, Any]:
+        # no uptime here: the content changes only when something happens (status
+        # computes the uptime from `started`)
+        return {**state, "log": config.log_destination}
+
+    ops.fs.mount_info = mount_info
+    if reload is not None:
+        def reload_and_record() -> View:
+            try:
+                new_view = reload()
+            except Exception as e:
+                state["last_reload_error"] = f"{type(e).__name__}: {e}"
+                raise
+            state["last_reload_error"] = None
+            return new_view
+
+        ops.fs.reload = reload_and_record
+    options = {f"fsname={fsname_of(config.sources)}", "subtype=zfuse", "default_permissions",
+               *config.fuse_options}
     if config.read_only:
         options.add("ro")
     if config.allow_other:
@@ -216,7 +350,7 @@ def serve(
         if on_ready is not None:
             on_ready()
         sd_notify("READY=1\nSTATUS=mounted " + config.mountpoint)
-        trio.run(_main, ops, config)
+        trio.run(_main, ops, config, state)
         sd_notify("STOPPING=1")
     finally:
         try:
@@ -226,21 +360,28 @@ def serve(
             log.info("unmounted %s%s", config.mountpoint, "" if unmounted else " (failed)")
 
 
-async def _main(ops: Any, config: MountConfig) -> None:
+async def _main(ops: Any, config: MountConfig, state: dict[str, Any]) -> None:
     import pyfuse3
 
     async with trio.open_nursery() as nursery:
         ops.nursery = nursery
-        nursery.start_soon(_watch_signals, ops)
+        nursery.start_soon(_watch_signals, ops, state)
         nursery.start_soon(_tick, ops)
         # stat of our own mountpoint needs this loop serving: a worker thread
         nursery.start_soon(partial(trio.to_thread.run_sync, set_read_ahead, config.mountpoint,
                                    config.read_ahead_kb))
         if config.metadata_ttl:
-            nursery.start_soon(_refresh_every, ops, config.metadata_ttl)
+            nursery.start_soon(_refresh_every, ops, config.metadata_ttl, state)
         await pyfuse3.main()
         await ops.fs.shutdown()
         nursery.cancel_scope.cancel()
+
+
+async def _reload(ops: Any, state: dict[str, Any]) -> None:
+    """Reload, then count it: `zfuse reload` waits for `reloads` in `.zfuse/mount` to grow."""
+    await ops.fs.refresh()
+    state["reloads"] += 1
+    state["last_reload"] = time.time()
 
 
 async def _tick(ops: Any) -> None:
@@ -254,21 +395,21 @@ async def _tick(ops: Any) -> None:
             pass
 
 
-async def _watch_signals(ops: Any) -> None:
+async def _watch_signals(ops: Any, state: dict[str, Any]) -> None:
     import pyfuse3
 
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
             if signum == signal.SIGHUP:
                 log.info("SIGHUP: reloading metadata and dropping caches")
-                await ops.fs.refresh()
+                await _reload(ops, state)
                 continue
             log.info("%s: unmounting", signal.Signals(signum).name)
             pyfuse3.terminate()
             return
 
 
-async def _refresh_every(ops: Any, seconds: float) -> None:
+async def _refresh_every(ops: Any, seconds: float, state: dict[str, Any]) -> None:
     while True:
         await trio.sleep(seconds)
-        await ops.fs.refresh()
+        await _reload(ops, state)

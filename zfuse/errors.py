@@ -31,6 +31,10 @@ class ReadOnlyError(ZfuseError):
     """A change on a read-only mount (EROFS)."""
 
 
+class ReadOnlyArrayError(ReadOnlyError, ValueError):
+    """A write to an array (or concatenation) that was opened read-only."""
+
+
 class FileTooLargeError(ZfuseError):
     """A write past the size any TIFF of this chunk could need (EFBIG)."""
 

@@ -19,6 +19,7 @@ What lives here:
   which is what lets two processes see two versions of one file.
 - Read-ahead: opening a chunk cold schedules the next chunks' decode.
 - Reload: a new view, with open files and write states moved onto it.
+- `.zfuse/mount`: what the daemon says about itself (`mount_info`, set by the daemon).
 - The error journal `.zfuse/errors`: every refusal, abandoned file and store
   error, one line each, readable by the mount's user.
 """
@@ -62,6 +63,7 @@ ROOT_INODE = 1
 READ_AHEAD = 4  # chunk files decoded ahead of a sequential reader
 SPECIAL_DIR = ".zfuse"
 STATS_FILE, ERRORS_FILE = "stats", "errors"
+MOUNT_FILE = "mount"  # the daemon's pid, sources, reloads, log (JSON; read by zfuse status/reload)
 ATTR_TIMEOUT = 5.0
 ERRORS_KEPT = 500
 READER_GRACE = 2.0  # seconds a replacing writer waits for page-cache readers to close
@@ -220,6 +222,12 @@ def _by_handle(self: FileSystem, fh: int, *rest: Any) -> Path | None:
     return handle.path if handle else None
 
 
+def _padded_json(value: dict[str, Any]) -> bytes:
+    """JSON padded to a 1 KiB multiple: the size `stat` reports stays the size `read` gets."""
+    text = json.dumps(value, indent=2, sort_keys=True)
+    return (text + " " * (-(len(text) + 1) % 1024) + "\n").encode()
+
+
 class FileSystem:
     """The mount's file operations over a `View`, decided without FUSE."""
 
@@ -252,6 +260,8 @@ class FileSystem:
         self.spawn = spawn  # background blocking work (read-ahead); None: no read-ahead
         self.process = process
         self.reload = reload
+        # what `.zfuse/mount` shows (the daemon sets it; without it there is no such file)
+        self.mount_info: Callable[[], dict[str, Any]] | None = None
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
         self.started_ns = time.time_ns()
@@ -366,19 +376,21 @@ class FileSystem:
             return Entry(DIR, node="stats")
         if path[:1] == (SPECIAL_DIR,) and len(path) == 2 and path[1] in (STATS_FILE, ERRORS_FILE):
             return Entry(FILE, size=len(self._special_bytes(path[1])), node="stats")
+        if path == (SPECIAL_DIR, MOUNT_FILE) and self.mount_info is not None:
+            return Entry(FILE, size=len(self._special_bytes(MOUNT_FILE)), node="stats")
         return None
 
     def _special_bytes(self, name: str) -> bytes:
         if name == ERRORS_FILE:
             return ("\n".join(self.errors) + "\n").encode() if self.errors else b""
+        if name == MOUNT_FILE and self.mount_info is not None:
+            return _padded_json(self.mount_info())
         snapshot = self.stats.snapshot()
         cache = self.view.cache
         snapshot.update(cache_hits=cache.hits, cache_misses=cache.misses, cache_bytes=cache.used,
                         pending_files_now=sum(s.phase is Phase.PENDING for s in self.writes.states.values()),
                         unlinked_not_yet_deleted=len(self.writes.removed))
-        text = json.dumps(snapshot, indent=2, sort_keys=True)
-        # padded to a 1 KiB multiple: the size `stat` reports stays the size `read` gets
-        return (text + " " * (-(len(text) + 1) % 1024) + "\n").encode()
+        return _padded_json(snapshot)
 
     async def _listed(self, path: Path, *, inside_only: bool = False) -> View:
         """The current view with the array at `path` listed. Callers use this one view
@@ -481,7 +493,8 @@ class FileSystem:
         if entry is None or entry.kind != DIR:
             raise FsError(errno.ENOTDIR if entry else errno.ENOENT)
         if entry.node == "stats":
-            entries = [(name, self._special_entry((SPECIAL_DIR, name))) for name in (ERRORS_FILE, STATS_FILE)]
+            entries = [(name, special) for name in (ERRORS_FILE, MOUNT_FILE, STATS_FILE)
+                       if (special := self._special_entry((SPECIAL_DIR, name))) is not None]
         else:
             view = await self._listed(path)
             listed = view.list_dir(path)

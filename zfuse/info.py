@@ -36,7 +36,7 @@ def describe_source(config: MountConfig) -> dict[str, Any]:
             item["files"] = len(arr._existing)
         concat = getattr(src, "array", None)
         if concat is not None and hasattr(concat, "straddling_chunks"):
-            from zfuse.concat import describe
+            from zfuse.ext.concat import describe
 
             item["concat"] = describe(concat)
         arrays.append(item)

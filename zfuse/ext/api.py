@@ -128,7 +128,7 @@ def open_array(
     """
     if isinstance(store, (str, Path)) and path is None and Path(store).is_file():
         # a saved virtual concatenation (zfuse concat OUT SRC...): a ConcatArray
-        from zfuse.concat import is_concat_description, load_concat
+        from zfuse.ext.concat import is_concat_description, load_concat
 
         if is_concat_description(store):
             return load_concat(store, mode=mode)  # type: ignore[return-value]

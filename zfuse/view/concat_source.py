@@ -1,4 +1,4 @@
-"""A virtual concatenation (`zfuse.concat.ConcatArray`) as a chunk source.
+"""A virtual concatenation (`zfuse.ext.concat.ConcatArray`) as a chunk source.
 
 The view's chunk grid is the first source's (inner) chunk shape; chunk keys
 use the default encoding (``c/i/j``). A view chunk exists when any stored
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from zfuse.concat import ConcatArray
+from zfuse.ext.concat import ConcatArray
 from zfuse.view.source import ChunkSource, Coords, ZarrChunkSource
 
 

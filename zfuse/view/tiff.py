@@ -1,8 +1,8 @@
 """The TIFF header of a chunk file: pure functions, no I/O.
 
 A chunk file is ``build_header(layout, coords)`` followed by the chunk's raw
-pixels, ``np.ascontiguousarray(chunk).astype(layout.dtype).tobytes()`` (C order,
-little endian, bool as one byte 0/1).
+pixels in page order, ``np.ascontiguousarray(layout.to_file_order(chunk))
+.astype(layout.dtype).tobytes()`` (C order, little endian, bool as one byte 0/1).
 
 Invariants (the rest of zfuse relies on them):
 
@@ -12,8 +12,15 @@ Invariants (the rest of zfuse relies on them):
   text is written at a fixed width reserved from the grid size.
 - The header holds the 8/16-byte TIFF header and *every* IFD; pixel data starts
   exactly at ``layout.header_size``. Page ``k`` (the leading axes flattened in
-  C order) is a single strip at ``header_size + k * page_bytes``, so pages lie
-  at increasing offsets and contiguously, as ImageJ assumes.
+  C order, after ``file_axes``) is a single strip at ``header_size + k *
+  page_bytes``, so pages lie at increasing offsets and contiguously, as ImageJ
+  assumes.
+- Page order is ImageJ's whenever the leading axes can be named as channel,
+  z and time (OME-Zarr axis names/types): c fastest, then z, then t. A chunk
+  whose axes are stored in another order (OME-Zarr's t, c, z) is transposed:
+  ``file_axes`` is that permutation (identity otherwise), the file is a true
+  ImageJ hyperstack, and the view's zarr.json declares the permutation with
+  the standard ``transpose`` codec so that zarr reads the files exactly.
 - Little endian ("II"); classic TIFF unless the full file would exceed
   4 GiB - 1, then BigTIFF. The choice depends on the layout, not the chunk.
 - Every IFD has BitsPerSample, SampleFormat, Photometric (BlackIsZero),
@@ -129,7 +136,8 @@ class _Meta:
     """Everything the header needs besides shape, dtype and bigtiff."""
 
     ndim: int
-    # ImageJ role ("c"/"z"/"t"/None for size 1) per leading axis; None = plain stack
+    # ImageJ role ("c"/"z"/"t"/None for size 1) per leading axis (in the chunk's
+    # axis order); None = plain stack
     roles: tuple[str | None, ...] | None
     xres: tuple[int, int, int, int] | None  # XResolution num/den, YResolution num/den
     unit: str | None
@@ -159,6 +167,9 @@ class TiffLayout:
     # absolute offsets of the patched fields: JSON, DocumentName, (offset, width, axis) origins
     _pos_offsets: tuple[int, int] = field(repr=False, compare=False)
     _origin_fields: tuple[tuple[int, int, int], ...] = field(repr=False, compare=False)
+    #: chunk axes in the order the file's pages run (``chunk.transpose(file_axes)``);
+    #: the identity unless the leading axes must be reordered into ImageJ's t, z, c
+    file_axes: tuple[int, ...] = ()
 
     @property
     def file_size(self) -> int:
@@ -167,6 +178,25 @@ class TiffLayout:
     @property
     def page_bytes(self) -> int:
         return self.rows * self.cols * self.dtype.itemsize
+
+    @property
+    def permuted(self) -> bool:
+        """True if the file's pages run in another order than the chunk's axes."""
+        return self.file_axes != tuple(range(len(self.chunk_shape)))
+
+    def to_file_order(self, values: np.ndarray) -> np.ndarray:
+        """A chunk's values (full or cropped, chunk axis order) in the file's page
+        order; a view, not necessarily contiguous."""
+        return values.transpose(self.file_axes) if self.permuted else values
+
+    def from_file_order(self, pixels: np.ndarray, shape: Sequence[int]) -> np.ndarray:
+        """Pixels in the file's page order (any shape with the right size) of an
+        image whose chunk-order shape is `shape` -> an array of `shape`."""
+        shape = tuple(shape)
+        if not self.permuted:
+            return pixels.reshape(shape)
+        file_shape = tuple(shape[i] for i in self.file_axes)
+        return pixels.reshape(file_shape).transpose(np.argsort(self.file_axes))
 
 
 def _digits(n: int) -> int:
@@ -183,17 +213,24 @@ def _axis_role(name: str | None, kind: str | None) -> str | None:
     return None
 
 
+_IJ_RANK = {"t": 0, "z": 1, "c": 2}  # ImageJ's page order: t slowest, c fastest
+
+
 def _roles(
     shape: tuple[int, ...], axes: Sequence[str] | None, axis_types: Sequence[str | None] | None
-) -> tuple[str | None, ...] | None:
-    """ImageJ role ("c"/"z"/"t") of each leading axis, or None if the leading
-    axes cannot be named consistently with ImageJ's page order T, Z, C (C
-    fastest). Axes of size 1 do not affect the page order: they get no role
-    and are not checked (OME-Zarr t,c,z chunks of (1, 1, 16) are a z stack)."""
+) -> tuple[tuple[str | None, ...] | None, tuple[int, ...]]:
+    """ImageJ role ("c"/"z"/"t") of each leading axis, and the permutation of
+    the leading axes that puts their pages in ImageJ's order t, z, c (c fastest).
+
+    Roles are None (a plain stack, pages in chunk order) if the axes with more
+    than one element cannot all be named, or two share a role. Axes of size 1
+    do not affect the page order: they get no role, are not checked and stay
+    where they are (OME-Zarr t,c,z chunks of (1, 1, 16) are a z stack)."""
     ndim = len(shape)
     lead = max(ndim - 2, 0)
+    identity = tuple(range(lead))
     if lead == 0:
-        return ()
+        return (), identity
     names = list(axes) if axes is not None else [None] * ndim
     kinds = list(axis_types) if axis_types is not None else [None] * ndim
     roles = [_axis_role(names[i], kinds[i]) for i in range(lead)]
@@ -201,15 +238,14 @@ def _roles(
     if len(big) <= 1:
         # one axis carries the pages: unnamed means slices, as ImageJ assumes
         only = big[0] if big else lead - 1
-        return tuple((roles[i] or "z") if i == only else None for i in range(lead))
+        return tuple((roles[i] or "z") if i == only else None for i in range(lead)), identity
     picked = [roles[i] for i in big]
     if any(r is None for r in picked) or len(set(picked)) != len(picked):
-        return None
-    rank = {"t": 0, "z": 1, "c": 2}
-    order = [rank[r] for r in picked]  # type: ignore[index]
-    if order != sorted(order):
-        return None
-    return tuple(roles[i] if shape[i] > 1 else None for i in range(lead))
+        return None, identity
+    # the big axes, sorted into ImageJ's order, take the places of the big axes
+    in_ij_order = iter(sorted(big, key=lambda i: _IJ_RANK[roles[i]]))  # type: ignore[index]
+    perm = tuple(next(in_ij_order) if shape[i] > 1 else i for i in range(lead))
+    return tuple(roles[i] if shape[i] > 1 else None for i in range(lead)), perm
 
 
 def _ij_unit(unit: str | None) -> str | None:
@@ -294,7 +330,8 @@ def plan_layout(
         [10**d - 1 for d in coord_digits], [10**d - 1 for d in origin_digits], shape
     )
 
-    roles = _roles(shape, axes, axis_types)
+    roles, lead_perm = _roles(shape, axes, axis_types)
+    file_axes = (*lead_perm, *range(len(lead_perm), ndim))
     sc = [_good_scale(s) for s in scales] if scales is not None else [None] * ndim
     un = list(units) if units is not None else [None] * ndim
     xres = unit = zspacing = tinterval = tunit = None
@@ -352,6 +389,7 @@ def plan_layout(
         _template=template,
         _pos_offsets=built.pos_offsets,
         _origin_fields=built.origin_fields,
+        file_axes=file_axes,
     )
 
 

@@ -11,7 +11,10 @@ Invariants:
   offset by 32768, declared by its calibration function).
 - Any valid TIFF layout is accepted (via tifffile): strips or tiles, either
   byte order, classic or BigTIFF, compressed with anything imagecodecs
-  decodes, one page per flattened leading-axis index, in IFD order.
+  decodes, one page per flattened leading-axis index, in IFD order. Pages run
+  in the order zfuse's own file for the chunk has (``layout.file_axes``:
+  ImageJ's c, z, t order for an OME-Zarr t, c, z chunk), so what ImageJ saves
+  is stored as it showed it.
   Reduced-resolution pages (thumbnails, NewSubfileType bit 0) are ignored.
 - Geometry, dtype and sample layout are checked on the IFDs *before* any
   pixel is decoded, so a hostile file cannot make us allocate more than the
@@ -149,7 +152,7 @@ def decode_tiff(
         with tif:
             try:
                 try:
-                    return _decode_pages(tif, view, shapes, want, warnings)
+                    return _decode_pages(tif, view, shapes, want, warnings, layout)
                 except InvalidTiffError:
                     raise
                 except Exception as exc:
@@ -214,7 +217,7 @@ def _own_layout(
         return None
     if view[:hsize] != expected:
         return None
-    raw = np.frombuffer(view, dtype=layout.dtype, offset=hsize).reshape(shape)
+    raw = layout.from_file_order(np.frombuffer(view, dtype=layout.dtype, offset=hsize), shape)
     if want.kind == "b":
         return _to_bool(raw.view(np.uint8))
     return raw.astype(want)  # copies: the result never aliases the caller's buffer
@@ -271,6 +274,7 @@ def _decode_pages(
     shapes: list[tuple[int, ...]],
     want: np.dtype,
     warnings: list[str],
+    layout: TiffLayout | None = None,
 ) -> np.ndarray:
     try:
         pages = [p for p in tif.pages if not p.is_reduced]  # type: ignore[union-attr]
@@ -373,7 +377,7 @@ def _decode_pages(
             f"cannot decode the pixels ({where}, compression {_compression_name(first.compression)}): {exc}",
             warnings,
         ) from exc
-    arr = out.reshape(shape)
+    arr = layout.from_file_order(out, shape) if layout is not None else out.reshape(shape)
     if signed16:
         return (arr ^ np.uint16(0x8000)).view(np.int16).astype(want)  # raw - 32768
     if want.kind == "b":

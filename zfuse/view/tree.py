@@ -340,7 +340,7 @@ class ArrayView:
         if self.options.crop_edges:
             region = self.source.chunk_region(coords)
             values = values[tuple(slice(0, r.stop - r.start) for r in region)]
-        return to_pixel_bytes(values, self.source.dtype)
+        return to_pixel_bytes(self.layout.to_file_order(values), self.source.dtype)
 
     def read_cached(self, coords: Coords, offset: int, size: int) -> bytes | None:
         """Like `read` but only from memory; None when the chunk must be decoded."""
@@ -399,7 +399,12 @@ class ArrayView:
         bytes_codec: dict[str, Any] = {"name": "bytes"}
         if self.source.dtype.itemsize > 1 and self.source.dtype.kind != "b":
             bytes_codec["configuration"] = {"endian": "little"}
+        # pages in ImageJ's order (c, z, t) for a chunk stored t, c, z: the standard
+        # transpose codec says so, and zarr reads the files exactly
+        transpose = ([{"name": "transpose", "configuration": {"order": list(self.layout.file_axes)}}]
+                     if self.layout.permuted else [])
         meta["codecs"] = [
+            *transpose,
             bytes_codec,
             {
                 "name": "pad",

@@ -22,6 +22,11 @@ Invariants
 - Boundaries need not be chunk-aligned: a view chunk straddling sources is
   assembled from all of them on read and split between them on write; there is
   no masked padding inside the array.
+- Opened read-only unless asked otherwise (``mode="r"``, like
+  ``zfuse.open_array``; ``zarr.open_array``'s default ``"a"`` would create
+  missing sources, which a concatenation must never do).  Writing to a
+  read-only concatenation raises :class:`ReadOnlyArrayError` saying to open it
+  with ``mode="r+"``.
 - The view's chunk grid is the first source's ``chunks`` (for a sharded source
   that is the *inner* chunk shape, as zarr-python 3.1 reports it).  Edge chunks
   of the view are handled like zarr's: ``read_chunk`` returns the full chunk
@@ -43,7 +48,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from zfuse.errors import MetadataError, SourceMismatchError
+from zfuse.errors import MetadataError, ReadOnlyArrayError, SourceMismatchError
 
 __all__ = [
     "ConcatArray",
@@ -193,6 +198,20 @@ class ConcatArray:
             f"axis={self.axis} sources={list(self.names)}>"
         )
 
+    @property
+    def read_only(self) -> bool:
+        """True if any source was opened read-only (then nothing can be written)."""
+        return any(src.read_only for src in self.sources)
+
+    def _check_writable(self) -> None:
+        read_only = [f"source {i} ({name})" for i, (src, name) in
+                     enumerate(zip(self.sources, self.names, strict=True)) if src.read_only]
+        if read_only:
+            raise ReadOnlyArrayError(
+                f"this concatenation is read-only ({', '.join(read_only)} opened with mode 'r'); "
+                "to write, open it with mode=\"r+\": zfuse.concat(sources, axis, mode=\"r+\") "
+                "or zfuse.load_concat(path, mode=\"r+\")")
+
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         out = self[...]
         return out if dtype is None else out.astype(dtype)
@@ -304,6 +323,7 @@ class ConcatArray:
         return np.ascontiguousarray(view) if view.ndim else view[()]
 
     def __setitem__(self, key: Any, value: Any) -> None:
+        self._check_writable()
         dims, newaxes = self._parse(key)
         sel_shape = [d[1] for d in dims if not d[4]]
         for pos in newaxes:
@@ -399,6 +419,7 @@ class ConcatArray:
     def write_chunk(self, coords: Sequence[int], data: Any) -> None:
         """Write view chunk ``coords`` from ``data`` of the full chunk shape;
         only the in-bounds part reaches the sources."""
+        self._check_writable()
         region = self.chunk_region(coords)
         data = np.asarray(data, dtype=self.dtype)
         if data.shape != self.chunks:
@@ -456,6 +477,7 @@ class ConcatArray:
         through zarr indexing (zarr itself drops chunks that become all-fill
         unless the source was opened with ``write_empty_chunks=True``).
         """
+        self._check_writable()
         from zarr.core.sync import sync
 
         for i, src_region, _ in self.chunk_sources(coords):
@@ -486,9 +508,11 @@ def concat(
 ) -> ConcatArray:
     """Concatenate ``sources`` along ``axis`` without copying.
 
-    ``sources`` are ``zarr.Array`` objects or anything ``zfuse.open_array``
-    opens (paths, URLs, Stores), opened with ``mode`` (use ``"r+"`` to write)
-    and ``open_kwargs`` (e.g. ``storage_options``).  ``names`` overrides how
+    ``sources`` are ``zarr.Array`` objects (used as they were opened) or
+    anything ``zfuse.open_array`` opens (paths, URLs, Stores), opened with
+    ``mode`` and ``open_kwargs`` (e.g. ``storage_options``).  ``mode`` is
+    ``"r"`` (read-only) by default, as for ``zfuse.open_array``; use ``"r+"``
+    to write.  Sources must exist: no mode creates them.  ``names`` overrides how
     sources are named in messages and ``describe`` (default: the given path,
     or the array's store path).
     Raises :class:`SourceMismatchError` if there are no sources, ``axis`` is
