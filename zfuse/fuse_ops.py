@@ -195,20 +195,12 @@ class ZfuseOperations(pyfuse3.Operations):
         scratch = self.writes.pending_entry(path)
         if scratch is not None:
             return scratch
-        # the array directory itself needs no listing: only paths inside it do
-        view = await self._listed_view(path, inside_only=True)
-        return view.entry(path)
-
-    async def _listed_view(self, path: tuple[str, ...], *, inside_only: bool = False) -> View:
-        """The current view, with the array at `path` listed. Callers use this one view
-        for the whole request even if a reload swaps `self.view` meanwhile."""
+        # one view for the whole request, even if a reload swaps `self.view` meanwhile;
+        # a chunk not known yet costs one existence check, in a worker thread
         view = self.view
-        arr, rest = view.array_at(path)
-        if inside_only and not rest:
-            return view
-        while arr is not None and not arr.listed:
-            await self._thread(arr.ensure_listed)
-        return view
+        if view.needs_io(path):
+            return await self._thread(view.entry, path)
+        return view.entry(path)
 
     def _attrs(self, path: tuple[str, ...], entry: Entry, inode: int | None = None) -> pyfuse3.EntryAttributes:
         # hot: called once per entry of every readdir (100,000 for `ls -lR` of a big array)
@@ -311,8 +303,9 @@ class ZfuseOperations(pyfuse3.Operations):
             if entry.node == "stats":
                 entries = [(STATS_FILE, self._stats_entry((STATS_DIR, STATS_FILE)))]
             else:
-                view = await self._listed_view(path)
-                entries = view.list_dir(path) + self.writes.scratch_in(path)
+                view = self.view  # a directory not listed yet is listed (its key prefix only) in a thread
+                listed = await self._thread(view.list_dir, path) if view.needs_io(path, listing=True) else view.list_dir(path)
+                entries = listed + self.writes.scratch_in(path)
         except Exception as e:
             raise self._fail(e, "opendir", path) from None
         fh = self._next_fh

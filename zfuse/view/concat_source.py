@@ -111,6 +111,11 @@ class ConcatChunkSource(ChunkSource):
     def extensions(self) -> list[str]:
         return ["virtual concatenation"]
 
+    def use_index_cache(self, cache: Any) -> None:
+        for part in self.parts:
+            part.use_index_cache(cache)
+
     def invalidate(self) -> None:
+        super().invalidate()  # the whole-array listing `iter_chunk_dir` falls back on
         for part in self.parts:
             part.invalidate()
