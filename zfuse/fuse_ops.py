@@ -28,7 +28,7 @@ import trio
 
 from zfuse.errors import CorruptDataError, InvalidTiffError, MetadataError, ZfuseError
 from zfuse.stats import Stats
-from zfuse.view.tree import DIR, Entry, View
+from zfuse.view.tree import DIR, DirReader, Entry, View
 from zfuse.view.writes import FileTooLargeError, OpenFile, ReadOnlyError, Released, Writes
 
 log = logging.getLogger("zfuse.fuse")
@@ -93,7 +93,7 @@ def errno_for(exc: BaseException) -> int:
 @dataclass
 class _DirHandle:
     path: tuple[str, ...]
-    entries: list[tuple[str, Entry]]
+    reader: DirReader
 
 
 class ZfuseOperations(pyfuse3.Operations):
@@ -300,26 +300,45 @@ class ZfuseOperations(pyfuse3.Operations):
             entry = await self._entry(path)
             if entry is None or entry.kind != DIR:
                 raise pyfuse3.FUSEError(errno.ENOTDIR if entry else errno.ENOENT)
+            view = self.view
             if entry.node == "stats":
-                entries = [(STATS_FILE, self._stats_entry((STATS_DIR, STATS_FILE)))]
+                stats_file = self._stats_entry((STATS_DIR, STATS_FILE))
+                assert stats_file is not None
+                reader = DirReader(view, path, [(STATS_FILE, stats_file)])
+                reader.fetch(0)
             else:
-                view = self.view  # a directory not listed yet is listed (its key prefix only) in a thread
-                listed = await self._thread(view.list_dir, path) if view.needs_io(path, listing=True) else view.list_dir(path)
-                entries = listed + self.writes.scratch_in(path)
+                # a small directory is one snapshot (paging stays consistent); a big one
+                # is read page by page in readdir. Listing (its key prefix only) in a thread.
+                reader = view.dir_reader(path, self.writes.scratch_in(path))
+                if view.needs_io(path, listing=True):
+                    await self._thread(reader.fetch, 0)
+                else:
+                    reader.fetch(0)
         except Exception as e:
             raise self._fail(e, "opendir", path) from None
         fh = self._next_fh
         self._next_fh += 1
-        self._dirs[fh] = _DirHandle(path, entries)  # a snapshot: paging stays consistent
+        self._dirs[fh] = _DirHandle(path, reader)
         return fh
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         handle = self._dirs[fh]
-        for i in range(start_id, len(handle.entries)):
-            name, entry = handle.entries[i]
-            path = (*handle.path, name)
-            if not pyfuse3.readdir_reply(token, os.fsencode(name), self._attrs(path, entry), i + 1):
-                break
+        i = start_id
+        while True:
+            batch = handle.reader.at_hand(i)
+            if batch is None:
+                try:
+                    await self._thread(handle.reader.fetch, i)
+                except Exception as e:
+                    raise self._fail(e, "readdir", handle.path) from None
+                continue
+            if not batch:
+                return
+            for name, entry in batch:
+                path = (*handle.path, name)
+                if not pyfuse3.readdir_reply(token, os.fsencode(name), self._attrs(path, entry), i + 1):
+                    return
+                i += 1
 
     async def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)

@@ -594,30 +594,97 @@ class View:
         """Entries of a directory, sorted by name. A chunk directory not listed yet is
         listed (that key prefix only; store I/O: worker thread, unless
         `needs_io(path, listing=True)` is False)."""
-        node, rest = self._split(path)
-        out: list[tuple[str, Entry]] = []
-        if not rest:
-            out.append(
-                (META_NAME, Entry(FILE, size=len(node.metadata), content=node.metadata, node="meta"))
-            )
-            for name, child in node.children.items():
-                out.append((name, Entry(DIR, node=child.kind, array=child.array)))
-        arr = node.array
-        if arr is not None and arr.layout is not None:
-            for page in arr.iter_dir(rest):
-                for name, coords in page:
-                    if coords is None:
-                        out.append((name, Entry(DIR, array=arr, node="keydir")))
-                    else:
-                        size = arr.file_size(coords)
-                        out.append((name, Entry(FILE, size=size, array=arr, coords=coords, node="chunk")))
+        out = [item for page in self.iter_entries(path) for item in page]
         out.sort(key=lambda item: item[0])
         return out
+
+    def iter_entries(self, path: tuple[str, ...]) -> Iterator[list[tuple[str, Entry]]]:
+        """Pages of a directory's entries, in listing order (see `list_dir`)."""
+        node, rest = self._split(path)
+        if not rest:
+            first = [(META_NAME, Entry(FILE, size=len(node.metadata), content=node.metadata, node="meta"))]
+            first += [(name, Entry(DIR, node=child.kind, array=child.array)) for name, child in node.children.items()]
+            yield first
+        arr = node.array
+        if arr is None or arr.layout is None:
+            return
+        for page in arr.iter_dir(rest):
+            out: list[tuple[str, Entry]] = []
+            for name, coords in page:
+                if coords is None:
+                    out.append((name, Entry(DIR, array=arr, node="keydir")))
+                else:
+                    out.append((name, Entry(FILE, size=arr.file_size(coords), array=arr, coords=coords, node="chunk")))
+            yield out
+
+    def dir_reader(self, path: tuple[str, ...], tail: list[tuple[str, Entry]] | None = None) -> DirReader:
+        """A reader of directory `path` for readdir, `tail` entries (scratch files) last."""
+        return DirReader(self, path, tail or [])
 
     def refresh(self) -> None:
         self.cache.clear()
         for _, arr in self.arrays():
             arr.refresh()
+
+
+class DirReader:
+    """One open directory, read by offset (readdir). A directory of up to
+    `SNAPSHOT_MAX` names is one sorted snapshot taken at the first `fetch`; a
+    bigger one (a flat array of a million chunks) is streamed in listing order,
+    one page in memory at a time, and answered as soon as the page asked for is
+    read. Seeking back restarts the listing.
+
+    `at_hand` answers from memory (event loop); `fetch` may do store I/O (worker
+    thread). One reader is used by one readdir at a time (the kernel serialises them).
+    """
+
+    SNAPSHOT_MAX = 10 * LIST_PAGE
+
+    def __init__(self, view: View, path: tuple[str, ...], tail: list[tuple[str, Entry]]) -> None:
+        self.view = view
+        self.path = path
+        self.tail = tail
+        self._pages: Iterator[list[tuple[str, Entry]]] | None = None
+        self._base = 0  # offset of _buffer[0]
+        self._buffer: list[tuple[str, Entry]] = []
+        self._done = False
+        self._started = False
+
+    def at_hand(self, start: int) -> list[tuple[str, Entry]] | None:
+        """Entries from offset `start` that are in memory; [] at the end; None: `fetch` first."""
+        if not self._started:
+            return None
+        end = self._base + len(self._buffer)
+        if self._base <= start < end:
+            return self._buffer[start - self._base :]
+        if start >= end and self._done:
+            return []
+        return None
+
+    def fetch(self, start: int) -> None:
+        """Read until offset `start` is at hand (store I/O for directories not listed)."""
+        if not self._started or start < self._base:
+            self._restart()
+        assert self._pages is not None
+        while not self._done and start >= self._base + len(self._buffer):
+            self._base += len(self._buffer)
+            page = next(self._pages, None)
+            if page is None:
+                self._buffer, self._done = self.tail, True
+            else:
+                self._buffer = page
+
+    def _restart(self) -> None:
+        self._pages = self.view.iter_entries(self.path)
+        self._base, self._done, self._started = 0, False, True
+        first: list[tuple[str, Entry]] = []
+        for page in self._pages:
+            first += page
+            if len(first) > self.SNAPSHOT_MAX:
+                self._buffer = first  # big: streamed from here on, in listing order
+                return
+        first.sort(key=lambda item: item[0])
+        self._buffer, self._done = first + self.tail, True
 
 
 # -- building a view from a source -------------------------------------------
