@@ -213,3 +213,20 @@ def test_count_files_walks_every_directory(slash: Path) -> None:
     view, _, _ = open_view(slash)
     arr = next(arr for _, arr in view.arrays())
     assert arr.count_files() == len(range(0, 30 * 40, 3))
+
+
+def test_concat_existence_checks_agree_with_its_listing(tmp_path: Path) -> None:
+    from zfuse.concat import concat
+    from zfuse.view.concat_source import ConcatChunkSource
+
+    parts = []
+    for n, rows in enumerate((12, 9)):  # the second source starts mid-chunk: straddling chunks
+        arr = zarr.create_array(str(tmp_path / f"{n}.zarr"), shape=(rows, 16), chunks=(4, 8), dtype="uint8",
+                                fill_value=0)
+        arr[0:4, 0:8] = 1
+        arr[rows - 1, 15] = 2
+        parts.append(zarr.open_array(str(tmp_path / f"{n}.zarr"), mode="r"))
+    source = ConcatChunkSource(concat(parts, axis=0))
+    listed = set(source.list_chunks())
+    checked = {c for c in np.ndindex(*source.grid_shape) if source.chunk_exists(c)}
+    assert checked == listed and len(listed) >= 3
