@@ -15,6 +15,7 @@ read-modify-write loses another's update.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import threading
 from abc import ABC, abstractmethod
@@ -32,6 +33,7 @@ from zarr.storage import StorePath
 from zfuse.errors import CorruptDataError
 from zfuse.view.caches import BoundedLRU
 
+log = logging.getLogger("zfuse.view")
 Coords = tuple[int, ...]
 _INT_RE = re.compile(r"\d+")
 LIST_PAGE = 1000  # names taken from a store listing at a time (S3 returns 1000 per LIST page)
@@ -231,7 +233,10 @@ def _pages(aiter: AsyncIterator[str], size: int = LIST_PAGE) -> Iterator[list[st
     finally:
         close = getattr(aiter, "aclose", None)
         if close is not None:
-            sync(close())
+            try:
+                sync(close())
+            except Exception as e:  # closing a half-read listing must not mask why it stopped
+                log.debug("closing a store listing failed: %s", e)
 
 
 class ZarrChunkSource(ChunkSource):
@@ -478,14 +483,21 @@ class ZarrChunkSource(ChunkSource):
                 shards.append(shard)
         out: DirPage = []
         n = len(fixed)
+        limit = np.array(self._grid[n:])
         for shard, index in zip(shards, sync(self._load_indexes(shards)), strict=True):
             if index is None:
                 continue
             base = np.array(shard) * np.array(self.chunks_per_shard)
-            for local in np.argwhere(index.get_full_chunk_map()):
-                coords = tuple(int(v) for v in base + local)
-                if coords[:n] == fixed and self.in_grid(coords):
-                    out.append((self.chunk_key(coords).rsplit("/", 1)[-1], coords))
+            # only the slab of the shard the directory's fixed coordinates select
+            local = tuple(int(f - b) for f, b in zip(fixed, base[:n], strict=True))
+            if not all(0 <= i < c for i, c in zip(local, self.chunks_per_shard, strict=False)):
+                continue
+            slab = index.get_full_chunk_map()[local]
+            found = np.argwhere(slab) + base[n:]
+            found = found[(found < limit).all(axis=1)]
+            for rest in found.tolist():
+                coords = (*fixed, *rest)
+                out.append((self.chunk_key(coords).rsplit("/", 1)[-1], coords))
         return out
 
     def chunk_exists(self, coords: Coords) -> bool:

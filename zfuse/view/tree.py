@@ -54,7 +54,7 @@ class ViewOptions:
     crop_edges: bool = False
     cache_bytes: int = 256 * 1024 * 1024
     read_only: bool = False
-    # directory listings and existence answers kept, in names (~150 bytes each)
+    # directory listings and existence answers kept, in names (~190 bytes each)
     listing_cache_names: int = 200_000
     shard_index_cache_bytes: int = 64 * 1024 * 1024
 
@@ -252,7 +252,8 @@ class ArrayView:
             return
         listed = self._listed(rest)
         if listed is not None:
-            items = list(listed.children.items())
+            with self._lock:  # writes update listed directories in place
+                items = list(listed.children.items())
             for i in range(0, len(items), LIST_PAGE):
                 yield items[i : i + LIST_PAGE]
             return
@@ -271,13 +272,6 @@ class ArrayView:
         with self._lock:
             if children is not None and changes == self._changes:
                 self.caches.names.put((id(self), _DIR, rest), _Dir(generation, children), len(children) + 1)
-
-    def children(self, rest: tuple[str, ...]) -> dict[str, Coords | None]:
-        """All of directory `rest` (see `iter_dir`)."""
-        out: dict[str, Coords | None] = {}
-        for page in self.iter_dir(rest):
-            out.update(page)
-        return out
 
     def _grid_pages(self, rest: tuple[str, ...]) -> Iterator[DirPage]:
         """--all-chunks: every grid position under `rest`, from the grid alone."""
