@@ -446,6 +446,7 @@ class ZarrChunkSource(ChunkSource):
         depth = len(parts)
         leaf = depth == len(origin) - 1
         for names in _pages(self.store.list_dir(self.prefix + head)):
+            names = [name.rstrip("/") for name in names]  # http(s) listings mark directories "name/"
             if not leaf:
                 yield self._subdirs(depth, names, per_object)
             elif self.sharding is None:
