@@ -2,7 +2,7 @@
 
     python -m benchmarks.run [--only NAME ...] [--quick] [--reps N] [--no-drop-caches]
 
-NAME is one of: read (cold + warm), ls, rss, write, concat, s3, replace, stress. Results are
+NAME is one of: read (cold + warm), ls, rss, write, concat, s3, replace, stress, big. Results are
 printed as a table and written to benchmarks/results.json. Timings never go
 in pass/fail tests; this is where they live (see benchmarks/README.md).
 """
@@ -33,6 +33,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "s3": ("benchmarks.s3", "bench_s3"),
     "replace": ("benchmarks.replace", "bench_replace"),
     "stress": ("benchmarks.replace", "bench_stress"),
+    "big": ("benchmarks.big", "bench_big"),
 }
 
 

@@ -95,16 +95,21 @@ def ome_group(path: Path, shape=(4, 40, 50), chunks=(2, 16, 16), seed=0) -> dict
 
 
 class CountingStore(WrapperStore):
-    """Records every get (key, byte range) and getsize reaching the real store."""
+    """Records every get (key, byte range), getsize, exists and listing reaching the real
+    store; `listed_names` counts names as the listings hand them out."""
 
     def __init__(self, store: Any) -> None:
         super().__init__(store)
         self.gets: list[tuple[str, ByteRequest | None]] = []
         self.sizes: list[str] = []
+        self.exists_checks: list[str] = []
+        self.lists: list[tuple[str, str]] = []  # (list | list_prefix | list_dir, prefix)
+        self.listed_names = [0]
 
     def _with_store(self, store: Any) -> CountingStore:
         new = type(self)(store)
-        new.gets, new.sizes = self.gets, self.sizes
+        new.gets, new.sizes, new.exists_checks = self.gets, self.sizes, self.exists_checks
+        new.lists, new.listed_names = self.lists, self.listed_names
         return new
 
     async def get(self, key: str, prototype: Any, byte_range: ByteRequest | None = None) -> Any:
@@ -115,9 +120,94 @@ class CountingStore(WrapperStore):
         self.sizes.append(key)
         return await self._store.getsize(key)
 
+    async def exists(self, key: str) -> bool:
+        self.exists_checks.append(key)
+        return await self._store.exists(key)
+
+    async def _counted(self, it: Any) -> Any:
+        async for key in it:
+            self.listed_names[0] += 1
+            yield key
+
+    def list(self) -> Any:
+        self.lists.append(("list", ""))
+        return self._counted(self._store.list())
+
+    def list_prefix(self, prefix: str) -> Any:
+        self.lists.append(("list_prefix", prefix))
+        return self._counted(self._store.list_prefix(prefix))
+
+    def list_dir(self, prefix: str) -> Any:
+        self.lists.append(("list_dir", prefix))
+        return self._counted(self._store.list_dir(prefix))
+
     def reset(self) -> None:
         self.gets.clear()
         self.sizes.clear()
+        self.exists_checks.clear()
+        self.lists.clear()
+        self.listed_names[0] = 0
+
+
+def raw_chunks(path: Path, grid: tuple[int, ...], *, separator: str = "/", shard: tuple[int, ...] | None = None,
+               every: int = 1) -> None:
+    """A v3 uint8 array of 1x…x1 chunks (value = flat chunk index % 251 + 1) written as raw
+    files with os.write, not zarr: tens of thousands of chunks in a second. `shard`:
+    inner chunks per shard (index without checksum); `every`: only every n-th chunk (C
+    order) is stored."""
+    import json
+    import os
+
+    shape = list(grid)
+    codecs: list[Any] = [{"name": "bytes"}]
+    chunk_shape = [1] * len(grid)
+    if shard is not None:
+        chunk_shape = list(shard)
+        codecs = [{"name": "sharding_indexed", "configuration": {
+            "chunk_shape": [1] * len(grid), "codecs": [{"name": "bytes"}],
+            "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+            "index_location": "end"}}]
+    meta = {"zarr_format": 3, "node_type": "array", "shape": shape, "data_type": "uint8",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunk_shape}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": separator}},
+            "fill_value": 0, "codecs": codecs, "attributes": {}}
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "zarr.json").write_text(json.dumps(meta))
+    made: set[str] = set()
+    if shard is None:
+        for flat, coords in enumerate(np.ndindex(*grid)):
+            if flat % every:
+                continue
+            key = "c" + separator + separator.join(map(str, coords))
+            parent = os.path.join(path, key.rsplit("/", 1)[0]) if "/" in key else str(path)
+            if parent not in made:
+                os.makedirs(parent, exist_ok=True)
+                made.add(parent)
+            fd = os.open(os.path.join(path, key), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(fd, bytes([flat % 251 + 1]))
+            os.close(fd)
+        return
+    per = int(np.prod(shard))
+    for shard_coords in np.ndindex(*(-(-g // s) for g, s in zip(grid, shard, strict=True))):
+        index = np.full((per, 2), np.iinfo(np.uint64).max, dtype="<u8")
+        data = bytearray()
+        for local_flat, local in enumerate(np.ndindex(*shard)):
+            coords = tuple(s * n + i for s, n, i in zip(shard_coords, shard, local, strict=True))
+            if any(c >= g for c, g in zip(coords, grid, strict=True)):
+                continue
+            flat = int(np.ravel_multi_index(coords, grid))
+            if flat % every:
+                continue
+            index[local_flat] = (len(data), 1)
+            data.append(flat % 251 + 1)
+        key = "c" + separator + separator.join(map(str, shard_coords))
+        parent = os.path.join(path, key.rsplit("/", 1)[0]) if "/" in key else str(path)
+        if parent not in made:
+            os.makedirs(parent, exist_ok=True)
+            made.add(parent)
+        fd = os.open(os.path.join(path, key), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, bytes(data) + index.tobytes())
+        os.close(fd)
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

@@ -128,7 +128,7 @@ class Kernel:
     def listdir(self, path: str) -> list[str]:
         fh = self.call(self.fs.opendir, self.walk(path))
         names: list[str] = []
-        self.fs.readdir(fh, 0, lambda name, attrs, nxt: names.append(name) or True)
+        self.call(self.fs.readdir, fh, 0, lambda name, attrs, nxt: names.append(name) or True)
         self.fs.releasedir(fh)
         return names
 

@@ -173,7 +173,7 @@ def test_whole_chunk_read_is_one_get(s3: S3Server, aws_env: None, mount: Any, tm
     bucket = new_bucket(s3)
     upload(s3, tmp_path / "a.zarr", bucket, "a.zarr")
     m = s3_mount(mount, s3, f"s3://{bucket}/a.zarr", "--cache-size", "0")
-    os.listdir(m.path / "c" / "0")
+    os.listdir(m.path / "c" / "1")  # the chunk's directory is listed: its lookup costs nothing more
     before, since = stats(m.path), len(s3.requests())
     tifffile.imread(m.path / "c" / "1" / "1.tiff")
     assert delta(before, stats(m.path)) == {"store_get_chunk": 1, "store_bytes_chunk": pytest.approx(
@@ -253,6 +253,26 @@ def test_shard_listing_reads_each_index_once(s3: S3Server, aws_env: None, mount:
     assert set(d) == {"store_get_chunk_ranged", "store_bytes_chunk"}, d
     gets = object_gets(s3, since, f"/{bucket}/s.zarr/c/")
     assert len(gets) == 6 and all(status == 206 for _, status in gets)
+
+
+def test_ls_of_one_directory_is_one_delimited_list_and_stat_lists_nothing(
+    s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
+) -> None:
+    stores.raw_chunks(tmp_path / "r.zarr", (12, 50))  # 12 directories of 50 one-byte objects
+    bucket = new_bucket(s3)
+    upload(s3, tmp_path / "r.zarr", bucket, "r.zarr")
+    m = s3_mount(mount, s3, f"s3://{bucket}/r.zarr")
+    since = len(s3.requests())
+    assert sorted(os.listdir(m.path / "c" / "7")) == sorted(f"{j}.tiff" for j in range(50))
+    reqs = [r for r in s3.requests()[since:] if r.path.startswith(f"/{bucket}")]
+    assert [(r.method, r.path) for r in reqs] == [("GET", f"/{bucket}")], reqs
+    assert "list-type=2" in reqs[0].query and "prefix=r.zarr/c/7/" in reqs[0].query
+    assert "delimiter=" in reqs[0].query
+    # a chunk of another directory: one HEAD of its object, no listing
+    since = len(s3.requests())
+    os.stat(m.path / "c" / "3" / "4.tiff")
+    reqs = [(r.method, r.path) for r in s3.requests()[since:] if r.path.startswith(f"/{bucket}")]
+    assert reqs == [("HEAD", f"/{bucket}/r.zarr/c/3/4")], reqs
 
 
 def test_concat_parts_array_reads_from_s3(s3: S3Server, aws_env: None, mount: Any, tmp_path: Path) -> None:

@@ -88,6 +88,10 @@ def apply_mount_options(config: MountConfig, options: list[str]) -> None:
                 config.allow_other = True
             elif key == "cache_size":
                 config.cache_bytes = parse_size(value)
+            elif key == "listing_cache":
+                config.listing_cache_names = parse_size(value)  # a count of names: 200k, 1M
+            elif key == "index_cache_size":
+                config.index_cache_bytes = parse_size(value)
             elif key == "all_chunks":
                 config.all_chunks = True
             elif key == "crop_edges":

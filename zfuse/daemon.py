@@ -39,6 +39,8 @@ class MountConfig:
     read_only: bool = False
     allow_other: bool = False
     cache_bytes: int = 256 * 1024 * 1024
+    listing_cache_names: int = ViewOptions.listing_cache_names
+    index_cache_bytes: int = ViewOptions.shard_index_cache_bytes
     all_chunks: bool = False
     crop_edges: bool = False
     max_threads: int = 8
@@ -141,6 +143,8 @@ def make_view(config: MountConfig, stats: Stats | None = None) -> View:
         crop_edges=config.crop_edges,
         cache_bytes=config.cache_bytes,
         read_only=config.read_only,
+        listing_cache_names=config.listing_cache_names,
+        shard_index_cache_bytes=config.index_cache_bytes,
     )
     obj = open_source(config.sources, config.concat_axis, read_only=config.read_only,
                       storage_options=config.storage_options, stats=stats, timeout=config.timeout)

@@ -42,7 +42,7 @@ import trio
 
 from zfuse.errors import NotAllowedError, ReadOnlyError, ZfuseError, errno_for
 from zfuse.stats import Stats
-from zfuse.view.tree import DIR, FILE, Entry, View
+from zfuse.view.tree import DIR, FILE, DirReader, Entry, View
 from zfuse.view.writes import (
     PENDING_TIMEOUT,
     REPLACE_WINDOW,
@@ -165,7 +165,7 @@ class Handle:
 @dataclass
 class _DirHandle:
     path: Path
-    entries: list[tuple[str, Entry]]
+    reader: DirReader
 
 
 def process_of(tid: int) -> int:
@@ -392,17 +392,6 @@ class FileSystem:
                         unlinked_not_yet_deleted=len(self.writes.removed))
         return _padded_json(snapshot)
 
-    async def _listed(self, path: Path, *, inside_only: bool = False) -> View:
-        """The current view with the array at `path` listed. Callers use this one view
-        for the whole request even if a reload swaps `self.view` meanwhile."""
-        view = self.view
-        arr, rest = view.array_at(path)
-        if inside_only and not rest:
-            return view
-        while arr is not None and not arr.listed:
-            await self.run(arr.ensure_listed)
-        return view
-
     async def _entry(self, path: Path, pid: int | None = None) -> Entry | None:
         """What is at `path` for process `pid`: `.zfuse/`, written files, then the view."""
         special = self._special_entry(path)
@@ -412,7 +401,9 @@ class FileSystem:
             return self.writes.entry_for(path, self._process(pid))
         if self.writes.is_removed(path):
             return None
-        view = await self._listed(path, inside_only=True)
+        view = self.view  # one view for the whole request, even if a reload swaps it
+        if view.needs_io(path):  # one existence check (or shard index), in a worker thread
+            return await self.run(view.entry, path)
         return view.entry(path)
 
     def _process(self, pid: int | None) -> int | None:
@@ -492,33 +483,48 @@ class FileSystem:
         entry = await self._entry(path)
         if entry is None or entry.kind != DIR:
             raise FsError(errno.ENOTDIR if entry else errno.ENOENT)
+        view = self.view
         if entry.node == "stats":
-            entries = [(name, special) for name in (ERRORS_FILE, MOUNT_FILE, STATS_FILE)
-                       if (special := self._special_entry((SPECIAL_DIR, name))) is not None]
+            specials = [(name, special) for name in (ERRORS_FILE, MOUNT_FILE, STATS_FILE)
+                        if (special := self._special_entry((SPECIAL_DIR, name))) is not None]
+            reader = DirReader(view, path, specials)
+            reader.fetch(0)
         else:
-            view = await self._listed(path)
-            listed = view.list_dir(path)
-            if self.writes.removed:
-                listed = [e for e in listed if not self.writes.is_removed((*path, e[0]))]
-            extra = self.writes.scratch_in(path)
-            if extra:
-                names = {name for name, _ in extra}
-                listed = sorted([e for e in listed if e[0] not in names] + extra, key=lambda e: e[0])
-            entries = listed
+            # a small directory is one sorted snapshot (paging stays consistent); a big
+            # one is read page by page in readdir. Files only the daemon holds come last.
+            reader = view.dir_reader(path, self.writes.scratch_in(path))
+            if view.needs_io(path, listing=True):
+                await self.run(reader.fetch, 0)  # that key prefix only
+            else:
+                reader.fetch(0)
         fh = self._next_fh
         self._next_fh += 1
-        self._dirs[fh] = _DirHandle(path, entries)  # a snapshot: paging stays consistent
+        self._dirs[fh] = _DirHandle(path, reader)
         return fh
 
-    def readdir(self, fh: int, start: int, accept: Callable[[str, Attributes, int], bool]) -> None:
+    async def readdir(self, fh: int, start: int, accept: Callable[[str, Attributes, int], bool]) -> None:
         """Offer entries from `start` to `accept` until it returns False (buffer full)."""
         handle = self._dirs[fh]
-        for i in range(start, len(handle.entries)):
-            name, entry = handle.entries[i]
-            attrs = self.attributes((*handle.path, name), entry)
-            if not accept(name, attrs, i + 1):
-                break
-            self.remember(attrs.ino)
+        i = start
+        while True:
+            batch = handle.reader.at_hand(i)
+            if batch is None:
+                try:
+                    await self.run(handle.reader.fetch, i)
+                except Exception as e:
+                    raise self.fail(e, "readdir", handle.path) from None
+                continue
+            if not batch:
+                return
+            for name, entry in batch:
+                path = (*handle.path, name)
+                i += 1
+                if self.writes.removed and self.writes.is_removed(path):
+                    continue  # unlinked, its store deletion still pending
+                attrs = self.attributes(path, entry)
+                if not accept(name, attrs, i):
+                    return
+                self.remember(attrs.ino)
 
     def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)

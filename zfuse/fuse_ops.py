@@ -183,7 +183,10 @@ class ZfuseOperations(pyfuse3.Operations):
         def accept(name: str, attrs: Attributes, next_id: int) -> bool:
             return pyfuse3.readdir_reply(token, os.fsencode(name), _entry_attributes(attrs), next_id)
 
-        self.fs.readdir(fh, start_id, accept)
+        try:
+            await self.fs.readdir(fh, start_id, accept)
+        except FsError as e:
+            raise pyfuse3.FUSEError(e.errno) from None
 
     async def releasedir(self, fh: int) -> None:
         self.fs.releasedir(fh)

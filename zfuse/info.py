@@ -28,12 +28,11 @@ def describe_source(config: MountConfig) -> dict[str, Any]:
             item["shown"] = False
             item["why_not"] = reasons.get(item["path"], arr.unsupported)
         else:
-            arr.ensure_listed()
             item["shown"] = True
             item["tiff_header_bytes"] = arr.layout.header_size
             item["tiff_file_bytes"] = arr.layout.file_size
             item["bigtiff"] = arr.layout.bigtiff
-            item["files"] = len(arr._existing)
+            item["files"] = arr.count_files()
         concat = getattr(src, "array", None)
         if concat is not None and hasattr(concat, "straddling_chunks"):
             from zfuse.ext.concat import describe

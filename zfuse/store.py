@@ -48,6 +48,37 @@ class AtomicLocalStore(LocalStore):
         for key in await asyncio.to_thread(_walk_keys, str(self.root), prefix):
             yield key
 
+    async def list_dir(self, prefix: str) -> AsyncIterator[str]:  # type: ignore[override]
+        """Names in one directory, read with `os.scandir` in batches off the event loop:
+        zarr's own walks the directory on its event loop, and reads it whole first."""
+        await self._ensure_open()
+        path = os.path.join(str(self.root), prefix) if prefix else str(self.root)
+        try:
+            entries = await asyncio.to_thread(os.scandir, path)
+        except (FileNotFoundError, NotADirectoryError):
+            return
+        try:
+            while True:
+                names = await asyncio.to_thread(_next_names, entries, LIST_DIR_BATCH)
+                for name in names:
+                    yield name
+                if len(names) < LIST_DIR_BATCH:
+                    return
+        finally:
+            entries.close()
+
+
+LIST_DIR_BATCH = 1000
+
+
+def _next_names(entries: Any, count: int) -> list[str]:
+    names = []
+    for entry in entries:
+        names.append(entry.name)
+        if len(names) == count:
+            break
+    return names
+
 
 def _walk_keys(root: str, prefix: str) -> list[str]:
     """Every file key under `root` that starts with `prefix` (scandir; no stat per entry)."""
@@ -140,8 +171,16 @@ class MeteredStore(WrapperStore[Store]):
 
     async def _listing(self, it: AsyncIterator[str]) -> AsyncIterator[str]:
         self.stats.count("store_list")
-        async for key in it:
-            yield key
+        keys = 0
+        try:
+            async for key in it:
+                keys += 1
+                yield key
+        finally:
+            self.stats.count("store_list_keys", keys)
+            close = getattr(it, "aclose", None)
+            if close is not None:
+                await close()  # a listing read in pages may stop early: let the store clean up
 
     def list(self) -> AsyncIterator[str]:
         return self._listing(self._store.list())

@@ -55,6 +55,18 @@ class ConcatChunkSource(ChunkSource):
                 found.update(itertools.product(*ranges))
         return sorted(found)
 
+    def chunk_exists(self, coords: Coords) -> bool:
+        """Whether any stored source chunk overlaps view chunk `coords`: existence
+        checks of those source chunks only (usually one), no listing."""
+        if not self.in_grid(coords):
+            return False
+        for index, src_region, _ in self.array.chunk_sources(coords):
+            part = self.parts[index]
+            ranges = [range(r.start // c, -(-r.stop // c)) for r, c in zip(src_region, part.chunk_shape, strict=True)]
+            if any(part.chunk_exists(c) for c in itertools.product(*ranges)):
+                return True
+        return False
+
     def _aligned(self, coords: Coords) -> tuple[ZarrChunkSource, Coords] | None:
         """The one source chunk that is exactly view chunk `coords`, if there is one.
 
@@ -111,6 +123,11 @@ class ConcatChunkSource(ChunkSource):
     def extensions(self) -> list[str]:
         return ["virtual concatenation"]
 
+    def use_index_cache(self, cache: Any) -> None:
+        for part in self.parts:
+            part.use_index_cache(cache)
+
     def invalidate(self) -> None:
+        super().invalidate()  # the whole-array listing `iter_chunk_dir` falls back on
         for part in self.parts:
             part.invalidate()

@@ -15,11 +15,12 @@ read-modify-write loses another's update.
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import threading
 import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,9 +32,18 @@ from zarr.core.sync import sync
 from zarr.storage import StorePath
 
 from zfuse.errors import CorruptDataError
+from zfuse.view.caches import BoundedLRU
 
+log = logging.getLogger("zfuse.view")
 Coords = tuple[int, ...]
 _INT_RE = re.compile(r"\d+")
+LIST_PAGE = 1000  # names taken from a store listing at a time (S3 returns 1000 per LIST page)
+DEFAULT_INDEX_CACHE_BYTES = 64 * 1024 * 1024
+DirPage = list[tuple[str, Coords | None]]  # (key name, chunk coords) or (directory name, None)
+
+
+def _canonical_int(name: str) -> bool:
+    return name.isdigit() and (name == "0" or name[0] != "0")
 
 
 class ChunkSource(ABC):
@@ -96,7 +106,73 @@ class ChunkSource(ABC):
 
     @abstractmethod
     def list_chunks(self) -> Iterable[Coords]:
-        """Coordinates of the chunks that exist in the store."""
+        """Coordinates of the chunks that exist in the store (the whole array: `zfuse info`,
+        concatenations; a mount lists by directory with `iter_chunk_dir`)."""
+
+    # -- the chunk-key tree, one directory at a time ---------------------------
+    def key_layout(self) -> tuple[tuple[str, ...], dict[int, int]]:
+        """The path of chunk (0, …, 0)'s key, and {directory level: axis} for the
+        levels that hold a coordinate (``c/0/0``: ``{1: 0}``; ``0.0``: ``{}``)."""
+        layout = getattr(self, "_key_layout", None)
+        if layout is None:
+            origin = tuple(self.chunk_key(tuple(0 for _ in self.shape)).split("/"))
+            levels = [depth for depth, name in enumerate(origin[:-1]) if name.isdigit()]
+            layout = self._key_layout = (origin, {depth: axis for axis, depth in enumerate(levels)})
+        return layout
+
+    def dir_coords(self, parts: tuple[str, ...]) -> Coords | None:
+        """The leading coordinates that chunk-key directory `parts` fixes, or None when
+        no in-grid chunk key lives under it (``("c", "3")`` -> ``(3,)``)."""
+        origin, axis_at = self.key_layout()
+        if len(parts) >= len(origin):
+            return None
+        grid = self.grid_shape
+        fixed = []
+        for depth, name in enumerate(parts):
+            axis = axis_at.get(depth)
+            if axis is None:
+                if name != origin[depth]:
+                    return None
+            elif not _canonical_int(name) or int(name) >= grid[axis]:
+                return None
+            else:
+                fixed.append(int(name))
+        return tuple(fixed)
+
+    def iter_chunk_dir(self, parts: tuple[str, ...]) -> Iterator[DirPage]:
+        """Pages of what chunk-key directory `parts` holds (``()`` is the array's own
+        directory): ``(name, coords)`` for chunks, ``(name, None)`` for subdirectories.
+
+        This fallback lists the whole array once and keeps it until `invalidate`;
+        store-backed sources list only the directory asked for.
+        """
+        depth = len(parts)
+        subdirs: set[str] = set()
+        page: DirPage = []
+        for coords, key in self._all_chunk_keys():
+            names = key.split("/")
+            if len(names) <= depth or tuple(names[:depth]) != parts:
+                continue
+            if len(names) == depth + 1:
+                page.append((names[depth], coords))
+            elif names[depth] not in subdirs:
+                subdirs.add(names[depth])
+                page.append((names[depth], None))
+        yield page
+
+    def chunk_exists(self, coords: Coords) -> bool:
+        """Whether chunk `coords` is stored (one existence check, not a listing, for
+        store-backed sources; this fallback uses the whole-array listing)."""
+        return coords in {c for c, _ in self._all_chunk_keys()}
+
+    def _all_chunk_keys(self) -> list[tuple[Coords, str]]:
+        listed = getattr(self, "_listed_keys", None)
+        if listed is None:
+            listed = self._listed_keys = self.list_chunk_keys()
+        return listed
+
+    def use_index_cache(self, cache: BoundedLRU) -> None:  # noqa: B027 - optional hook
+        """Keep shard indexes in `cache` (shared by the arrays of one view)."""
 
     @abstractmethod
     def read_chunk(self, coords: Coords, must_exist: bool = False) -> np.ndarray:
@@ -124,8 +200,9 @@ class ChunkSource(ABC):
         """Names of the Zarr extensions and notable codecs this source uses."""
         return []
 
-    def invalidate(self) -> None:  # noqa: B027 - optional hook
+    def invalidate(self) -> None:
         """Forget cached store state (after external changes)."""
+        self._listed_keys: list[tuple[Coords, str]] | None = None
 
 
 def v3_array_fields(
@@ -191,6 +268,35 @@ def _collect(aiter: Any) -> list[Any]:
     return sync(run())
 
 
+async def _take(aiter: AsyncIterator[str], count: int) -> list[str]:
+    out: list[str] = []
+    while len(out) < count:
+        try:
+            out.append(await aiter.__anext__())
+        except StopAsyncIteration:
+            break
+    return out
+
+
+def _pages(aiter: AsyncIterator[str], size: int = LIST_PAGE) -> Iterator[list[str]]:
+    """An async listing consumed `size` names at a time from a worker thread: the
+    caller can answer from the first page while later ones are still unread."""
+    try:
+        while True:
+            page = sync(_take(aiter, size))
+            if page:
+                yield page
+            if len(page) < size:
+                return
+    finally:
+        close = getattr(aiter, "aclose", None)
+        if close is not None:
+            try:
+                sync(close())
+            except Exception as e:  # closing a half-read listing must not mask why it stopped
+                log.debug("closing a store listing failed: %s", e)
+
+
 class ZarrChunkSource(ChunkSource):
     """A zarr-python array (v2 or v3, any codecs, optionally sharded)."""
 
@@ -221,7 +327,8 @@ class ZarrChunkSource(ChunkSource):
         self._eraser = array.with_config({"write_empty_chunks": False})
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        self._index_cache: dict[str, Any] = {}
+        # shard indexes: bounded, shared by the view's arrays once `use_index_cache` is called
+        self._index_cache = BoundedLRU(DEFAULT_INDEX_CACHE_BYTES)
         # Chunks are read and written directly with the codec pipeline, except for
         # v2 arrays in F order, whose chunk memory order only zarr's indexing handles
         self._direct = not (self.zarr_format == 2 and getattr(meta, "order", "C") == "F")
@@ -263,6 +370,16 @@ class ZarrChunkSource(ChunkSource):
     @property
     def grid_shape(self) -> tuple[int, ...]:
         return self._grid
+
+    @property
+    def storage_grid(self) -> tuple[int, ...]:
+        """The grid of storage objects: shards for sharded arrays, else the chunks."""
+        if self.sharding is None:
+            return self._grid
+        return tuple(-(-g // n) for g, n in zip(self._grid, self.chunks_per_shard, strict=True))
+
+    def use_index_cache(self, cache: BoundedLRU) -> None:
+        self._index_cache = cache
 
     # -- keys -------------------------------------------------------------
     def _encode_storage_key(self, coords: Coords) -> str:
@@ -384,6 +501,93 @@ class ZarrChunkSource(ChunkSource):
                     out.append(coords)
         return out
 
+    def iter_chunk_dir(self, parts: tuple[str, ...]) -> Iterator[DirPage]:
+        """One delimited listing of the store directory behind `parts`, paged.
+
+        Unsharded, the view's directories are the store's. Sharded, directory
+        names hold inner-chunk coordinates: the store directory is the one of the
+        shards covering them; a shard name there stands for the inner names it
+        covers, and at the last level the indexes of the listed shards (only
+        those) say which inner chunks exist.
+        """
+        fixed = self.dir_coords(parts)
+        if fixed is None:
+            return
+        origin, axis_at = self.key_layout()
+        per_object = self.chunks_per_shard if self.sharding is not None else (1,) * len(self.shape)
+        store_parts = [
+            str(int(name) // per_object[axis_at[depth]]) if depth in axis_at else name
+            for depth, name in enumerate(parts)
+        ]
+        head = "".join(p + "/" for p in store_parts)
+        depth = len(parts)
+        leaf = depth == len(origin) - 1
+        for names in _pages(self.store.list_dir(self.prefix + head)):
+            names = [name.rstrip("/") for name in names]  # http(s) listings mark directories "name/"
+            if not leaf:
+                yield self._subdirs(depth, names, per_object)
+            elif self.sharding is None:
+                yield self._stored_chunks(head, names)
+            else:
+                yield self._inner_chunks(head, names, fixed)
+
+    def _subdirs(self, depth: int, names: list[str], per_object: tuple[int, ...]) -> DirPage:
+        origin, axis_at = self.key_layout()
+        axis = axis_at.get(depth)
+        if axis is None:
+            return [(name, None) for name in names if name == origin[depth]]
+        span, grid = per_object[axis], self._grid[axis]
+        out: DirPage = []
+        for name in names:
+            if _canonical_int(name) and int(name) * span < grid:
+                first = int(name) * span
+                out.extend((str(i), None) for i in range(first, min(first + span, grid)))
+        return out
+
+    def _stored_chunks(self, head: str, names: list[str]) -> DirPage:
+        out: DirPage = []
+        for name in names:
+            coords = self.decode_key(head + name)
+            if coords is not None and self.in_grid(coords):
+                out.append((name, coords))
+        return out
+
+    def _inner_chunks(self, head: str, names: list[str], fixed: Coords) -> DirPage:
+        grid = self.storage_grid
+        shards = []
+        for name in names:
+            shard = self.decode_key(head + name)
+            if shard is not None and len(shard) == len(grid) and all(0 <= s < g for s, g in zip(shard, grid, strict=True)):
+                shards.append(shard)
+        out: DirPage = []
+        n = len(fixed)
+        limit = np.array(self._grid[n:])
+        for shard, index in zip(shards, sync(self._load_indexes(shards)), strict=True):
+            if index is None:
+                continue
+            base = np.array(shard) * np.array(self.chunks_per_shard)
+            # only the slab of the shard the directory's fixed coordinates select
+            local = tuple(int(f - b) for f, b in zip(fixed, base[:n], strict=True))
+            if not all(0 <= i < c for i, c in zip(local, self.chunks_per_shard, strict=False)):
+                continue
+            slab = index.get_full_chunk_map()[local]
+            found = np.argwhere(slab) + base[n:]
+            found = found[(found < limit).all(axis=1)]
+            for rest in found.tolist():
+                coords = (*fixed, *rest)
+                out.append((self.chunk_key(coords).rsplit("/", 1)[-1], coords))
+        return out
+
+    def chunk_exists(self, coords: Coords) -> bool:
+        """One existence check of the chunk's key (or one read of its shard's index,
+        then cached): no listing."""
+        if not self.in_grid(coords):
+            return False
+        if self.sharding is None:
+            return bool(sync(self.store.exists(self.prefix + self._encode_storage_key(coords))))
+        index = sync(self._shard_index(self._storage_coords(coords)))
+        return index is not None and index.get_chunk_slice(coords) is not None
+
     async def _load_indexes(self, shard_coords: Sequence[Coords]) -> list[Any]:
         sem = asyncio.Semaphore(16)
 
@@ -395,7 +599,7 @@ class ZarrChunkSource(ChunkSource):
 
     async def _shard_index(self, shard: Coords) -> Any:
         key = self.prefix + self._encode_storage_key(shard)
-        cached = self._index_cache.get(key)
+        cached = self._index_cache.get((id(self), key))
         if cached is not None:
             return cached
         assert self.sharding is not None
@@ -406,7 +610,7 @@ class ZarrChunkSource(ChunkSource):
         except Exception as e:  # a bad index checksum or a short object
             raise CorruptDataError(f"{key}: unreadable shard index: {e}") from e
         if index is not None:
-            self._index_cache[key] = index
+            self._index_cache.put((id(self), key), index, index.offsets_and_lengths.nbytes + 256)
         return index
 
     # -- reading ----------------------------------------------------------
@@ -477,7 +681,7 @@ class ZarrChunkSource(ChunkSource):
         proto = default_buffer_prototype()
         buf = await self.store.get(key, prototype=proto, byte_range=RangeByteRequest(start, end))
         if buf is None or len(buf) != end - start:
-            self._index_cache.pop(key, None)
+            self._index_cache.pop((id(self), key))
             raise CorruptDataError(f"{key}: inner chunk {coords} lies outside the stored shard")
         shard_spec = self.array.metadata.get_chunk_spec(shard, self.array._async_array._config, proto)
         return buf, self.sharding._get_chunk_spec(shard_spec)
@@ -496,7 +700,7 @@ class ZarrChunkSource(ChunkSource):
 
     def _forget_index(self, coords: Coords) -> None:
         if self.sharding is not None:
-            self._index_cache.pop(self.prefix + self._encode_storage_key(self._storage_coords(coords)), None)
+            self._index_cache.pop((id(self), self.prefix + self._encode_storage_key(self._storage_coords(coords))))
 
     def write_chunk(self, coords: Coords, data: np.ndarray) -> None:
         region = self.chunk_region(coords)
@@ -552,4 +756,5 @@ class ZarrChunkSource(ChunkSource):
                 self._forget_index(coords)
 
     def invalidate(self) -> None:
+        super().invalidate()
         self._index_cache.clear()

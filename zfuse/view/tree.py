@@ -7,10 +7,13 @@ the array's own chunk key plus ``.tiff``.
 
 Invariants:
 - The size of a chunk file comes from metadata alone (the TIFF layout), so
-  `entry()` never reads chunk data. Knowing *which* chunks exist needs one
-  listing of the array's keys (and shard indexes for sharded arrays); that is
-  done once per array by `ArrayView.ensure_listed()` and kept until
-  `refresh()`.
+  `entry()` never reads chunk data. Knowing *which* chunks exist costs store
+  requests for what is looked at only: `entry()` of one chunk file is one
+  existence check of its key (or its shard's index); `list_dir()` of a chunk
+  directory is one listing of that key prefix (plus the indexes of the shards
+  it covers). Answers are kept in the view's bounded caches (`ViewCaches`)
+  until evicted or `refresh()`; `View.needs_io()` says whether an answer is
+  already in memory, so callers on an event loop know when to use a thread.
 - Chunk bytes are the generated header followed by the chunk's values in C
   order, little endian (`bytes` codec order): the same bytes the view's
   dual-access ``zarr.json`` (suffix ``.tiff`` keys, codecs bytes + pad)
@@ -20,6 +23,7 @@ Invariants:
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import logging
 import threading
@@ -33,6 +37,7 @@ import numpy as np
 import zarr
 
 from zfuse.stats import Stats
+from zfuse.view.caches import ViewCaches
 from zfuse.view.hierarchy import (
     ImplicitGroup,
     group_members,
@@ -40,7 +45,7 @@ from zfuse.view.hierarchy import (
     stored_metadata,
     unsupported_reason,
 )
-from zfuse.view.source import ChunkSource, Coords, ZarrChunkSource
+from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, DirPage, ZarrChunkSource
 from zfuse.view.tiff import TiffLayout, build_header, plan_layout, tiff_unsupported_reason
 
 log = logging.getLogger("zfuse.view")
@@ -57,6 +62,9 @@ class ViewOptions:
     crop_edges: bool = False
     cache_bytes: int = 256 * 1024 * 1024
     read_only: bool = False
+    # directory listings and existence answers kept, in names (~190 bytes each)
+    listing_cache_names: int = 200_000
+    shard_index_cache_bytes: int = 64 * 1024 * 1024
 
 
 class Entry(NamedTuple):
@@ -134,11 +142,17 @@ class ChunkCache:
             self.used = 0
 
 
-@dataclass
-class _KeyDir:
-    """A directory implied by chunk keys: name -> subdirectory or chunk coords."""
+class _Dir:
+    """One listed directory of an array: view name -> chunk coords, or None for a subdirectory."""
 
-    children: dict[str, _KeyDir | Coords] = field(default_factory=dict)
+    __slots__ = ("generation", "children")
+
+    def __init__(self, generation: int, children: dict[str, Coords | None]) -> None:
+        self.generation = generation
+        self.children = children
+
+
+_DIR, _CHUNK = 0, 1  # cache key kinds: (id(array), kind, path or coords)
 
 
 class ArrayView:
@@ -151,11 +165,14 @@ class ArrayView:
         cache: ChunkCache,
         ome: dict[str, Any] | None = None,
         stats: Stats | None = None,
+        caches: ViewCaches | None = None,
     ) -> None:
         self.source = source
         self.options = options
         self.cache = cache
         self.stats = stats or Stats()
+        self.caches = caches or ViewCaches(options.listing_cache_names, options.shard_index_cache_bytes, stats)
+        source.use_index_cache(self.caches.indexes)
         self.unsupported: str | None = tiff_unsupported_reason(source.dtype)
         self.layout: TiffLayout | None = None
         if self.unsupported is None:
@@ -170,9 +187,11 @@ class ArrayView:
                 grid_shape=source.grid_shape,
                 array_shape=source.shape,
             )
-        self._root: _KeyDir | None = None
-        self._stale = False
-        self._existing: set[Coords] = set()
+        # Cached answers carry the generation they were made in; `refresh` moves on
+        # to a new one. Old answers are not cleared: a lookup racing with the refresh
+        # still finds them (never a false ENOENT), and the LRU ages them out.
+        self._generation = 0
+        self._changes = 0  # chunks added/removed: a listing that raced with one is not kept
         self._lock = threading.Lock()
         self._inflight: dict[Coords, threading.Lock] = {}
         self.metadata_bytes = self._view_metadata()
@@ -199,57 +218,144 @@ class ArrayView:
             return None
         return coords
 
-    # -- listing ----------------------------------------------------------
-    @property
-    def listed(self) -> bool:
-        return self._root is not None and not self._stale
+    # -- what exists (bounded caches; store I/O only for what is asked) -----
+    def _listed(self, rest: tuple[str, ...]) -> _Dir | None:
+        """Directory `rest` as listed in the current generation, if it is in memory."""
+        listed = self.caches.names.get((id(self), _DIR, rest))
+        return listed if listed is not None and listed.generation == self._generation else None
 
-    def ensure_listed(self) -> None:
-        """List the array's existing chunks once (store I/O: call from a worker thread)."""
-        if self.listed:
-            return
-        if self.layout is None:
-            self._root, self._stale = _KeyDir(), False
-            return
-        root = _KeyDir()
-        existing = set()
+    def known(self, coords: Coords) -> bool | None:
+        """Whether chunk `coords` exists, from memory only; None when unknown."""
         if self.options.all_chunks:
-            for coords in np.ndindex(*self.source.grid_shape):
-                existing.add(coords)
-                _insert(root, self.file_parts(coords), coords)
-        else:
-            for coords, key in self.source.list_chunk_keys():
-                existing.add(coords)
-                _insert(root, tuple((key + CHUNK_SUFFIX).split("/")), coords)
+            return self.source.in_grid(coords)
+        parts = self.file_parts(coords)
+        listed = self._listed(parts[:-1])
+        if listed is not None:
+            return parts[-1] in listed.children
+        answer = self.caches.names.get((id(self), _CHUNK, coords))
+        if answer is not None and answer[0] == self._generation:
+            return answer[1]
+        return None
+
+    def exists(self, coords: Coords) -> bool:
+        """Whether chunk `coords` exists: from memory, else one existence check
+        (store I/O: worker thread, unless `known()` is not None)."""
+        answer = self.known(coords)
+        if answer is None:
+            generation = self._generation
+            answer = self.source.chunk_exists(coords)
+            self.stats.count("chunk_checks")
+            self.caches.names.put((id(self), _CHUNK, coords), (generation, answer))
+        return answer
+
+    def needs_io(self, rest: tuple[str, ...], *, listing: bool = False) -> bool:
+        """Whether answering for path `rest` inside the array (`entry`, or with `listing`
+        `list_dir`) needs store I/O; False means the answer is in memory."""
+        if self.layout is None:
+            return False
+        if listing:
+            return self.is_key_prefix(rest) and self._listed(rest) is None
+        coords = self.coords_of(rest)
+        return coords is not None and self.known(coords) is None
+
+    def iter_dir(self, rest: tuple[str, ...]) -> Iterator[list[tuple[str, Coords | None]]]:
+        """Pages of directory `rest`: (file name, coords) for chunk files, (name, None)
+        for subdirectories. From memory if listed, else one listing of that directory
+        (store I/O), kept when complete and within the cache bound."""
+        if self.layout is None or not self.is_key_prefix(rest):
+            return
+        listed = self._listed(rest)
+        if listed is not None:
+            with self._lock:  # writes update listed directories in place
+                items = list(listed.children.items())
+            for i in range(0, len(items), LIST_PAGE):
+                yield items[i : i + LIST_PAGE]
+            return
+        generation, changes = self._generation, self._changes
+        limit = self.caches.names.max_cost
+        children: dict[str, Coords | None] | None = {}
+        pages = self._grid_pages(rest) if self.options.all_chunks else self.source.iter_chunk_dir(rest)
+        for page in pages:
+            self.stats.count("listing_pages")
+            items = [(name + CHUNK_SUFFIX, c) if c is not None else (name, None) for name, c in page]
+            if children is not None:
+                children.update(items)
+                if len(children) >= limit:
+                    children = None  # bigger than the whole cache: streamed, not kept
+            yield items
         with self._lock:
-            self._root, self._existing, self._stale = root, existing, False
+            if children is not None and changes == self._changes:
+                self.caches.names.put((id(self), _DIR, rest), _Dir(generation, children), len(children) + 1)
+
+    def _grid_pages(self, rest: tuple[str, ...]) -> Iterator[DirPage]:
+        """--all-chunks: every grid position under `rest`, from the grid alone."""
+        fixed = self.source.dir_coords(rest)
+        if fixed is None:
+            return
+        origin, axis_at = self.source.key_layout()
+        grid = self.source.grid_shape
+        depth = len(rest)
+        if depth < len(origin) - 1:
+            axis = axis_at.get(depth)
+            names = [origin[depth]] if axis is None else [str(i) for i in range(grid[axis])]
+            for i in range(0, len(names), LIST_PAGE):
+                yield [(name, None) for name in names[i : i + LIST_PAGE]]
+            return
+        tails = itertools.product(*(range(g) for g in grid[len(fixed) :]))
+        while True:
+            page: DirPage = []
+            for tail in itertools.islice(tails, LIST_PAGE):
+                coords = (*fixed, *tail)
+                page.append((self.source.chunk_key(coords).rsplit("/", 1)[-1], coords))
+            if not page:
+                return
+            yield page
 
     def refresh(self) -> None:
-        # Mark stale rather than clearing: lookups racing with the refresh keep the
-        # old listing until `ensure_listed` swaps in the new one (never a false ENOENT).
-        self._stale = True
+        """Forget what exists (listings, existence answers, shard indexes)."""
+        with self._lock:
+            self._generation += 1
         self.source.invalidate()
 
     def add_chunk(self, coords: Coords) -> None:
+        """A chunk was stored: listed directories on its path show it."""
+        parts = self.file_parts(coords)
+        names = self.caches.names
         with self._lock:
-            if self._root is not None and coords not in self._existing:
-                self._existing.add(coords)
-                _insert(self._root, self.file_parts(coords), coords)
+            self._changes += 1
+            names.put((id(self), _CHUNK, coords), (self._generation, True))
+            for depth in range(len(parts) - 1, -1, -1):
+                listed = self._listed(parts[:depth])
+                if listed is None:
+                    continue
+                name = parts[depth]
+                if name in listed.children:
+                    continue
+                listed.children[name] = coords if depth == len(parts) - 1 else None
+                names.update((id(self), _DIR, parts[:depth]), listed, len(listed.children) + 1)
 
     def remove_chunk(self, coords: Coords) -> None:
+        """A chunk was deleted: listed directories drop it (and directories it emptied)."""
+        if self.options.all_chunks:
+            return  # every grid position stays listed; a missing one reads as fill
+        parts = self.file_parts(coords)
+        names = self.caches.names
         with self._lock:
-            if self._root is None or coords not in self._existing:
-                return
-            if self.options.all_chunks:
-                return  # every grid position stays listed; a missing one reads as fill
-            self._existing.discard(coords)
-            _remove(self._root, self.file_parts(coords))
-
-    def exists(self, coords: Coords) -> bool:
-        return coords in self._existing
+            self._changes += 1
+            names.put((id(self), _CHUNK, coords), (self._generation, False))
+            for depth in range(len(parts) - 1, -1, -1):
+                listed = self._listed(parts[:depth])
+                if listed is None or listed.children.pop(parts[depth], ...) is ...:
+                    break
+                names.update((id(self), _DIR, parts[:depth]), listed, len(listed.children) + 1)
+                if listed.children or depth == 0:
+                    break
+                # emptied: the parent's listing drops this directory too (as a re-listing would)
 
     def successors(self, coords: Coords, count: int) -> list[Coords]:
-        """The next `count` existing chunks after `coords` in C order (for read-ahead)."""
+        """The next `count` chunks after `coords` in C order that exist or may exist
+        (read-ahead; memory only: chunks known to be missing are skipped, chunks not
+        listed or checked yet are included, and read as fill if they are missing)."""
         grid = self.source.grid_shape
         out: list[Coords] = []
         current = list(coords)
@@ -262,32 +368,32 @@ class ArrayView:
             else:
                 return out
             candidate = tuple(current)
-            if candidate in self._existing:
+            if self.known(candidate) is not False:
                 out.append(candidate)
                 if len(out) == count:
                     break
         return out
 
+    def count_files(self) -> int:
+        """Chunk files in the whole array (`zfuse info`): walks every directory."""
+        total = 0
+        stack: list[tuple[str, ...]] = [()]
+        while stack:
+            rest = stack.pop()
+            for page in self.iter_dir(rest):
+                for name, coords in page:
+                    if coords is None:
+                        stack.append((*rest, name))
+                    else:
+                        total += 1
+        return total
+
     def is_cached(self, coords: Coords) -> bool:
         return self.cache.contains((id(self), coords))
 
-    def keydir(self, parts: tuple[str, ...]) -> _KeyDir | None:
-        node: _KeyDir | Coords | None = self._root
-        for name in parts:
-            if not isinstance(node, _KeyDir):
-                return None
-            node = node.children.get(name)
-        return node if isinstance(node, _KeyDir) else None
-
     def is_key_prefix(self, parts: tuple[str, ...]) -> bool:
         """Whether `parts` is a directory some chunk key of the grid would live in."""
-        if not parts:
-            return True
-        origin = self.file_parts(tuple(0 for _ in self.source.shape))
-        if len(parts) >= len(origin):
-            return False
-        probe = _decode_dir(self, parts)
-        return probe
+        return self.source.dir_coords(parts) is not None
 
     # -- bytes ------------------------------------------------------------
     def file_size(self, coords: Coords) -> int:
@@ -333,7 +439,7 @@ class ArrayView:
     def _decode(self, coords: Coords) -> bytes:
         started = time.perf_counter()
         # a chunk we listed must still be there; with --all-chunks missing is fill
-        must_exist = not self.options.all_chunks and coords in self._existing
+        must_exist = not self.options.all_chunks and self.known(coords) is True
         values = self.source.read_chunk(coords, must_exist=must_exist)
         self.stats.count("chunks_decoded")
         self.stats.count("decode_seconds", time.perf_counter() - started)
@@ -444,50 +550,6 @@ def to_pixel_bytes(values: np.ndarray, dtype: np.dtype) -> bytes:
     return np.ascontiguousarray(values, dtype=dtype.newbyteorder("<")).tobytes()
 
 
-def _decode_dir(view: ArrayView, parts: tuple[str, ...]) -> bool:
-    """Whether a directory path is a prefix of some in-grid chunk file path."""
-    # Directory levels of the standard encodings hold one coordinate each
-    # (after a leading "c" for the default encoding): check each is in range.
-    origin = view.file_parts(tuple(0 for _ in view.source.shape))
-    coord_dirs = [i for i, name in enumerate(origin[:-1]) if name.isdigit()]
-    grid = view.source.grid_shape
-    for depth, name in enumerate(parts):
-        if depth not in coord_dirs:
-            if name != origin[depth]:
-                return False
-            continue
-        axis = coord_dirs.index(depth)
-        if not name.isdigit() or str(int(name)) != name or int(name) >= grid[axis]:
-            return False
-    return True
-
-
-def _insert(root: _KeyDir, parts: tuple[str, ...], coords: Coords) -> None:
-    node = root
-    for name in parts[:-1]:
-        child = node.children.get(name)
-        if not isinstance(child, _KeyDir):
-            child = _KeyDir()
-            node.children[name] = child
-        node = child
-    node.children[parts[-1]] = coords
-
-
-def _remove(root: _KeyDir, parts: tuple[str, ...]) -> None:
-    trail = [root]
-    for name in parts[:-1]:
-        child = trail[-1].children.get(name)
-        if not isinstance(child, _KeyDir):
-            return
-        trail.append(child)
-    trail[-1].children.pop(parts[-1], None)
-    # prune directories the removal emptied
-    for depth in range(len(parts) - 2, -1, -1):
-        if trail[depth + 1].children:
-            break
-        trail[depth].children.pop(parts[depth], None)
-
-
 @dataclass
 class _Node:
     """A group or array of the hierarchy."""
@@ -541,8 +603,18 @@ class View:
         node, rest = self._split(path)
         return node.array, rest
 
+    def needs_io(self, path: tuple[str, ...], *, listing: bool = False) -> bool:
+        """Whether `entry(path)` (or with `listing`, `list_dir(path)`) needs store I/O.
+        False: the answer is in memory, callers on an event loop may call directly."""
+        node, rest = self._split(path)
+        arr = node.array
+        if arr is None or (not rest and not listing):
+            return False
+        return arr.needs_io(rest, listing=listing)
+
     def entry(self, path: tuple[str, ...]) -> Entry | None:
-        """What is at `path`, from memory (the array at `path` must be listed)."""
+        """What is at `path`. A chunk file not known yet costs one existence check
+        (store I/O: worker thread, unless `needs_io(path)` is False); nothing lists."""
         node, rest = self._split(path)
         if not rest:
             return Entry(DIR, node=node.kind, array=node.array)
@@ -553,47 +625,112 @@ class View:
         arr = node.array
         if arr is None or arr.layout is None:
             return None
-        keydir = arr.keydir(rest[:-1])
-        child = keydir.children.get(rest[-1]) if keydir is not None else None
-        if child is None:
-            # A directory some chunk key of the grid would live in exists even
-            # when empty, so `cp x c/3/0.tiff` works after `rm c/3/*`.
-            return Entry(DIR, array=arr, node="keydir") if arr.is_key_prefix(rest) else None
-        if isinstance(child, _KeyDir):
-            return Entry(DIR, array=arr, node="keydir")
-        return Entry(FILE, size=arr.file_size(child), array=arr, coords=child, node="chunk")
+        coords = arr.coords_of(rest)
+        if coords is not None:
+            if not arr.exists(coords):
+                return None
+            return Entry(FILE, size=arr.file_size(coords), array=arr, coords=coords, node="chunk")
+        # A directory some chunk key of the grid would live in exists even when
+        # empty, so `cp x c/3/0.tiff` works after `rm c/3/*`.
+        return Entry(DIR, array=arr, node="keydir") if arr.is_key_prefix(rest) else None
 
     def list_dir(self, path: tuple[str, ...]) -> list[tuple[str, Entry]]:
-        """Entries of a directory, sorted by name (the array must be listed)."""
-        node, rest = self._split(path)
-        out: list[tuple[str, Entry]] = []
-        if not rest:
-            out.append(
-                (META_NAME, Entry(FILE, size=len(node.metadata), content=node.metadata, node="meta"))
-            )
-            if node.readme:
-                out.append((README_NAME, Entry(FILE, size=len(node.readme), content=node.readme, node="meta")))
-            for name, child in node.children.items():
-                out.append((name, Entry(DIR, node=child.kind, array=child.array)))
-        arr = node.array
-        if arr is not None and arr.layout is not None:
-            keydir = arr.keydir(rest)
-            if keydir is None and rest:
-                return []
-            if keydir is not None:
-                for name, child in keydir.children.items():
-                    if isinstance(child, _KeyDir):
-                        out.append((name, Entry(DIR, array=arr, node="keydir")))
-                    else:
-                        size = arr.file_size(child)
-                        out.append((name, Entry(FILE, size=size, array=arr, coords=child, node="chunk")))
+        """Entries of a directory, sorted by name. A chunk directory not listed yet is
+        listed (that key prefix only; store I/O: worker thread, unless
+        `needs_io(path, listing=True)` is False)."""
+        out = [item for page in self.iter_entries(path) for item in page]
         out.sort(key=lambda item: item[0])
         return out
+
+    def iter_entries(self, path: tuple[str, ...]) -> Iterator[list[tuple[str, Entry]]]:
+        """Pages of a directory's entries, in listing order (see `list_dir`)."""
+        node, rest = self._split(path)
+        if not rest:
+            first = [(META_NAME, Entry(FILE, size=len(node.metadata), content=node.metadata, node="meta"))]
+            if node.readme:
+                first.append((README_NAME, Entry(FILE, size=len(node.readme), content=node.readme, node="meta")))
+            first += [(name, Entry(DIR, node=child.kind, array=child.array)) for name, child in node.children.items()]
+            yield first
+        arr = node.array
+        if arr is None or arr.layout is None:
+            return
+        for page in arr.iter_dir(rest):
+            out: list[tuple[str, Entry]] = []
+            for name, coords in page:
+                if coords is None:
+                    out.append((name, Entry(DIR, array=arr, node="keydir")))
+                else:
+                    out.append((name, Entry(FILE, size=arr.file_size(coords), array=arr, coords=coords, node="chunk")))
+            yield out
+
+    def dir_reader(self, path: tuple[str, ...], tail: list[tuple[str, Entry]] | None = None) -> DirReader:
+        """A reader of directory `path` for readdir, `tail` entries (scratch files) last."""
+        return DirReader(self, path, tail or [])
 
     def refresh(self) -> None:
         self.cache.clear()
         for _, arr in self.arrays():
             arr.refresh()
+
+
+class DirReader:
+    """One open directory, read by offset (readdir). A directory of up to
+    `SNAPSHOT_MAX` names is one sorted snapshot taken at the first `fetch`; a
+    bigger one (a flat array of a million chunks) is streamed in listing order,
+    one page in memory at a time, and answered as soon as the page asked for is
+    read. Seeking back restarts the listing.
+
+    `at_hand` answers from memory (event loop); `fetch` may do store I/O (worker
+    thread). One reader is used by one readdir at a time (the kernel serialises them).
+    """
+
+    SNAPSHOT_MAX = 10 * LIST_PAGE
+
+    def __init__(self, view: View, path: tuple[str, ...], tail: list[tuple[str, Entry]]) -> None:
+        self.view = view
+        self.path = path
+        self.tail = tail
+        self._pages: Iterator[list[tuple[str, Entry]]] | None = None
+        self._base = 0  # offset of _buffer[0]
+        self._buffer: list[tuple[str, Entry]] = []
+        self._done = False
+        self._started = False
+
+    def at_hand(self, start: int) -> list[tuple[str, Entry]] | None:
+        """Entries from offset `start` that are in memory; [] at the end; None: `fetch` first."""
+        if not self._started:
+            return None
+        end = self._base + len(self._buffer)
+        if self._base <= start < end:
+            return self._buffer[start - self._base :]
+        if start >= end and self._done:
+            return []
+        return None
+
+    def fetch(self, start: int) -> None:
+        """Read until offset `start` is at hand (store I/O for directories not listed)."""
+        if not self._started or start < self._base:
+            self._restart()
+        assert self._pages is not None
+        while not self._done and start >= self._base + len(self._buffer):
+            self._base += len(self._buffer)
+            page = next(self._pages, None)
+            if page is None:
+                self._buffer, self._done = self.tail, True
+            else:
+                self._buffer = page
+
+    def _restart(self) -> None:
+        self._pages = self.view.iter_entries(self.path)
+        self._base, self._done, self._started = 0, False, True
+        first: list[tuple[str, Entry]] = []
+        for page in self._pages:
+            first += page
+            if len(first) > self.SNAPSHOT_MAX:
+                self._buffer = first  # big: streamed from here on, in listing order
+                return
+        first.sort(key=lambda item: item[0])
+        self._buffer, self._done = first + self.tail, True
 
 
 # -- building a view from a source -------------------------------------------
@@ -642,6 +779,7 @@ def build_view(
     `View.problems`; its neighbours are shown as usual.
     """
     cache = ChunkCache(options.cache_bytes)
+    caches = ViewCaches(options.listing_cache_names, options.shard_index_cache_bytes, stats)
     problems: list[Problem] = []
 
     def shown_path(path: tuple[str, ...]) -> str:
@@ -654,7 +792,7 @@ def build_view(
 
     def array_node(source: ChunkSource, ome: dict[str, Any] | None, path: tuple[str, ...]) -> _Node:
         try:
-            view = ArrayView(source, options, cache, ome, stats)
+            view = ArrayView(source, options, cache, ome, stats, caches)
         except Exception as exc:  # metadata the view cannot lay out: this array only
             doc = getattr(source, "stored_form", source.v3_metadata)()
             reason = unsupported_reason(shown_path(path), exc, doc)

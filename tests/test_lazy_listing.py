@@ -1,0 +1,232 @@
+"""Listing what is looked at, with no FUSE: a counting store under the view says which
+store requests each lookup and listing costs, and the caches' bounds hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+
+from zfuse.stats import Stats
+from zfuse.store import AtomicLocalStore
+from zfuse.view.tree import DirReader, View, ViewOptions, build_view
+
+from stores import CountingStore, raw_chunks
+
+GRID = (30, 40)
+
+
+def expected_value(coords: tuple[int, ...]) -> int:
+    return int(np.ravel_multi_index(coords, GRID)) % 251 + 1
+
+
+def open_view(path: Path, **options) -> tuple[View, CountingStore, Stats]:
+    counting = CountingStore(AtomicLocalStore(str(path), read_only=False))
+    stats = Stats()
+    view = build_view(zarr.open_array(counting, mode="r+"), ViewOptions(**options), stats)
+    counting.reset()
+    return view, counting, stats
+
+
+def names(view: View, path: tuple[str, ...]) -> list[str]:
+    return [name for name, _ in view.list_dir(path)]
+
+
+@pytest.fixture
+def slash(tmp_path: Path) -> Path:
+    raw_chunks(tmp_path / "a.zarr", GRID, every=3)  # a third of the chunks stored
+    return tmp_path / "a.zarr"
+
+
+def test_stat_of_one_chunk_is_one_existence_check_no_listing(slash: Path) -> None:
+    view, store, _ = open_view(slash)
+    assert view.needs_io(("c", "7", "5.tiff"))
+    entry = view.entry(("c", "7", "5.tiff"))  # 7*40+5 = 285, a multiple of 3: stored
+    assert entry is not None and entry.coords == (7, 5)
+    assert view.entry(("c", "7", "6.tiff")) is None  # not stored
+    assert store.lists == [] and store.gets == []
+    assert store.exists_checks == ["c/7/5", "c/7/6"]
+    # answered from memory now: no second check
+    assert not view.needs_io(("c", "7", "5.tiff")) and view.entry(("c", "7", "5.tiff")) is not None
+    assert store.exists_checks == ["c/7/5", "c/7/6"]
+    # directories implied by the grid need nothing at all
+    assert view.entry(("c", "29")).kind == "dir" and view.entry(("c", "30")) is None
+    assert store.lists == [] and len(store.exists_checks) == 2
+
+
+def test_listing_one_directory_lists_that_prefix_only(slash: Path) -> None:
+    view, store, stats = open_view(slash)
+    assert view.needs_io(("c", "7"), listing=True)
+    got = names(view, ("c", "7"))
+    want = sorted(f"{j}.tiff" for j in range(40) if (7 * 40 + j) % 3 == 0)
+    assert got == want
+    assert store.lists == [("list_dir", "c/7/")]
+    assert store.gets == [] and store.exists_checks == []  # ls reads no chunk data
+    assert stats.snapshot()["listing_pages"] == 1
+    # again, and lookups in it: from memory
+    assert not view.needs_io(("c", "7"), listing=True)
+    assert names(view, ("c", "7")) == want
+    assert view.entry(("c", "7", "2.tiff")) is not None and view.entry(("c", "7", "3.tiff")) is None
+    assert store.lists == [("list_dir", "c/7/")] and store.exists_checks == []
+    # the array directory and c/ are one listing each, of their own prefix
+    assert names(view, ()) == ["c", "zarr.json"]
+    assert names(view, ("c",)) == sorted(str(i) for i in range(30))
+    assert store.lists == [("list_dir", "c/7/"), ("list_dir", ""), ("list_dir", "c/")]
+
+
+def test_sharded_directory_reads_only_the_indexes_of_its_shards(tmp_path: Path) -> None:
+    raw_chunks(tmp_path / "s.zarr", GRID, shard=(4, 8))  # storage grid 8 x 5 shards
+    view, store, _ = open_view(tmp_path / "s.zarr")
+    assert names(view, ("c", "13")) == sorted(f"{j}.tiff" for j in range(40))
+    assert store.lists == [("list_dir", "c/3/")]  # inner row 13 lives in shard row 3
+    assert sorted(key for key, _ in store.gets) == [f"c/3/{j}" for j in range(5)]  # 5 index reads
+    # a neighbouring row in the same shards: the indexes are cached
+    store.reset()
+    assert len(names(view, ("c", "14"))) == 40
+    assert store.gets == []
+    # one chunk of another shard: one index read, no listing
+    store.reset()
+    assert view.entry(("c", "29", "39.tiff")) is not None
+    assert store.lists == [] and [key for key, _ in store.gets] == ["c/7/4"]
+    entry = view.entry(("c", "29", "39.tiff"))
+    assert entry.array.pixel_bytes((29, 39)) == bytes([expected_value((29, 39))])
+
+
+def test_flat_keys_lookup_checks_one_key_and_listing_is_paged(tmp_path: Path) -> None:
+    grid = (150, 100)  # 15,000 chunks, all in the array's own directory (c.i.j)
+    raw_chunks(tmp_path / "f.zarr", grid, separator=".")
+    view, store, _ = open_view(tmp_path / "f.zarr")
+    assert view.entry(("c.149.99.tiff",)) is not None
+    assert store.lists == [] and store.exists_checks == ["c.149.99"]
+    # readdir of the array directory: answered after the first pages, not the whole listing
+    reader = DirReader(view, (), [])
+    assert reader.at_hand(0) is None
+    reader.fetch(0)
+    first = reader.at_hand(0)
+    assert first and store.listed_names[0] < 15_000
+    seen = []
+    offset = 0
+    while True:
+        batch = reader.at_hand(offset)
+        if batch is None:
+            reader.fetch(offset)
+            continue
+        if not batch:
+            break
+        seen += [name for name, _ in batch]
+        offset += len(batch)
+    assert sorted(seen) == sorted(["zarr.json"] + [f"c.{i}.{j}.tiff" for i in range(150) for j in range(100)])
+    assert store.lists == [("list_dir", "")]
+    # seeking back restarts the listing and gives the same order
+    reader.fetch(5)
+    assert [name for name, _ in reader.at_hand(5)[:3]] == seen[5:8]
+
+
+def test_small_directory_reader_is_one_sorted_snapshot(slash: Path) -> None:
+    view, _, _ = open_view(slash)
+    reader = view.dir_reader(("c", "1"), tail=[("scratch.tmp", view.entry(("c",)))])
+    reader.fetch(0)
+    got = [name for name, _ in reader.at_hand(0)]
+    assert got == names(view, ("c", "1")) + ["scratch.tmp"]
+    assert reader.at_hand(len(got)) == []
+
+
+def test_cache_bound_holds_when_browsing_many_directories(slash: Path) -> None:
+    view, store, stats = open_view(slash, listing_cache_names=100)
+    for i in range(30):
+        assert len(names(view, ("c", str(i)))) in (13, 14)
+        assert view.entry(("c", str(i), "0.tiff")) is not None or (i * 40) % 3
+    caches = next(arr for _, arr in view.arrays()).caches
+    assert caches.names.used <= 100
+    snap = stats.snapshot()
+    assert snap["listing_evictions"] > 0 and snap["listing_cache_names"] <= 100
+    # an evicted directory is listed again when asked, with the same answer
+    store.reset()
+    assert names(view, ("c", "0")) == sorted(f"{j}.tiff" for j in range(40) if j % 3 == 0)
+    assert store.lists == [("list_dir", "c/0/")]
+
+
+def test_directory_bigger_than_the_cache_is_streamed_not_kept(slash: Path) -> None:
+    view, store, _ = open_view(slash, listing_cache_names=10)
+    assert len(names(view, ("c", "3"))) == 14
+    assert view.needs_io(("c", "3"), listing=True)  # not kept
+    # lookups in it are single checks
+    store.reset()
+    assert view.entry(("c", "3", "3.tiff")) is not None  # 3*40+3 is a multiple of 3
+    assert store.lists == [] and store.exists_checks == ["c/3/3"]
+
+
+def test_shard_index_cache_is_bounded(tmp_path: Path) -> None:
+    raw_chunks(tmp_path / "s.zarr", GRID, shard=(4, 8))
+    # one index of 32 inner chunks is 512 bytes (+256 counted): room for two
+    view, store, stats = open_view(tmp_path / "s.zarr", shard_index_cache_bytes=1600)
+    for i in range(0, 30, 4):
+        names(view, ("c", str(i)))
+    arr = next(arr for _, arr in view.arrays())
+    assert arr.caches.indexes.used <= 1600
+    assert stats.snapshot()["shard_index_evictions"] > 0
+
+
+def test_writes_update_listed_directories(slash: Path) -> None:
+    view, store, _ = open_view(slash)
+    arr = next(arr for _, arr in view.arrays())
+    assert "1.tiff" not in names(view, ("c", "0"))
+    arr.source.write_chunk((0, 1), np.full((1, 1), 9, dtype="uint8"))
+    arr.add_chunk((0, 1))
+    assert "1.tiff" in names(view, ("c", "0"))
+    assert view.entry(("c", "0", "1.tiff")) is not None
+    # removing every chunk of a listed row (`rm c/2/*`) drops the row from the listed parent
+    assert "2" in names(view, ("c",)) and names(view, ("c", "2"))
+    for j in range(40):
+        if arr.exists((2, j)):
+            arr.source.delete_chunk((2, j))
+            arr.remove_chunk((2, j))
+    assert names(view, ("c", "2")) == [] and "2" not in names(view, ("c",))
+    assert view.entry(("c", "2")).kind == "dir"  # still there to be written into
+    n_lists = len(store.lists)
+    assert view.entry(("c", "2", "0.tiff")) is None and len(store.lists) == n_lists
+
+
+def test_refresh_forgets_listings_and_existence(slash: Path) -> None:
+    view, store, _ = open_view(slash)
+    assert "1.tiff" not in names(view, ("c", "0"))
+    assert view.entry(("c", "5", "2.tiff")) is None
+    (slash / "c" / "0" / "1").write_bytes(b"\x07")  # another writer
+    (slash / "c" / "5" / "2").write_bytes(b"\x07")
+    assert "1.tiff" not in names(view, ("c", "0"))  # cached until a refresh
+    view.refresh()
+    assert view.needs_io(("c", "0"), listing=True) and view.needs_io(("c", "5", "2.tiff"))
+    assert "1.tiff" in names(view, ("c", "0"))
+    assert view.entry(("c", "5", "2.tiff")) is not None
+
+
+def test_all_chunks_lists_the_grid_without_the_store(slash: Path) -> None:
+    view, store, _ = open_view(slash, all_chunks=True)
+    assert names(view, ("c", "4")) == sorted(f"{j}.tiff" for j in range(40))
+    assert view.entry(("c", "4", "1.tiff")) is not None
+    assert store.lists == [] and store.exists_checks == []
+
+
+def test_count_files_walks_every_directory(slash: Path) -> None:
+    view, _, _ = open_view(slash)
+    arr = next(arr for _, arr in view.arrays())
+    assert arr.count_files() == len(range(0, 30 * 40, 3))
+
+
+def test_concat_existence_checks_agree_with_its_listing(tmp_path: Path) -> None:
+    from zfuse.ext.concat import concat
+    from zfuse.view.concat_source import ConcatChunkSource
+
+    parts = []
+    for n, rows in enumerate((12, 9)):  # the second source starts mid-chunk: straddling chunks
+        arr = zarr.create_array(str(tmp_path / f"{n}.zarr"), shape=(rows, 16), chunks=(4, 8), dtype="uint8",
+                                fill_value=0)
+        arr[0:4, 0:8] = 1
+        arr[rows - 1, 15] = 2
+        parts.append(zarr.open_array(str(tmp_path / f"{n}.zarr"), mode="r"))
+    source = ConcatChunkSource(concat(parts, axis=0))
+    listed = set(source.list_chunks())
+    checked = {c for c in np.ndindex(*source.grid_shape) if source.chunk_exists(c)}
+    assert checked == listed and len(listed) >= 3
