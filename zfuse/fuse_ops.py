@@ -29,7 +29,15 @@ import trio
 from zfuse.errors import CorruptDataError, InvalidTiffError, MetadataError, ZfuseError
 from zfuse.stats import Stats
 from zfuse.view.tree import DIR, Entry, View
-from zfuse.view.writes import FileTooLargeError, OpenFile, ReadOnlyError, Released, Writes
+from zfuse.view.whole_image import NAMES as IMAGE_NAMES
+from zfuse.view.writes import (
+    FileTooLargeError,
+    NotAllowedError,
+    OpenFile,
+    ReadOnlyError,
+    Released,
+    Writes,
+)
 
 log = logging.getLogger("zfuse.fuse")
 T = TypeVar("T")
@@ -94,6 +102,31 @@ def errno_for(exc: BaseException) -> int:
 class _DirHandle:
     path: tuple[str, ...]
     entries: list[tuple[str, Entry]]
+
+
+class _ImageHandle:
+    """An open whole-image file: read-only; reads go to its `WholeImage` reader.
+    Duck-types the parts of `OpenFile` the adapter touches (no state, no array)."""
+
+    state = None
+    array = None
+    coords = None
+    content = None
+    writable = False
+
+    def __init__(self, path: tuple[str, ...], reader: Any) -> None:
+        self.path = path
+        self.reader = reader
+        self.inode = 0
+
+    def entry(self) -> Entry:
+        return Entry("file", size=self.reader.size, node="image", reader=self.reader)
+
+    def read_cached(self, off: int, size: int) -> bytes | None:
+        return self.reader.read_cached(off, size)
+
+    def read(self, off: int, size: int) -> bytes:
+        return self.reader.read(off, size)
 
 
 class ZfuseOperations(pyfuse3.Operations):
@@ -215,7 +248,7 @@ class ZfuseOperations(pyfuse3.Operations):
         attrs = pyfuse3.EntryAttributes()
         attrs.st_ino = self._inode_of.get(path) or self._inode(path) if inode is None else inode
         node = entry.node
-        writable = not self.read_only and node != "stats" and node != "meta"
+        writable = not self.read_only and node != "stats" and node != "meta" and node != "image"
         if entry.kind == DIR:
             attrs.st_mode = self._dir_modes[writable]
             attrs.st_nlink = 2
@@ -281,6 +314,8 @@ class ZfuseOperations(pyfuse3.Operations):
             if fields.update_size and entry is not None and entry.node in ("meta", "stats"):
                 raise pyfuse3.FUSEError(errno.EROFS if self.read_only else errno.EACCES)
             if fields.update_size:
+                await self._refuse_image(path, "truncate")
+            if fields.update_size:
                 await self.writes.truncate(path, attr.st_size, self._files.get(fh) if fh else None, self._thread)
                 await self._invalidate(path)
             elif (fields.update_mode or fields.update_uid or fields.update_gid) and self.read_only:
@@ -341,7 +376,11 @@ class ZfuseOperations(pyfuse3.Operations):
                 raise pyfuse3.FUSEError(errno.ENOENT)
             if entry is not None and entry.kind == DIR:
                 raise pyfuse3.FUSEError(errno.EISDIR)
-            if entry is not None and entry.node in ("stats", "meta"):
+            if entry is not None and entry.node == "image":
+                if wants_write:
+                    await self._refuse_image(path, "open for writing")
+                handle: Any = _ImageHandle(path, entry.reader)
+            elif entry is not None and entry.node in ("stats", "meta"):
                 if flags & (os.O_WRONLY | os.O_RDWR):
                     raise pyfuse3.FUSEError(errno.EROFS if self.read_only else errno.EACCES)
                 content = self._stats_bytes() if entry.node == "stats" else entry.content or b""
@@ -357,9 +396,11 @@ class ZfuseOperations(pyfuse3.Operations):
         if handle.state is None and handle.array is not None and handle.coords is not None:
             self._read_ahead(handle.array, handle.coords)
         # Unchanged chunks keep their kernel page cache across opens; writers
-        # don't; the live stats file is never cached.
+        # don't; the live stats file is never cached; whole-image files are
+        # re-read per open (a write to any of their chunks changes them).
         live = entry is not None and entry.node == "stats"
-        return pyfuse3.FileInfo(fh=fh, keep_cache=not (handle.writable or live), direct_io=live)
+        image = entry is not None and entry.node == "image"
+        return pyfuse3.FileInfo(fh=fh, keep_cache=not (handle.writable or live or image), direct_io=live)
 
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any
@@ -367,6 +408,7 @@ class ZfuseOperations(pyfuse3.Operations):
         path = (*self._path(parent_inode), os.fsdecode(name))
         try:
             self._refuse_special(path)
+            await self._refuse_image(path, "create")
             handle = await self.writes.create(path, flags, self._thread)
         except Exception as e:
             raise self._fail(e, "create", path) from None
@@ -465,6 +507,15 @@ class ZfuseOperations(pyfuse3.Operations):
             if path[:1] == (STATS_DIR,):
                 raise pyfuse3.FUSEError(errno.EROFS if self.read_only else errno.EPERM)
 
+    async def _refuse_image(self, path: tuple[str, ...], op: str) -> None:
+        """Whole-image files are read-only views: EROFS (-o ro) or EACCES, logged by `_fail`."""
+        if path[-1:] and path[-1] in IMAGE_NAMES:
+            entry = (await self._listed_view(path, inside_only=True)).entry(path)
+            if entry is not None and entry.node == "image":
+                code = errno.EROFS if self.read_only else errno.EACCES
+                raise NotAllowedError(code, f"{op} refused: {'/'.join(path)} is a read-only "
+                                            "whole-image view of the array; write chunk files instead")
+
     async def _keep_readers(self, path: tuple[str, ...]) -> None:
         """Readers of a chunk about to be unlinked or replaced keep its current bytes."""
         for handle in list(self._files.values()):
@@ -477,6 +528,7 @@ class ZfuseOperations(pyfuse3.Operations):
         path = (*self._path(parent_inode), os.fsdecode(name))
         try:
             self._refuse_special(path)
+            await self._refuse_image(path, "unlink")
             await self._keep_readers(path)
             await self.writes.unlink(path, self._thread)
         except Exception as e:
@@ -490,6 +542,8 @@ class ZfuseOperations(pyfuse3.Operations):
         new = (*self._path(parent_new), os.fsdecode(name_new))
         try:
             self._refuse_special(old, new)
+            await self._refuse_image(old, "rename")
+            await self._refuse_image(new, "rename onto")
             await self._keep_readers(old)
             await self._keep_readers(new)
             await self.writes.rename(old, new, flags, self._thread)
@@ -548,7 +602,26 @@ class ZfuseOperations(pyfuse3.Operations):
                 self._rebind(handle)
             for state in self.writes.states.values():
                 self._rebind(state)
+        for handle in list(self._files.values()):
+            if isinstance(handle, _ImageHandle):
+                await self._rebind_image(handle)
         await trio.to_thread.run_sync(self._invalidate_all)
+
+    async def _rebind_image(self, handle: _ImageHandle) -> None:
+        """An open whole-image file follows a reload if its bytes layout is unchanged;
+        otherwise its reads fail (EIO, logged): the reader must reopen it."""
+        entry = self.view.entry(handle.path)
+        new = entry.reader if entry is not None and entry.node == "image" else None
+        try:
+            same = new is not None and await self._thread(handle.reader.same_layout, new)
+        except Exception as e:
+            log.warning("reload: %s: %s", "/".join(handle.path), e)
+            same = False
+        if same:
+            handle.reader = new
+        else:
+            handle.reader.invalidate(f"{'/'.join(handle.path)} changed on reload (the store "
+                                     "changed): reopen the file")
 
     def _rebind(self, holder: Any) -> None:
         """Point an open file (or write state) at its array in the current view."""

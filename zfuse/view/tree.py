@@ -35,6 +35,15 @@ import zarr
 from zfuse.stats import Stats
 from zfuse.view.source import ChunkSource, Coords, ZarrChunkSource
 from zfuse.view.tiff import TiffLayout, build_header, plan_layout, tiff_unsupported_reason
+from zfuse.view.whole_image import (
+    IMAGE_NAME,
+    PYRAMID_NAME,
+    WholeImage,
+    multiscale_paths,
+    omero_channels,
+    pyramid_levels,
+)
+from zfuse.view.whole_image import NAMES as IMAGE_NAMES
 
 log = logging.getLogger("zfuse.view")
 
@@ -63,7 +72,8 @@ class Entry(NamedTuple):
     array: ArrayView | None = None
     coords: Coords | None = None
     content: bytes | None = None  # metadata files
-    node: str = ""  # "group" | "array" | "keydir" | "meta" | "chunk"
+    node: str = ""  # "group" | "array" | "keydir" | "meta" | "chunk" | "image"
+    reader: Any = None  # node "image": the whole-image file (size, read_cached, read)
 
 
 class ChunkCache:
@@ -166,6 +176,7 @@ class ArrayView:
         self._existing: set[Coords] = set()
         self._lock = threading.Lock()
         self._inflight: dict[Coords, threading.Lock] = {}
+        self.changes = 0  # chunks written or deleted through the view
         self.metadata_bytes = self._view_metadata()
 
     # -- names ------------------------------------------------------------
@@ -360,6 +371,7 @@ class ArrayView:
 
     def forget(self, coords: Coords) -> None:
         self.cache.drop((id(self), coords))
+        self.changes += 1  # whole-image files with stored byte counts re-plan
 
     # -- metadata -----------------------------------------------------------
     def _view_metadata(self) -> bytes:
@@ -469,6 +481,8 @@ class View:
         self.root = root
         self.options = options
         self.cache = cache
+        self._images: dict[tuple[str, ...], dict[str, WholeImage]] = {}
+        self._images_lock = threading.Lock()
 
     def arrays(self) -> Iterator[tuple[tuple[str, ...], ArrayView]]:
         def walk(node: _Node, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], ArrayView]]:
@@ -500,6 +514,10 @@ class View:
             return Entry(DIR, node=node.kind, array=node.array)
         if rest == (META_NAME,):
             return Entry(FILE, size=len(node.metadata), content=node.metadata, node="meta")
+        if len(rest) == 1 and rest[0] in IMAGE_NAMES:
+            image = self.whole_images(path[:-1], node).get(rest[0])
+            if image is not None:
+                return Entry(FILE, size=image.size, array=node.array, node="image", reader=image)
         arr = node.array
         if arr is None or arr.layout is None:
             return None
@@ -523,6 +541,8 @@ class View:
             )
             for name, child in node.children.items():
                 out.append((name, Entry(DIR, node=child.kind, array=child.array)))
+            for name, image in self.whole_images(path, node).items():
+                out.append((name, Entry(FILE, size=image.size, array=node.array, node="image", reader=image)))
         arr = node.array
         if arr is not None and arr.layout is not None:
             keydir = arr.keydir(rest)
@@ -540,8 +560,78 @@ class View:
 
     def refresh(self) -> None:
         self.cache.clear()
+        with self._images_lock:
+            self._images.clear()
         for _, arr in self.arrays():
             arr.refresh()
+
+    def whole_images(self, path: tuple[str, ...], node: _Node | None = None) -> dict[str, WholeImage]:
+        """The whole-image files directory `path` shows (planned from metadata, no I/O)."""
+        with self._images_lock:
+            images = self._images.get(path)
+            if images is not None and not any(i.stale for i in images.values()):
+                return images
+        if node is None:
+            node, rest = self._split(path)
+            if rest:
+                return {}
+        parent = self._split(path[:-1])[0] if path else None
+        images = plan_whole_images(path, node, parent)
+        with self._images_lock:
+            self._images[path] = images
+        return images
+
+    def all_whole_images(self) -> Iterator[tuple[tuple[str, ...], WholeImage]]:
+        """Every whole-image file of the view, with its path."""
+
+        def walk(node: _Node, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], WholeImage]]:
+            for name, image in self.whole_images(path, node).items():
+                yield (*path, name), image
+            for name, child in node.children.items():
+                yield from walk(child, (*path, name))
+
+        yield from walk(self.root, ())
+
+
+def plan_whole_images(path: tuple[str, ...], node: _Node, parent: _Node | None) -> dict[str, WholeImage]:
+    """`image.ome.tif` for an array, `pyramid.ome.tif` for an OME-Zarr multiscale group."""
+    label = "/".join(path) or "/"
+    out: dict[str, WholeImage] = {}
+    try:
+        if node.array is not None and node.array.layout is not None:
+            attrs = _node_attrs(parent) if parent is not None and path else {}
+            ome = _ome_for(attrs, path[-1]) if path else None
+            if ome is None:
+                names = node.array.source.v3_metadata().get("dimension_names")
+                ome = {"axes": list(names)} if names and all(names) else None
+            out[IMAGE_NAME] = WholeImage(IMAGE_NAME, [node.array], ome, omero_channels(attrs), label=label)
+        elif node.kind == "group" and PYRAMID_NAME not in node.children:
+            attrs = _node_attrs(node)
+            paths = multiscale_paths(attrs)
+            arrays = [_descend(node, p) for p in paths or ()]
+            if arrays and all(a is not None and a.layout is not None for a in arrays):
+                levels = pyramid_levels(arrays, label)  # type: ignore[arg-type]
+                out[PYRAMID_NAME] = WholeImage(PYRAMID_NAME, levels, _ome_for(attrs, paths[0]),  # type: ignore[index]
+                                               omero_channels(attrs), label=label)
+    except Exception as e:  # a whole-image file is an extra: never lose the directory over it
+        log.warning("%s: no whole-image file: %s", label, e)
+    return out
+
+
+def _node_attrs(node: _Node) -> dict[str, Any]:
+    try:
+        return dict(json.loads(node.metadata).get("attributes") or {})
+    except (ValueError, AttributeError):
+        return {}
+
+
+def _descend(node: _Node, rel: str) -> ArrayView | None:
+    for name in rel.strip("/").split("/"):
+        child = node.children.get(name)
+        if child is None:
+            return None
+        node = child
+    return node.array
 
 
 # -- building a view from a source -------------------------------------------
