@@ -42,7 +42,11 @@ def describe_source(config: MountConfig) -> dict[str, Any]:
 
             item["concat"] = describe(concat)
         arrays.append(item)
-    return {"sources": config.sources, "arrays": arrays}
+    images = []
+    for path, image in view.all_whole_images():
+        image.header()  # settles passthrough vs decoded (looks up stored sizes)
+        images.append({"path": "/".join(path), **image.describe()})
+    return {"sources": config.sources, "arrays": arrays, "whole_image_files": images}
 
 
 def format_report(report: dict[str, Any]) -> str:
@@ -72,4 +76,9 @@ def format_report(report: dict[str, Any]) -> str:
             total = c.get("straddling_total", len(strad))
             lines.append(f"  view chunks straddling a boundary: {total}"
                          + (f" e.g. {', '.join(str(tuple(x)) for x in strad[:5])}" if strad else ""))
+    for f in report.get("whole_image_files", []):
+        tiles = " / ".join(f"{h}x{w}" for h, w in f["tile_shape"])
+        lines.append(f"whole image {f['path']}: {f['size']} B{' (BigTIFF)' if f['bigtiff'] else ''}, "
+                     f"{f['levels']} level{'s' if f['levels'] > 1 else ''}, {f['planes']} planes, "
+                     f"{f['tiles']} tiles of {tiles}, {', '.join(sorted(set(f['mode'])))}")
     return "\n".join(lines)
