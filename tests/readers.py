@@ -87,21 +87,14 @@ def bf_convert(jar: Path, path: Path, out: Path, *args: str) -> np.ndarray:
 
 
 def gdal_region(path: Path | str, x: int, y: int, w: int, h: int, out: Path) -> np.ndarray:
-    """`gdal_translate -srcwin x y w h` to a raw ENVI file, read back."""
-    for f in (out, out.with_suffix(".hdr")):
-        if f.exists():
-            f.unlink()
-    _run(["gdal_translate", "-q", "-of", "ENVI", "-srcwin", str(x), str(y), str(w), str(h),
-          str(path), str(out)])
-    header = out.with_suffix(".hdr").read_text()
-    types = {1: "u1", 2: "<i2", 3: "<i4", 4: "<f4", 5: "<f8", 6: "<c8", 9: "<c16", 12: "<u2",
-             13: "<u4", 14: "<i8", 15: "<u8"}
-    code = int(re.search(r"data type\s*=\s*(\d+)", header).group(1))  # type: ignore[union-attr]
-    order = re.search(r"byte order\s*=\s*(\d)", header)
-    dt = np.dtype(types[code])
-    if order and order.group(1) == "1":
-        dt = dt.newbyteorder(">")
-    return np.fromfile(out, dtype=dt).reshape(h, w)
+    """`gdal_translate -srcwin x y w h` to a plain TIFF, read back page by page."""
+    import tifffile
+
+    if out.exists():
+        out.unlink()
+    _run(["gdal_translate", "-q", "-srcwin", str(x), str(y), str(w), str(h), str(path), str(out)])
+    with tifffile.TiffFile(out) as tf:  # pages, not series: GDAL copies our OME-XML along
+        return tf.pages[0].asarray()
 
 
 def vips_region(path: Path, x: int, y: int, w: int, h: int, page: int = 0, subifd: int = -1) -> np.ndarray:

@@ -62,8 +62,8 @@ _TILE_CACHE_BYTES = 64 * 1024**2
 
 # TIFF field types and compressions
 _SHORT, _LONG, _ASCII, _LONG8 = 3, 4, 2, 16
-COMPRESSION_NONE, COMPRESSION_DEFLATE, COMPRESSION_ZSTD = 1, 8, 50000
-_COMPRESSION_NAMES = {COMPRESSION_NONE: "none", COMPRESSION_DEFLATE: "deflate", COMPRESSION_ZSTD: "zstd"}
+COMPRESSION_NONE, COMPRESSION_DEFLATE = 1, 8
+_COMPRESSION_NAMES = {COMPRESSION_NONE: "none", COMPRESSION_DEFLATE: "deflate"}
 _SAMPLE_FORMAT = {"b": 1, "u": 1, "i": 2, "f": 3, "c": 6}
 
 # OME pixel types; int64/uint64/float16 have none (the file then has no OME-XML)
@@ -111,8 +111,6 @@ def _compress_bound(compression: int, n: int) -> int:
     """Largest stream the compressor's own encoder makes of n bytes."""
     if compression == COMPRESSION_DEFLATE:
         return n + (n >> 12) + (n >> 14) + (n >> 25) + 13  # zlib compressBound
-    if compression == COMPRESSION_ZSTD:
-        return n + (n >> 8) + ((128 * 1024 - n) >> 11 if n < 128 * 1024 else 0) + 64
     return n
 
 
@@ -121,9 +119,11 @@ def passthrough_compression(codecs: list[dict[str, Any]] | None, dtype: np.dtype
     the stored chunk stream as is; None otherwise.
 
     The rule: the codecs are `bytes` (little endian, or single-byte values),
-    then at most one of zlib (TIFF Adobe Deflate, 8) or zstd (TIFF ZSTD, 50000),
-    then only crc32c checksums (verified and stripped here). Anything else
-    (blosc, gzip, transpose, filters, big endian) is served decoded.
+    then at most one zlib (TIFF Adobe Deflate, 8), then only crc32c checksums
+    (verified and stripped here). Anything else (zstd, blosc, gzip, transpose,
+    filters, big endian) is served decoded. zstd would map onto TIFF ZSTD
+    (50000), which libtiff, GDAL, tifffile and Bio-Formats read, but the libtiff
+    in common libvips builds has no zstd and reads such tiles as zeros, silently.
     """
     if not codecs:
         return None
@@ -136,8 +136,6 @@ def passthrough_compression(codecs: list[dict[str, Any]] | None, dtype: np.dtype
     compression = COMPRESSION_NONE
     if rest and rest[0].get("name") in ("zlib", "numcodecs.zlib"):
         compression, rest = COMPRESSION_DEFLATE, rest[1:]
-    elif rest and rest[0].get("name") in ("zstd", "numcodecs.zstd"):
-        compression, rest = COMPRESSION_ZSTD, rest[1:]
     if any(c.get("name") != "crc32c" for c in rest):
         return None
     return compression, 4 * len(rest)
@@ -146,10 +144,6 @@ def passthrough_compression(codecs: list[dict[str, Any]] | None, dtype: np.dtype
 def _encode(compression: int, data: bytes) -> bytes:
     if compression == COMPRESSION_DEFLATE:
         return zlib.compress(data, 6)
-    if compression == COMPRESSION_ZSTD:
-        from numcodecs import Zstd
-
-        return bytes(Zstd(level=1).encode(data))
     return data
 
 
