@@ -303,7 +303,7 @@ def test_every_dtype_and_rank(tmp_path: Path, mount) -> None:
 
 
 def test_bigtiff_past_4gib(tmp_path: Path, mount, bf_jar: Path) -> None:
-    """[image-4] a 4 GiB (sparse) array is a BigTIFF that tifffile, Bio-Formats, GDAL and
+    """[image-2] a 4 GiB (sparse) array is a BigTIFF that tifffile, Bio-Formats, GDAL and
     libvips open; missing chunks read as the fill value."""
     requires("gdal_translate")
     a = zarr.create_array(str(tmp_path / "big.zarr"), shape=(2, 32768, 32768), chunks=(1, 1024, 1024),
@@ -328,7 +328,7 @@ def test_bigtiff_past_4gib(tmp_path: Path, mount, bf_jar: Path) -> None:
 
 
 def test_straddling_reads_sharded_v2_zlib(tmp_path: Path, mount) -> None:
-    """[image-2] [image-5] reads at any offset and length (across the header, slots and
+    """[image-4] [image-5] reads at any offset and length (across the header, slots and
     tiles) return the same bytes as one sequential read; sharded arrays pass inner chunks
     through (sizes from the shard index), v2 zlib passes through as deflate."""
     root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
