@@ -2,7 +2,7 @@
 
     python -m benchmarks.run [--only NAME ...] [--quick] [--reps N] [--no-drop-caches]
 
-NAME is one of: read (cold + warm), ls, rss, write, concat, s3. Results are
+NAME is one of: read (cold + warm), ls, rss, write, concat, s3, wholeimage. Results are
 printed as a table and written to benchmarks/results.json. Timings never go
 in pass/fail tests; this is where they live (see benchmarks/README.md).
 """
@@ -31,6 +31,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "write": ("benchmarks.write", "bench_write"),
     "concat": ("benchmarks.concat", "bench_concat"),
     "s3": ("benchmarks.s3", "bench_s3"),
+    "wholeimage": ("benchmarks.wholeimage", "bench_wholeimage"),
 }
 
 
