@@ -166,6 +166,7 @@ class ZfuseOperations(pyfuse3.Operations):
         self.reload: Callable[[], View] | None = None
         self.ahead_limiter = trio.CapacityLimiter(READ_AHEAD)
         self._reading_ahead: set[Any] = set()
+        self._image_versions: dict[tuple[str, ...], Any] = {}
 
     # -- helpers ----------------------------------------------------------
     async def _thread(self, fn: Callable[..., T], *args: Any) -> T:
@@ -396,11 +397,14 @@ class ZfuseOperations(pyfuse3.Operations):
         if handle.state is None and handle.array is not None and handle.coords is not None:
             self._read_ahead(handle.array, handle.coords)
         # Unchanged chunks keep their kernel page cache across opens; writers
-        # don't; the live stats file is never cached; whole-image files are
-        # re-read per open (a write to any of their chunks changes them).
+        # don't; the live stats file is never cached; a whole-image file keeps
+        # it while its version (file object, writes to its chunks) is unchanged.
         live = entry is not None and entry.node == "stats"
-        image = entry is not None and entry.node == "image"
-        return pyfuse3.FileInfo(fh=fh, keep_cache=not (handle.writable or live or image), direct_io=live)
+        changed = False
+        if entry is not None and entry.node == "image":
+            changed = self._image_versions.get(path) != entry.reader.version
+            self._image_versions[path] = entry.reader.version
+        return pyfuse3.FileInfo(fh=fh, keep_cache=not (handle.writable or live or changed), direct_io=live)
 
     async def create(
         self, parent_inode: int, name: bytes, mode: int, flags: int, ctx: Any

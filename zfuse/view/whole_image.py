@@ -7,8 +7,8 @@ Layout (little endian; classic TIFF, BigTIFF when the file passes 4 GiB - 1):
 
     file header | IFD block of (plane 0, level 0) with the OME-XML |
     IFD blocks (plane 0, level 1..L-1) | (plane 1, level 0) | ... |
-    zero padding to 16 | tile slots of level 0 (planes, rows, columns) |
-    tile slots of level 1 | ...
+    4 MiB of zeros (page aligned) | tile slots of level 0 (planes, rows, columns) |
+    tile slots of level 1 | ... | 64 KiB of zeros
 
 - Planes are the leading axes (all but the last two) in C order; the OME
   `DimensionOrder` names them fastest first, so plane k is IFD k.
@@ -58,6 +58,13 @@ NAMES = (IMAGE_NAME, PYRAMID_NAME)
 
 _CLASSIC_LIMIT = 2**32 - 1
 _ALIGN = 16
+# Zeros between the header and the first tile: readers of the header read on in
+# big buffers (Bio-Formats maps 1 MiB from wherever it is in the header, and the
+# kernel reads ahead of that) and must stop in them, not decode the first tiles.
+# And zeros after the last tile: Bio-Formats reads the last 4 KiB when it opens
+# the file.
+_HEADER_GAP = 4 << 20
+_TRAILER = 64 * 1024
 _TILE_CACHE_BYTES = 64 * 1024**2
 
 # TIFF field types and compressions
@@ -440,12 +447,12 @@ class WholeImage:
         self._first_extra = self._block_size(0, True) - self._blocks[0]
         per_plane = sum(self._blocks)
         self.header_size = head + self._first_extra + self.planes * per_plane
-        at = -(-self.header_size // _ALIGN) * _ALIGN
+        at = -(-(self.header_size + _HEADER_GAP) // 4096) * 4096
         self.data_start = at
         for lv in self.levels:
             lv.data_start = at
             at += self.planes * lv.tiles * lv.slot
-        self.size = at
+        self.size = at + _TRAILER
 
     def _ifd_at(self, plane: int, level: int) -> int:
         head = 16 if self.bigtiff else 8
@@ -486,6 +493,13 @@ class WholeImage:
         }
 
     # -- staleness ---------------------------------------------------------------------
+    @property
+    def version(self) -> tuple[int, tuple[int, ...]]:
+        """Changes when the bytes may have: another file object, or a chunk of its
+        arrays written through the view (the adapter keeps the kernel's page cache
+        of the file across opens only while this is unchanged)."""
+        return id(self), self._change_marks()
+
     def _change_marks(self) -> tuple[int, ...]:
         return tuple(getattr(lv.array, "changes", 0) for lv in self.levels)
 
@@ -675,11 +689,15 @@ class WholeImage:
                 self._tiles_used -= len(old)
 
     def _direct_chunk(self, lv: _Level, plane: int, tile: int) -> tuple[int, ...] | None:
-        """The chunk that *is* this tile's pixels byte for byte, if there is one."""
+        """The chunk whose decoded bytes *are* this tile's pixels, if there is one."""
         if (lv.tile_h, lv.tile_w) != (lv.chunk_h, lv.chunk_w) or any(n != 1 for n in lv.chunk_lead):
             return None
         if getattr(lv.array.options, "crop_edges", False):
-            return None
+            return None  # cropped edge chunks are shorter than a tile
+        return self._tile_chunk(lv, plane, tile)
+
+    def _tile_chunk(self, lv: _Level, plane: int, tile: int) -> tuple[int, ...]:
+        """The chunk at a tile's position, when one tile is one chunk of one plane."""
         ty, tx = divmod(tile, lv.tiles_across)
         lead = tuple(int(i) for i in np.unravel_index(plane, lv.lead)) if lv.lead else ()
         coords = (*lead, ty, tx)
@@ -722,8 +740,7 @@ class WholeImage:
 
     def _passthrough_tile(self, lv: _Level, level: int, plane: int, tile: int, mode: int) -> bytes:
         assert lv.passthrough is not None and self._counts is not None
-        coords = self._direct_chunk(lv, plane, tile)
-        assert coords is not None
+        coords = self._tile_chunk(lv, plane, tile)
         expected = int(self._counts[level][plane * lv.tiles + tile])
         raw = lv.array.source.read_stored(coords)
         if raw is None:
