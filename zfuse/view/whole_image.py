@@ -413,6 +413,7 @@ class WholeImage:
         self._tiles_used = 0
         self._tiles_lock = threading.Lock()
         self._fills: dict[tuple[int, int], bytes] = {}
+        self._inflight: dict[tuple[int, int, int], threading.Lock] = {}
 
     # -- layout -------------------------------------------------------------------
     def _entries(self, level: int, first: bool) -> list[int]:
@@ -725,18 +726,31 @@ class WholeImage:
             return data
         lv = self.levels[level]
         mode = self._modes[level]
-        if mode is not None:
-            data = self._passthrough_tile(lv, level, plane, tile, mode)
-            self._keep_tile(level, plane, tile, data)
-            return data
-        coords = self._direct_chunk(lv, plane, tile)
-        if coords is not None:
-            data = lv.array.pixel_bytes(coords)  # the chunk cache holds it
-            if len(data) == lv.tile_bytes:
+        if mode is None:
+            coords = self._direct_chunk(lv, plane, tile)
+            if coords is not None:
+                data = lv.array.pixel_bytes(coords)  # the chunk cache holds it (single flight)
+                if len(data) == lv.tile_bytes:
+                    return data
+        # Single flight: the kernel reads one tile in several concurrent requests;
+        # only the first fetches or assembles it, the others wait for it.
+        key = (level, plane, tile)
+        with self._tiles_lock:
+            flight = self._inflight.setdefault(key, threading.Lock())
+        with flight:
+            data = self._cached_tile(level, plane, tile)
+            if data is not None:
                 return data
-        data = self._assemble(lv, plane, tile)
-        self._keep_tile(level, plane, tile, data)
-        return data
+            try:
+                if mode is not None:
+                    data = self._passthrough_tile(lv, level, plane, tile, mode)
+                else:
+                    data = self._assemble(lv, plane, tile)
+                self._keep_tile(level, plane, tile, data)
+            finally:
+                with self._tiles_lock:
+                    self._inflight.pop(key, None)
+            return data
 
     def _passthrough_tile(self, lv: _Level, level: int, plane: int, tile: int, mode: int) -> bytes:
         assert lv.passthrough is not None and self._counts is not None
