@@ -28,6 +28,7 @@ Layout (little endian; classic TIFF, BigTIFF when the file passes 4 GiB - 1):
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import math
@@ -384,6 +385,7 @@ class WholeImage:
             raise ValueError("a whole-image file needs at least one array")
         self.name = name
         self.label = label or name
+        self._serial = next(_SERIALS)  # never reused, unlike id()
         self.stats = stats or levels[0].stats or Stats()
         first = levels[0].source
         self.dtype = np.dtype(first.dtype)
@@ -499,7 +501,7 @@ class WholeImage:
         """Changes when the bytes may have: another file object, or a chunk of its
         arrays written through the view (the adapter keeps the kernel's page cache
         of the file across opens only while this is unchanged)."""
-        return id(self), self._change_marks()
+        return self._serial, self._change_marks()
 
     def _change_marks(self) -> tuple[int, ...]:
         return tuple(getattr(lv.array, "changes", 0) for lv in self.levels)
@@ -853,6 +855,9 @@ class WholeImage:
             parts.append(piece + bytes(stop - pos - len(piece)))  # rest of the slot
             pos = stop
         return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+_SERIALS = itertools.count(1)
 
 
 def _setter(values: dict[int, tuple[int, int, bytes]]) -> Any:
