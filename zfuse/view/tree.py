@@ -35,15 +35,8 @@ import zarr
 from zfuse.stats import Stats
 from zfuse.view.source import ChunkSource, Coords, ZarrChunkSource
 from zfuse.view.tiff import TiffLayout, build_header, plan_layout, tiff_unsupported_reason
-from zfuse.view.whole_image import (
-    IMAGE_NAME,
-    PYRAMID_NAME,
-    WholeImage,
-    multiscale_paths,
-    omero_channels,
-    pyramid_levels,
-)
 from zfuse.view.whole_image import NAMES as IMAGE_NAMES
+from zfuse.view.whole_image import WholeImage, plan_whole_images
 
 log = logging.getLogger("zfuse.view")
 
@@ -591,47 +584,6 @@ class View:
                 yield from walk(child, (*path, name))
 
         yield from walk(self.root, ())
-
-
-def plan_whole_images(path: tuple[str, ...], node: _Node, parent: _Node | None) -> dict[str, WholeImage]:
-    """`image.ome.tif` for an array, `pyramid.ome.tif` for an OME-Zarr multiscale group."""
-    label = "/".join(path) or "/"
-    out: dict[str, WholeImage] = {}
-    try:
-        if node.array is not None and node.array.layout is not None:
-            attrs = _node_attrs(parent) if parent is not None and path else {}
-            ome = _ome_for(attrs, path[-1]) if path else None
-            if ome is None:
-                names = node.array.source.v3_metadata().get("dimension_names")
-                ome = {"axes": list(names)} if names and all(names) else None
-            out[IMAGE_NAME] = WholeImage(IMAGE_NAME, [node.array], ome, omero_channels(attrs), label=label)
-        elif node.kind == "group" and PYRAMID_NAME not in node.children:
-            attrs = _node_attrs(node)
-            paths = multiscale_paths(attrs)
-            arrays = [_descend(node, p) for p in paths or ()]
-            if arrays and all(a is not None and a.layout is not None for a in arrays):
-                levels = pyramid_levels(arrays, label)  # type: ignore[arg-type]
-                out[PYRAMID_NAME] = WholeImage(PYRAMID_NAME, levels, _ome_for(attrs, paths[0]),  # type: ignore[index]
-                                               omero_channels(attrs), label=label)
-    except Exception as e:  # a whole-image file is an extra: never lose the directory over it
-        log.warning("%s: no whole-image file: %s", label, e)
-    return out
-
-
-def _node_attrs(node: _Node) -> dict[str, Any]:
-    try:
-        return dict(json.loads(node.metadata).get("attributes") or {})
-    except (ValueError, AttributeError):
-        return {}
-
-
-def _descend(node: _Node, rel: str) -> ArrayView | None:
-    for name in rel.strip("/").split("/"):
-        child = node.children.get(name)
-        if child is None:
-            return None
-        node = child
-    return node.array
 
 
 # -- building a view from a source -------------------------------------------

@@ -941,3 +941,49 @@ def pyramid_levels(levels: Sequence[ArrayView], label: str) -> list[ArrayView]:
         out.append(arr)
         h, w = hh, ww
     return out
+
+
+def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None) -> dict[str, WholeImage]:
+    """`image.ome.tif` for an array, `pyramid.ome.tif` for an OME-Zarr multiscale group.
+
+    `node`/`parent` are the view tree's group/array nodes (kind, children, array,
+    metadata). Planned from metadata alone."""
+    from zfuse.view.tree import _ome_for  # the chunk files' reading of OME-Zarr axes
+
+    label = "/".join(path) or "/"
+    out: dict[str, WholeImage] = {}
+    try:
+        if node.array is not None and node.array.layout is not None:
+            attrs = _node_attrs(parent) if parent is not None and path else {}
+            ome = _ome_for(attrs, path[-1]) if path else None
+            if ome is None:
+                names = node.array.source.v3_metadata().get("dimension_names")
+                ome = {"axes": list(names)} if names and all(names) else None
+            out[IMAGE_NAME] = WholeImage(IMAGE_NAME, [node.array], ome, omero_channels(attrs), label=label)
+        elif node.kind == "group" and PYRAMID_NAME not in node.children:
+            attrs = _node_attrs(node)
+            paths = multiscale_paths(attrs)
+            arrays = [_descend(node, p) for p in paths or ()]
+            if arrays and all(a is not None and a.layout is not None for a in arrays):
+                levels = pyramid_levels(arrays, label)  # type: ignore[arg-type]
+                out[PYRAMID_NAME] = WholeImage(PYRAMID_NAME, levels, _ome_for(attrs, paths[0]),  # type: ignore[index]
+                                               omero_channels(attrs), label=label)
+    except Exception as e:  # a whole-image file is an extra: never lose the directory over it
+        log.warning("%s: no whole-image file: %s", label, e)
+    return out
+
+
+def _node_attrs(node: Any) -> dict[str, Any]:
+    try:
+        return dict(json.loads(node.metadata).get("attributes") or {})
+    except (ValueError, AttributeError):
+        return {}
+
+
+def _descend(node: Any, rel: str) -> ArrayView | None:
+    for name in rel.strip("/").split("/"):
+        child = node.children.get(name)
+        if child is None:
+            return None
+        node = child
+    return node.array
