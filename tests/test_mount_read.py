@@ -155,7 +155,7 @@ def test_ome_zarr_group_shows_levels_and_scales(tmp_path: Path, mount) -> None:
     """[tree-1] groups are directories; OME-Zarr scales reach the TIFF."""
     data = stores.ome_group(tmp_path / "ome.zarr")
     m = mount(tmp_path / "ome.zarr")
-    assert sorted(os.listdir(m.path)) == ["0", "1", "zarr.json"]
+    assert sorted(os.listdir(m.path)) == ["0", "1", "pyramid.ome.tif", "zarr.json"]
     group_meta = json.loads((m.path / "zarr.json").read_text())
     assert group_meta["node_type"] == "group" and "multiscales" in group_meta["attributes"]
     with tifffile.TiffFile(m.path / "0" / "c" / "0" / "0" / "0.tiff") as tif:
@@ -267,7 +267,7 @@ def test_many_entries_in_one_directory(tmp_path: Path, mount) -> None:
     a[...] = np.arange(3000) % 250 + 1
     m = mount(src)
     names = os.listdir(m.path)
-    assert len(names) == 3001 and "2999.tiff" in names
+    assert len(names) == 3002 and "2999.tiff" in names and "image.ome.tif" in names
     assert tifffile.imread(m.path / "2999.tiff").ravel()[0] == 2999 % 250 + 1
 
 

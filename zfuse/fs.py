@@ -43,6 +43,7 @@ import trio
 from zfuse.errors import NotAllowedError, ReadOnlyError, ZfuseError, errno_for
 from zfuse.stats import Stats
 from zfuse.view.tree import DIR, FILE, DirReader, Entry, View
+from zfuse.view.whole_image import NAMES as IMAGE_NAMES
 from zfuse.view.writes import (
     PENDING_TIMEOUT,
     REPLACE_WINDOW,
@@ -253,6 +254,7 @@ class FileSystem:
         self.reader_grace = reader_grace
         self._cached_readers: dict[Path, int] = {}  # open page-cache handles per path
         self._readers_gone: dict[Path, trio.Event] = {}  # replacing writers waiting on them
+        self._image_versions: dict[Path, Any] = {}  # whole-image files: the version last opened
         self.read_only = read_only
         self.stats = stats or Stats()
         self.run = run  # blocking work, in a worker thread on a mount
@@ -553,7 +555,11 @@ class FileSystem:
                        NotAllowedError(errno.EACCES, f"{'/'.join(path)} is read-only"))
             if entry.node == "image":
                 handle.reader = entry.reader
-                return OpenReply(self._new_handle(handle), keep_cache=True)
+                # the kernel keeps its page cache of the file until the array changes
+                # (Bio-Formats reopens it dozens of times)
+                changed = self._image_versions.get(path) != entry.reader.version
+                self._image_versions[path] = entry.reader.version
+                return OpenReply(self._new_handle(handle), keep_cache=not changed)
             handle.content = self._special_bytes(path[-1]) if entry.node == "stats" else entry.content or b""
             return OpenReply(self._new_handle(handle), direct_io=entry.node == "stats")
         state = self.writes.states.get(path)
@@ -585,6 +591,7 @@ class FileSystem:
     async def create(self, parent: int, name: str, flags: int, pid: int | None = None) -> tuple[OpenReply, Attributes]:
         path = self._child(parent, name)
         self._refuse_special(path)
+        await self._refuse_image(path, "create")
         state = await self.writes.create(path, flags, self._process(pid))
         inode = self._inode(path)
         handle = Handle(path, inode, pid=self._process(pid))
@@ -692,6 +699,15 @@ class FileSystem:
                 raise (ReadOnlyError("the mount is read-only") if self.read_only
                        else NotAllowedError(errno.EPERM, f"{SPECIAL_DIR}/ is zfuse's own"))
 
+    async def _refuse_image(self, path: Path, op: str) -> None:
+        """Whole-image files are read-only views: EROFS (-o ro) or EACCES."""
+        if path[-1:] and path[-1] in IMAGE_NAMES:
+            entry = await self._entry(path)
+            if entry is not None and entry.node == "image":
+                code = errno.EROFS if self.read_only else errno.EACCES
+                raise NotAllowedError(code, f"{op} refused: {'/'.join(path)} is a read-only "
+                                            "whole-image view of the array; write chunk files instead")
+
     async def _keep_readers(self, path: Path) -> None:
         """Readers of a chunk about to be replaced or deleted keep its current bytes."""
         for handle in list(self.handles.values()):
@@ -704,6 +720,7 @@ class FileSystem:
     async def unlink(self, parent: int, name: str) -> None:
         path = self._child(parent, name)
         self._refuse_special(path)
+        await self._refuse_image(path, "unlink")
         await self.writes.unlink(path)
         self._detach_inode(path)
 
@@ -711,6 +728,8 @@ class FileSystem:
     async def rename(self, parent_old: int, old_name: str, parent_new: int, new_name: str, flags: int) -> None:
         old, new = self._child(parent_old, old_name), self._child(parent_new, new_name)
         self._refuse_special(old, new)
+        await self._refuse_image(old, "rename")
+        await self._refuse_image(new, "rename onto")
         await self._keep_readers(old)
         await self.writes.rename(old, new, flags)
         # the kernel moved the inode of `old` to `new`; the one that was at `new` is
@@ -780,6 +799,9 @@ class FileSystem:
             self.writes.rebind(view)
             self._journal_problems(view)
             for handle in self.handles.values():
+                if handle.reader is not None:
+                    await self._rebind_image(handle)
+                    continue
                 if handle.array is None or handle.content is not None or handle.state is not None:
                     continue
                 arr, rest = view.array_at(handle.path)
@@ -789,6 +811,22 @@ class FileSystem:
         for ino in list(self.inodes):
             if ino != ROOT_INODE:
                 self._invalidate(ino)
+
+    async def _rebind_image(self, handle: Handle) -> None:
+        """An open whole-image file follows a reload if its byte layout is unchanged;
+        otherwise its reads fail (EIO, logged): the reader must reopen it."""
+        entry = self.view.entry(handle.path)
+        new = entry.reader if entry is not None and entry.node == "image" else None
+        try:
+            same = new is not None and await self.run(handle.reader.same_layout, new)
+        except Exception as e:
+            log.warning("reload: %s: %s", "/".join(handle.path), e)
+            same = False
+        if same:
+            handle.reader = new
+        else:
+            handle.reader.invalidate(f"{'/'.join(handle.path)} changed on reload (the store "
+                                     "changed): reopen the file")
 
     # -- kernel cache invalidation --------------------------------------------
     def _invalidate(self, ino: int) -> None:

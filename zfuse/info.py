@@ -45,10 +45,15 @@ def describe_source(config: MountConfig) -> dict[str, Any]:
         if problem.path not in listed:
             arrays.append({"path": problem.path, "shown": False, "why_not": problem.reason})
     arrays.sort(key=lambda a: a["path"])
+    images = []
+    for path, image in view.all_whole_images():
+        image.header()  # settles passthrough vs decoded (looks up stored sizes)
+        images.append({"path": "/".join(path), **image.describe()})
     return {
         "sources": config.sources,
         "arrays": arrays,
         "not_shown": [{"path": p.path, "reason": p.reason} for p in view.problems],
+        "whole_image_files": images,
     }
 
 
@@ -84,4 +89,9 @@ def format_report(report: dict[str, Any]) -> str:
                          + (f" e.g. {', '.join(str(tuple(x)) for x in strad[:5])}" if strad else ""))
     if report.get("not_shown"):
         lines.append(f"{len(report['not_shown'])} not shown (each directory holds a README saying why)")
+    for f in report.get("whole_image_files", []):
+        tiles = " / ".join(f"{h}x{w}" for h, w in f["tile_shape"])
+        lines.append(f"whole image {f['path']}: {f['size']} B{' (BigTIFF)' if f['bigtiff'] else ''}, "
+                     f"{f['levels']} level{'s' if f['levels'] > 1 else ''}, {f['planes']} planes, "
+                     f"{f['tiles']} tiles of {tiles}, {', '.join(sorted(set(f['mode'])))}")
     return "\n".join(lines)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import threading
 import warnings
@@ -649,6 +650,89 @@ class ZarrChunkSource(ChunkSource):
                 buf = codec._decode_sync(buf, spec)
             decoded = serializer._decode_sync(buf, spec)
         return np.asarray(decoded.as_numpy_array()).reshape(self.chunk_shape)
+
+    # -- stored bytes (whole-image passthrough) -------------------------------
+    def stored_codecs(self) -> list[dict[str, Any]] | None:
+        """The codecs between a chunk's values and its stored bytes (the inner codecs
+        of a sharded array), as v3 dicts; None when stored bytes are not read directly
+        (F order) or their sizes are not cheap to know (neither sharded nor local).
+        No I/O: `stored_sizes` checks the rest (storage transformers)."""
+        if not self._direct or (self.sharding is None and self._local_root() is None):
+            return None
+        meta = self.array.metadata
+        if self.zarr_format == 2:
+            endian = "big" if np.dtype(meta.dtype.to_native_dtype()).byteorder == ">" else "little"
+            out: list[dict[str, Any]] = [{"name": f"v2 filter {f.codec_id}"} for f in meta.filters or ()]
+            out.append({"name": "bytes", "configuration": {"endian": endian}})
+            if meta.compressor is not None:
+                out.append({"name": meta.compressor.codec_id, "configuration": meta.compressor.get_config()})
+            return out
+        codecs = self.sharding.codecs if self.sharding is not None else meta.codecs
+        return [c.to_dict() for c in codecs]
+
+    def _has_transformers(self) -> bool:
+        if self.zarr_format == 2:
+            return False
+        found = getattr(self, "_transformers", None)
+        if found is None:
+            from zfuse.ext.api import raw_array_metadata
+
+            try:
+                found = bool(raw_array_metadata(self.array).get("storage_transformers"))
+            except Exception:  # not a plain zarr.json (e.g. a pre-release layout): not direct
+                found = True
+            self._transformers = found
+        return found
+
+    def _local_root(self) -> str | None:
+        """The directory of a local store (under zfuse's metering wrapper), else None.
+        Other wrappers may map keys (pre-release layouts): no file sizes through them."""
+        from zarr.storage import LocalStore
+
+        from zfuse.ext.transformers import TransformerStore
+        from zfuse.store import AtomicLocalStore, MeteredStore
+
+        store = self.store
+        while isinstance(store, (TransformerStore, MeteredStore)):
+            store = store._store
+        return str(store.root) if type(store) in (LocalStore, AtomicLocalStore) else None
+
+    def stored_sizes(self) -> dict[Coords, int] | None:
+        """Stored byte size of every stored chunk (inner chunks of shards), when that is
+        cheap: shard indexes, or a local store's file sizes. None otherwise (blocking)."""
+        if self.stored_codecs() is None or self._has_transformers():
+            return None
+        if self.sharding is not None:
+            shards = [c for c, _ in self._keys_with_coords()]
+            indexes = sync(self._load_indexes(shards))
+            out: dict[Coords, int] = {}
+            for shard, index in zip(shards, indexes, strict=True):
+                if index is None:
+                    continue
+                base = np.array(shard) * np.array(self.chunks_per_shard)
+                lengths = index.offsets_and_lengths[..., 1]
+                for local in np.argwhere(index.get_full_chunk_map()):
+                    coords = tuple(int(v) for v in base + local)
+                    if self.in_grid(coords):
+                        out[coords] = int(lengths[tuple(local)])
+            return out
+        root = self._local_root()
+        if root is None:
+            return None
+        out = {}
+        for coords, key in self.list_chunk_keys():
+            try:
+                out[coords] = os.stat(os.path.join(root, self.prefix + key)).st_size
+            except FileNotFoundError:
+                continue
+        return out
+
+    def read_stored(self, coords: Coords) -> bytes | None:
+        """Chunk `coords` as stored (an inner chunk's bytes for sharded arrays), not
+        decoded; None when nothing is stored."""
+        fetch = self._fetch_inner_chunk if self.sharding is not None else self._fetch_stored_chunk
+        fetched = sync(fetch(coords, False))
+        return None if fetched is None else fetched[0].to_bytes()
 
     def _vanished(self, key: str) -> CorruptDataError:
         return CorruptDataError(f"{key}: listed chunk is no longer in the store")

@@ -47,6 +47,8 @@ from zfuse.view.hierarchy import (
 )
 from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, DirPage, ZarrChunkSource
 from zfuse.view.tiff import TiffLayout, build_header, plan_layout, tiff_unsupported_reason
+from zfuse.view.whole_image import NAMES as IMAGE_NAMES
+from zfuse.view.whole_image import WholeImage, plan_whole_images
 
 log = logging.getLogger("zfuse.view")
 
@@ -194,6 +196,7 @@ class ArrayView:
         self._changes = 0  # chunks added/removed: a listing that raced with one is not kept
         self._lock = threading.Lock()
         self._inflight: dict[Coords, threading.Lock] = {}
+        self.changes = 0  # chunks written or deleted through the view
         self.metadata_bytes = self._view_metadata()
 
     # -- names ------------------------------------------------------------
@@ -480,6 +483,7 @@ class ArrayView:
 
     def forget(self, coords: Coords) -> None:
         self.cache.drop((id(self), coords))
+        self.changes += 1  # whole-image files with stored byte counts re-plan
 
     # -- metadata -----------------------------------------------------------
     def _view_metadata(self) -> bytes:
@@ -579,6 +583,8 @@ class View:
         self.cache = cache
         # every array (or group) shown without chunk files, with the reason, in path order
         self.problems: list[Problem] = problems or []
+        self._images: dict[tuple[str, ...], dict[str, WholeImage]] = {}
+        self._images_lock = threading.Lock()
 
     def arrays(self) -> Iterator[tuple[tuple[str, ...], ArrayView]]:
         def walk(node: _Node, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], ArrayView]]:
@@ -622,6 +628,10 @@ class View:
             return Entry(FILE, size=len(node.metadata), content=node.metadata, node="meta")
         if rest == (README_NAME,) and node.readme:
             return Entry(FILE, size=len(node.readme), content=node.readme, node="meta")
+        if len(rest) == 1 and rest[0] in IMAGE_NAMES:
+            image = self.whole_images(path[:-1], node).get(rest[0])
+            if image is not None:
+                return Entry(FILE, size=image.size, array=node.array, node="image", reader=image)
         arr = node.array
         if arr is None or arr.layout is None:
             return None
@@ -650,6 +660,8 @@ class View:
             if node.readme:
                 first.append((README_NAME, Entry(FILE, size=len(node.readme), content=node.readme, node="meta")))
             first += [(name, Entry(DIR, node=child.kind, array=child.array)) for name, child in node.children.items()]
+            first += [(name, Entry(FILE, size=image.size, array=node.array, node="image", reader=image))
+                      for name, image in self.whole_images(path, node).items()]
             yield first
         arr = node.array
         if arr is None or arr.layout is None:
@@ -669,8 +681,37 @@ class View:
 
     def refresh(self) -> None:
         self.cache.clear()
+        with self._images_lock:
+            self._images.clear()
         for _, arr in self.arrays():
             arr.refresh()
+
+    def whole_images(self, path: tuple[str, ...], node: _Node | None = None) -> dict[str, WholeImage]:
+        """The whole-image files directory `path` shows (planned from metadata, no I/O)."""
+        with self._images_lock:
+            images = self._images.get(path)
+            if images is not None and not any(i.stale for i in images.values()):
+                return images
+        if node is None:
+            node, rest = self._split(path)
+            if rest:
+                return {}
+        parent = self._split(path[:-1])[0] if path else None
+        images = plan_whole_images(path, node, parent)
+        with self._images_lock:
+            self._images[path] = images
+        return images
+
+    def all_whole_images(self) -> Iterator[tuple[tuple[str, ...], WholeImage]]:
+        """Every whole-image file of the view, with its path."""
+
+        def walk(node: _Node, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], WholeImage]]:
+            for name, image in self.whole_images(path, node).items():
+                yield (*path, name), image
+            for name, child in node.children.items():
+                yield from walk(child, (*path, name))
+
+        yield from walk(self.root, ())
 
 
 class DirReader:

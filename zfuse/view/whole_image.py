@@ -1,0 +1,989 @@
+"""The whole image as one file: an array (or an OME-Zarr pyramid) as a virtual tiled OME-TIFF.
+
+No FUSE and no store listing here: a `WholeImage` is planned from metadata
+alone, and its bytes are produced on demand from the array views' chunks.
+
+Layout (little endian; classic TIFF, BigTIFF when the file passes 4 GiB - 1):
+
+    file header | IFD block of (plane 0, level 0) with the OME-XML |
+    IFD blocks (plane 0, level 1..L-1) | (plane 1, level 0) | ... |
+    4 MiB of zeros (page aligned) | tile slots of level 0 (planes, rows, columns) |
+    tile slots of level 1 | ... | 64 KiB of zeros
+
+- Planes are the leading axes (all but the last two) in C order; the OME
+  `DimensionOrder` names them fastest first, so plane k is IFD k.
+- Level 0 IFDs form the main chain; levels 1.. are SubIFDs of each plane's
+  level-0 IFD (NewSubfileType 1): the OME-TIFF 6 / Bio-Formats pyramid layout.
+- Every tile has a fixed-size *slot* at an offset known from metadata, so the
+  file size and every tile offset are known without reading any chunk
+  (`ls -l`, `stat`, open decode nothing). A tile's bytes start at its slot;
+  the rest of the slot is zeros that no reader looks at.
+- Decoded tiles (the default): uncompressed, byte count = tile bytes. The
+  header holds no data-dependent number, so it is built from metadata alone.
+- Passthrough tiles (`passthrough_compression`): the stored chunk stream as
+  is, when a TIFF compression reads it. The slot is the codec's worst-case
+  size; the header's byte counts come from the stored sizes (a local store's
+  file sizes or a shard index), looked up when the header is first read.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import math
+import struct
+import threading
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+from xml.sax.saxutils import quoteattr
+
+import numpy as np
+
+from zfuse.errors import CorruptDataError
+from zfuse.stats import Stats
+from zfuse.view.tiff import tiff_unsupported_reason
+
+if TYPE_CHECKING:
+    from zfuse.view.tree import ArrayView
+
+log = logging.getLogger("zfuse.view.image")
+
+IMAGE_NAME = "image.ome.tif"  # in every array directory
+PYRAMID_NAME = "pyramid.ome.tif"  # in every OME-Zarr multiscale group directory
+NAMES = (IMAGE_NAME, PYRAMID_NAME)
+
+_CLASSIC_LIMIT = 2**32 - 1
+_ALIGN = 16
+# Zeros between the header and the first tile: readers of the header read on in
+# big buffers (Bio-Formats maps 1 MiB from wherever it is in the header, and the
+# kernel reads ahead of that) and must stop in them, not decode the first tiles.
+# And zeros after the last tile: Bio-Formats reads the last 4 KiB when it opens
+# the file.
+_HEADER_GAP = 4 << 20
+_TRAILER = 64 * 1024
+_TILE_CACHE_BYTES = 64 * 1024**2
+
+# TIFF field types and compressions
+_SHORT, _LONG, _ASCII, _LONG8 = 3, 4, 2, 16
+COMPRESSION_NONE, COMPRESSION_DEFLATE = 1, 8
+_COMPRESSION_NAMES = {COMPRESSION_NONE: "none", COMPRESSION_DEFLATE: "deflate"}
+_SAMPLE_FORMAT = {"b": 1, "u": 1, "i": 2, "f": 3, "c": 6}
+
+# OME pixel types; int64/uint64/float16 have none (the file then has no OME-XML)
+_OME_TYPES = {
+    "b1": "uint8", "u1": "uint8", "i1": "int8", "u2": "uint16", "i2": "int16",
+    "u4": "uint32", "i4": "int32", "f4": "float", "f8": "double",
+    "c8": "complex", "c16": "double-complex",
+}  # fmt: skip
+
+# OME-Zarr (UDUNITS) unit names -> OME unit symbols
+_OME_UNITS = {
+    "angstrom": "\u00c5", "nanometer": "nm", "micrometer": "\u00b5m", "micron": "\u00b5m",
+    "millimeter": "mm", "centimeter": "cm", "meter": "m", "kilometer": "km",
+    "picometer": "pm", "inch": "in", "foot": "ft",
+    "second": "s", "millisecond": "ms", "microsecond": "\u00b5s", "nanosecond": "ns",
+    "minute": "min", "hour": "h",
+}  # fmt: skip
+
+
+def tile_edge(chunk: int, extent: int) -> int:
+    """Tile size along one image axis (a multiple of 16, as TIFF requires).
+
+    A chunk edge that is a multiple of 16 is the tile edge (one tile = one chunk),
+    shrunk to the image when the chunk is larger than the image. Otherwise a
+    size at most the chunk's, so a tile overlaps at most two chunks per axis, but
+    at least 256 so small chunks do not make millions of tiles.
+    """
+    fit = max(16, -(-extent // 16) * 16)
+    if chunk % 16 == 0:
+        return min(chunk, fit)
+    edge = 256 if chunk < 256 else min(chunk, 1024) // 16 * 16
+    return min(edge, fit)
+
+
+def _image_dims(shape: Sequence[int]) -> tuple[tuple[int, ...], int, int]:
+    """(leading shape, rows, columns): the last two axes are Y and X."""
+    if len(shape) == 0:
+        return (), 1, 1
+    if len(shape) == 1:
+        return (), 1, int(shape[0])
+    return tuple(int(n) for n in shape[:-2]), int(shape[-2]), int(shape[-1])
+
+
+def _compress_bound(compression: int, n: int) -> int:
+    """Largest stream the compressor's own encoder makes of n bytes."""
+    if compression == COMPRESSION_DEFLATE:
+        return n + (n >> 12) + (n >> 14) + (n >> 25) + 13  # zlib compressBound
+    return n
+
+
+def passthrough_compression(codecs: list[dict[str, Any]] | None, dtype: np.dtype) -> tuple[int, int] | None:
+    """(TIFF compression, checksum bytes after the stream) when a TIFF decoder reads
+    the stored chunk stream as is; None otherwise.
+
+    The rule: the codecs are `bytes` (little endian, or single-byte values),
+    then at most one zlib (TIFF Adobe Deflate, 8), then only crc32c checksums
+    (verified and stripped here). Anything else (zstd, blosc, gzip, transpose,
+    filters, big endian) is served decoded. zstd would map onto TIFF ZSTD
+    (50000), which libtiff, GDAL, tifffile and Bio-Formats read, but the libtiff
+    in common libvips builds has no zstd and reads such tiles as zeros, silently.
+    """
+    if not codecs:
+        return None
+    first, rest = codecs[0], codecs[1:]
+    if first.get("name") != "bytes":
+        return None
+    endian = (first.get("configuration") or {}).get("endian", "little")
+    if endian != "little" and dtype.itemsize > 1 and dtype.kind != "b":
+        return None
+    compression = COMPRESSION_NONE
+    if rest and rest[0].get("name") in ("zlib", "numcodecs.zlib"):
+        compression, rest = COMPRESSION_DEFLATE, rest[1:]
+    if any(c.get("name") != "crc32c" for c in rest):
+        return None
+    return compression, 4 * len(rest)
+
+
+def _encode(compression: int, data: bytes) -> bytes:
+    if compression == COMPRESSION_DEFLATE:
+        return zlib.compress(data, 6)
+    return data
+
+
+@dataclass
+class _Level:
+    """One resolution level: an array view and its tiling."""
+
+    array: ArrayView
+    lead: tuple[int, ...]  # leading shape (planes)
+    height: int
+    width: int
+    chunk_lead: tuple[int, ...]
+    chunk_h: int
+    chunk_w: int
+    tile_h: int
+    tile_w: int
+    tiles_down: int
+    tiles_across: int
+    tile_bytes: int
+    slot: int
+    passthrough: tuple[int, int] | None  # planned (compression, checksum bytes)
+    data_start: int = 0  # absolute offset of the level's first slot
+
+    @property
+    def tiles(self) -> int:
+        """Tiles per plane."""
+        return self.tiles_down * self.tiles_across
+
+
+def _plan_level(arr: ArrayView) -> _Level:
+    src = arr.source
+    lead, height, width = _image_dims(src.shape)
+    clead, ch, cw = _image_dims(src.chunk_shape)
+    th, tw = tile_edge(ch, height), tile_edge(cw, width)
+    dtype = np.dtype(src.dtype)
+    tile_bytes = th * tw * dtype.itemsize
+    passthrough = None
+    # passthrough needs one tile = one whole stored chunk holding one plane
+    if (th, tw) == (ch, cw) and all(n == 1 for n in clead) and len(src.shape) >= 2:
+        stored_codecs = getattr(src, "stored_codecs", None)
+        passthrough = passthrough_compression(stored_codecs() if stored_codecs else None, dtype)
+    slot = tile_bytes
+    if passthrough is not None and passthrough[0] != COMPRESSION_NONE:
+        slot = -(-_compress_bound(passthrough[0], tile_bytes) // _ALIGN) * _ALIGN
+    return _Level(
+        array=arr, lead=lead, height=height, width=width, chunk_lead=clead, chunk_h=ch, chunk_w=cw,
+        tile_h=th, tile_w=tw, tiles_down=-(-height // th), tiles_across=-(-width // tw),
+        tile_bytes=tile_bytes, slot=slot, passthrough=passthrough,
+    )  # fmt: skip
+
+
+# -- OME-XML -----------------------------------------------------------------
+
+
+def _role(name: str | None, kind: str | None) -> str | None:
+    if kind:
+        role = {"channel": "C", "time": "T", "space": "Z"}.get(str(kind).lower())
+        if role:
+            return role
+    if name:
+        return {"c": "C", "ch": "C", "channel": "C", "t": "T", "time": "T", "z": "Z"}.get(
+            str(name).lower()
+        )
+    return None
+
+
+@dataclass(frozen=True)
+class PlaneAxes:
+    """How the leading axes map onto OME's Z, C and T."""
+
+    order: str  # DimensionOrder, e.g. "XYZCT"
+    sizes: dict[str, int]  # Z, C, T
+    axis_of: dict[str, int | None]  # role -> leading axis index when one axis carries it
+
+
+def plane_axes(
+    lead: Sequence[int], axes: Sequence[str | None] | None, types: Sequence[str | None] | None
+) -> PlaneAxes:
+    """OME Z/C/T for leading axes of shape `lead`, planes in C order.
+
+    Axes of size 1 do not change the plane order and take no role. Named axes
+    (OME-Zarr type, or names z/c/t) keep their role; the others take the free
+    roles fastest first in the order Z, C, T. More than three axes of size > 1:
+    the slowest are merged into one role (their planes stay in C order).
+    """
+    names = list(axes or [None] * len(lead))[: len(lead)]
+    kinds = list(types or [None] * len(lead))[: len(lead)]
+    big = [i for i, n in enumerate(lead) if n > 1]
+    groups: list[list[int]] = [[i] for i in big]
+    while len(groups) > 3:
+        groups[0:2] = [groups[0] + groups[1]]
+    wanted = [_role(names[g[0]], kinds[g[0]]) if len(g) == 1 else None for g in groups]
+    roles: list[str | None] = [None] * len(groups)
+    used: set[str] = set()
+    for k, r in enumerate(wanted):
+        if r is not None and r not in used:
+            roles[k] = r
+            used.add(r)
+    for k in range(len(groups) - 1, -1, -1):  # fastest first
+        if roles[k] is None:
+            roles[k] = next(r for r in "ZCT" if r not in used)
+            used.add(roles[k])  # type: ignore[arg-type]
+    sizes = {"Z": 1, "C": 1, "T": 1}
+    axis_of: dict[str, int | None] = {"Z": None, "C": None, "T": None}
+    for g, r in zip(groups, roles, strict=True):
+        assert r is not None
+        sizes[r] = math.prod(lead[i] for i in g)
+        axis_of[r] = g[0] if len(g) == 1 else None
+    # size-1 axes named z/c/t still say which axis calibrates a role
+    for i, n in enumerate(lead):
+        r = _role(names[i], kinds[i])
+        if n == 1 and r is not None and axis_of[r] is None and sizes[r] == 1:
+            axis_of[r] = i
+    fast_first = [r for r in reversed(roles) if r is not None]
+    order = "XY" + "".join(fast_first) + "".join(r for r in "ZCT" if r not in fast_first)
+    return PlaneAxes(order=order, sizes=sizes, axis_of=axis_of)
+
+
+def ome_pixel_type(dtype: np.dtype) -> str | None:
+    dt = np.dtype(dtype)
+    return _OME_TYPES.get(f"{dt.kind}{dt.itemsize}")
+
+
+def ome_xml(
+    name: str,
+    shape: Sequence[int],
+    dtype: np.dtype,
+    ome: dict[str, Any] | None,
+    channels: list[dict[str, Any]] | None,
+) -> str | None:
+    """OME-XML for an image of `shape` (the whole array, level 0); None when the dtype
+    has no OME pixel type."""
+    pixel_type = ome_pixel_type(dtype)
+    if pixel_type is None:
+        return None
+    ome = ome or {}
+    lead, height, width = _image_dims(shape)
+    nd = len(shape)
+    axes, types = ome.get("axes"), ome.get("axis_types")
+    planes = plane_axes(lead, axes, types)
+    scales, units = ome.get("scales"), ome.get("units")
+    attrs = [
+        ("ID", "Pixels:0"), ("DimensionOrder", planes.order), ("Type", pixel_type),
+        ("SizeX", width), ("SizeY", height), ("SizeZ", planes.sizes["Z"]),
+        ("SizeC", planes.sizes["C"]), ("SizeT", planes.sizes["T"]),
+        ("BigEndian", "false"), ("Interleaved", "false"),
+        ("SignificantBits", 8 * np.dtype(dtype).itemsize if pixel_type != "bit" else 1),
+    ]  # fmt: skip
+
+    def physical(axis: int | None, key: str, unit_key: str, time_axis: bool = False) -> None:
+        if axis is None or scales is None or axis < 0 or axis >= len(scales):
+            return
+        value = float(scales[axis])
+        if not math.isfinite(value) or value <= 0:
+            return
+        attrs.append((key, repr(value)))
+        unit = (units or [None] * nd)[axis] if units else None
+        symbol = _OME_UNITS.get(str(unit).lower()) if unit else None
+        if symbol and (time_axis == (symbol in ("s", "ms", "\u00b5s", "ns", "min", "h"))):
+            attrs.append((unit_key, symbol))
+
+    if nd >= 1:
+        physical(nd - 1, "PhysicalSizeX", "PhysicalSizeXUnit")
+    if nd >= 2:
+        physical(nd - 2, "PhysicalSizeY", "PhysicalSizeYUnit")
+    physical(planes.axis_of["Z"], "PhysicalSizeZ", "PhysicalSizeZUnit")
+    physical(planes.axis_of["T"], "TimeIncrement", "TimeIncrementUnit", time_axis=True)
+
+    lines = [
+        '<?xml version="1.0" encoding="UTF-8"?>',
+        '<OME xmlns="http://www.openmicroscopy.org/Schemas/OME/2016-06" '
+        'xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
+        'xsi:schemaLocation="http://www.openmicroscopy.org/Schemas/OME/2016-06 '
+        'http://www.openmicroscopy.org/Schemas/OME/2016-06/ome.xsd" Creator="zfuse">',
+        f"<Image ID=\"Image:0\" Name={quoteattr(name)}>",
+        "<Pixels " + " ".join(f"{k}={quoteattr(str(v))}" for k, v in attrs) + ">",
+    ]
+    size_c = planes.sizes["C"]
+    named = channels if channels and len(channels) == size_c else None
+    for c in range(size_c):
+        extra = ""
+        if named is not None and isinstance(named[c], dict):
+            label = named[c].get("label")
+            if label:
+                extra += f" Name={quoteattr(str(label))}"
+            color = _ome_color(named[c].get("color"))
+            if color is not None:
+                extra += f' Color="{color}"'
+        lines.append(f'<Channel ID="Channel:0:{c}" SamplesPerPixel="1"{extra}/>')
+    total = planes.sizes["Z"] * size_c * planes.sizes["T"]
+    lines.append(f'<TiffData IFD="0" PlaneCount="{total}"/>')
+    lines += ["</Pixels>", "</Image>", "</OME>"]
+    return "\n".join(lines) + "\n"
+
+
+def _ome_color(value: Any) -> int | None:
+    """omero's "RRGGBB" as OME's signed 32-bit RGBA."""
+    if not isinstance(value, str) or len(value) != 6:
+        return None
+    try:
+        rgba = int(value + "FF", 16)
+    except ValueError:
+        return None
+    return rgba - 2**32 if rgba >= 2**31 else rgba
+
+
+# -- the file ------------------------------------------------------------------
+
+
+class StaleImageError(CorruptDataError):
+    """The store changed under an open whole-image file (EIO; reopen it)."""
+
+
+class WholeImage:
+    """A virtual tiled (Big)TIFF of one array, or of a pyramid of arrays (SubIFDs).
+
+    `size` and the tile slots come from metadata alone. `read_cached` answers
+    from memory only; `read` may decode (call it from a worker thread).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        levels: Sequence[ArrayView],
+        ome: dict[str, Any] | None = None,
+        channels: list[dict[str, Any]] | None = None,
+        stats: Stats | None = None,
+        label: str = "",
+    ) -> None:
+        if not levels:
+            raise ValueError("a whole-image file needs at least one array")
+        self.name = name
+        self.label = label or name
+        self._serial = next(_SERIALS)  # never reused, unlike id()
+        self.stats = stats or levels[0].stats or Stats()
+        first = levels[0].source
+        self.dtype = np.dtype(first.dtype)
+        reason = tiff_unsupported_reason(self.dtype)
+        if reason is not None:
+            raise ValueError(reason)
+        self.levels = [_plan_level(a) for a in levels]
+        self.shape = tuple(first.shape)
+        self.planes = math.prod(self.levels[0].lead)
+        xml = ome_xml(label or name, self.shape, self.dtype, ome, channels)
+        # no OME pixel type: tifffile's "shaped" description keeps the array's shape
+        text = xml if xml is not None else json.dumps({"shape": list(self.shape)})
+        self.description = text.encode("utf-8") + b"\0"
+        self.is_ome = xml is not None
+        self.bigtiff = False
+        self._plan_offsets()
+        if self.size > _CLASSIC_LIMIT:
+            self.bigtiff = True
+            self._plan_offsets()
+        self._header: bytes | None = None
+        self._header_lock = threading.Lock()
+        self._counts: list[np.ndarray] | None = None  # byte counts per level (planes * tiles)
+        self._modes: list[int | None] | None = None  # compression per level after the header
+        self._changes: tuple[int, ...] = ()
+        self._failed: str | None = None  # why this file is stale (reopen)
+        self._tiles: OrderedDict[tuple[int, int, int], bytes] = OrderedDict()
+        self._tiles_used = 0
+        self._tiles_lock = threading.Lock()
+        self._fills: dict[tuple[int, int], bytes] = {}
+        self._inflight: dict[tuple[int, int, int], threading.Lock] = {}
+
+    # -- layout -------------------------------------------------------------------
+    def _entries(self, level: int, first: bool) -> list[int]:
+        """The tags of one IFD, in order."""
+        tags = [254, 256, 257, 258, 259, 262]
+        if first:
+            tags.append(270)
+        tags += [277, 284, 322, 323, 324, 325]
+        if level == 0 and len(self.levels) > 1:
+            tags.append(330)
+        tags.append(339)
+        return tags
+
+    def _block_size(self, level: int, first: bool) -> int:
+        """Bytes of one IFD with its out-of-line values."""
+        cnt, off, esize, inline = (8, 8, 20, 8) if self.bigtiff else (2, 4, 12, 4)
+        n = len(self._entries(level, first))
+        size = cnt + n * esize + off
+        arrays = [self.levels[level].tiles, self.levels[level].tiles]
+        if level == 0 and len(self.levels) > 1:
+            arrays.append(len(self.levels) - 1)
+        for count in arrays:
+            if count * off > inline:
+                size += count * off
+        if first:
+            size += _even(len(self.description))
+        return _even(size, 8 if self.bigtiff else 2)
+
+    def _plan_offsets(self) -> None:
+        head = 16 if self.bigtiff else 8
+        self._blocks = [self._block_size(k, False) for k in range(len(self.levels))]
+        self._first_extra = self._block_size(0, True) - self._blocks[0]
+        per_plane = sum(self._blocks)
+        self.header_size = head + self._first_extra + self.planes * per_plane
+        at = -(-(self.header_size + _HEADER_GAP) // 4096) * 4096
+        self.data_start = at
+        for lv in self.levels:
+            lv.data_start = at
+            at += self.planes * lv.tiles * lv.slot
+        self.size = at + _TRAILER
+
+    def _ifd_at(self, plane: int, level: int) -> int:
+        head = 16 if self.bigtiff else 8
+        at = head + plane * sum(self._blocks) + sum(self._blocks[:level])
+        return at if plane == 0 and level == 0 else at + self._first_extra
+
+    def slot_offset(self, level: int, plane: int, tile: int) -> int:
+        lv = self.levels[level]
+        return lv.data_start + (plane * lv.tiles + tile) * lv.slot
+
+    # -- description for `zfuse info` -------------------------------------------------
+    @property
+    def tiles(self) -> int:
+        return sum(self.planes * lv.tiles for lv in self.levels)
+
+    def modes(self) -> list[str]:
+        """Per level: "decoded" or "passthrough (<compression>)" (as planned, or as built)."""
+        out = []
+        for k, lv in enumerate(self.levels):
+            mode = lv.passthrough[0] if lv.passthrough is not None else None
+            if self._modes is not None:
+                mode = self._modes[k]
+            out.append("decoded" if mode is None else f"passthrough ({_COMPRESSION_NAMES[mode]})")
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "size": self.size,
+            "bigtiff": self.bigtiff,
+            "levels": len(self.levels),
+            "planes": self.planes,
+            "tiles": self.tiles,
+            "tile_shape": [[lv.tile_h, lv.tile_w] for lv in self.levels],
+            "level_shapes": [list(lv.array.source.shape) for lv in self.levels],
+            "mode": self.modes(),
+            "ome": self.is_ome,
+        }
+
+    # -- staleness ---------------------------------------------------------------------
+    @property
+    def version(self) -> tuple[int, tuple[int, ...]]:
+        """Changes when the bytes may have: another file object, or a chunk of its
+        arrays written through the view (the adapter keeps the kernel's page cache
+        of the file across opens only while this is unchanged)."""
+        return self._serial, self._change_marks()
+
+    def _change_marks(self) -> tuple[int, ...]:
+        return tuple(getattr(lv.array, "changes", 0) for lv in self.levels)
+
+    @property
+    def stale(self) -> bool:
+        """Whether a new file must be planned: the byte counts in a built passthrough
+        header no longer match the store (a write through the mount, or a mismatch seen)."""
+        if self._failed is not None:
+            return True
+        if self._modes is None or not any(m is not None for m in self._modes):
+            return False
+        return self._change_marks() != self._changes
+
+    def invalidate(self, why: str) -> None:
+        """Reads fail from now on (the store changed under an open file)."""
+        self._failed = why
+
+    def same_layout(self, other: WholeImage) -> bool:
+        """Whether `other` has byte-for-byte the same header (blocking: may build both)."""
+        if self.size != other.size or self.bigtiff != other.bigtiff:
+            return False
+        return self.header() == other.header()
+
+    # -- the header --------------------------------------------------------------------
+    def header(self) -> bytes:
+        """Every IFD with its tile offsets and byte counts (blocking for passthrough
+        levels: looks up stored sizes once)."""
+        header = self._header
+        if header is not None:
+            return header
+        with self._header_lock:
+            if self._header is None:
+                marks = self._change_marks()
+                counts, modes = self._byte_counts()
+                self._header = self._build_header(counts, modes)
+                self._counts, self._modes, self._changes = counts, modes, marks
+            return self._header
+
+    def _byte_counts(self) -> tuple[list[np.ndarray], list[int | None]]:
+        counts: list[np.ndarray] = []
+        modes: list[int | None] = []
+        for lv in self.levels:
+            n = self.planes * lv.tiles
+            mode = None
+            level_counts = np.full(n, lv.tile_bytes, dtype=np.uint64)
+            if lv.passthrough is not None:
+                stored = self._stored_counts(lv)
+                if stored is not None:
+                    level_counts, mode = stored, lv.passthrough[0]
+            counts.append(level_counts)
+            modes.append(mode)
+        return counts, modes
+
+    def _stored_counts(self, lv: _Level) -> np.ndarray | None:
+        """Byte counts of a passthrough level from the stored sizes, or None (decoded)."""
+        assert lv.passthrough is not None
+        compression, trailer = lv.passthrough
+        src = lv.array.source
+        sizes_of = getattr(src, "stored_sizes", None)
+        sizes = sizes_of() if sizes_of is not None else None
+        if sizes is None:
+            return None  # sizes not cheap here (e.g. an object store without shards)
+        fill = len(self._fill_stream(lv, compression))
+        counts = np.full(self.planes * lv.tiles, fill, dtype=np.uint64)
+        for coords, size in sizes.items():
+            index = self._tile_index(lv, coords)
+            if index is None:
+                continue
+            n = size - trailer
+            if n < 0 or n > lv.slot or (compression == COMPRESSION_NONE and n != lv.tile_bytes):
+                log.info("%s: stored chunk %s of %s has %d bytes, outside the tile slot: "
+                         "the level is served decoded", self.label, coords, src.name, size)
+                return None
+            counts[index] = n
+        return counts
+
+    def _tile_index(self, lv: _Level, coords: Sequence[int]) -> int | None:
+        """Index (plane * tiles + tile) of the tile that is exactly chunk `coords`."""
+        lead = tuple(coords[:-2])
+        ty, tx = coords[-2], coords[-1]
+        if ty >= lv.tiles_down or tx >= lv.tiles_across:
+            return None
+        plane = int(np.ravel_multi_index(lead, lv.lead)) if lead else 0
+        return plane * lv.tiles + ty * lv.tiles_across + tx
+
+    def _fill_stream(self, lv: _Level, compression: int) -> bytes:
+        """A tile of the fill value, compressed as the level's stored chunks are."""
+        key = (id(lv), compression)
+        data = self._fills.get(key)
+        if data is None:
+            data = self._fills[key] = _encode(compression, self._fill_tile(lv).tobytes())
+        return data
+
+    def _fill_tile(self, lv: _Level) -> np.ndarray:
+        return np.full((lv.tile_h, lv.tile_w), _fill_value(lv.array), dtype=_pixel_dtype(self.dtype))
+
+    def _build_header(self, counts: list[np.ndarray], modes: list[int | None]) -> bytes:
+        big = self.bigtiff
+        cnt_fmt, off_fmt, esize, inline = ("<Q", "<Q", 20, 8) if big else ("<H", "<I", 12, 4)
+        otype = _LONG8 if big else _LONG
+        uint = np.dtype("<u8" if big else "<u4")
+        buf = bytearray(self.header_size)
+        if big:
+            buf[:16] = b"II" + struct.pack("<HHHQ", 43, 8, 0, self._ifd_at(0, 0))
+        else:
+            buf[:8] = b"II" + struct.pack("<HI", 42, self._ifd_at(0, 0))
+        bits = 8 * self.dtype.itemsize
+        fmt = _SAMPLE_FORMAT[self.dtype.kind]
+        nlev = len(self.levels)
+        for plane in range(self.planes):
+            for k, lv in enumerate(self.levels):
+                first = plane == 0 and k == 0
+                at = self._ifd_at(plane, k)
+                tags = self._entries(k, first)
+                ool = at + struct.calcsize(cnt_fmt) + len(tags) * esize + struct.calcsize(off_fmt)
+                start = plane * lv.tiles
+                level_counts = counts[k][start : start + lv.tiles]
+                offsets = self.slot_offset(k, plane, 0) + np.arange(lv.tiles, dtype=np.uint64) * np.uint64(lv.slot)
+                values: dict[int, tuple[int, int, bytes]] = {}
+                put = _setter(values)
+                put(254, _LONG, 1, struct.pack("<I", 0 if k == 0 else 1))
+                put(256, _LONG, 1, struct.pack("<I", lv.width))
+                put(257, _LONG, 1, struct.pack("<I", lv.height))
+                put(258, _SHORT, 1, struct.pack("<H", bits))
+                put(259, _SHORT, 1, struct.pack("<H", modes[k] or COMPRESSION_NONE))
+                put(262, _SHORT, 1, struct.pack("<H", 1))
+                if first:
+                    put(270, _ASCII, len(self.description), self.description)
+                put(277, _SHORT, 1, struct.pack("<H", 1))
+                put(284, _SHORT, 1, struct.pack("<H", 1))
+                put(322, _LONG, 1, struct.pack("<I", lv.tile_w))
+                put(323, _LONG, 1, struct.pack("<I", lv.tile_h))
+                put(324, otype, lv.tiles, offsets.astype(uint).tobytes())
+                put(325, otype, lv.tiles, level_counts.astype(uint).tobytes())
+                if 330 in tags:
+                    subs = [self._ifd_at(plane, j) for j in range(1, nlev)]
+                    put(330, otype, nlev - 1, np.array(subs, dtype=uint).tobytes())
+                put(339, _SHORT, 1, struct.pack("<H", fmt))
+                out = bytearray(struct.pack(cnt_fmt, len(tags)))
+                extra = bytearray()
+                for tag in tags:
+                    typ, count, data = values[tag]
+                    out += struct.pack("<HH", tag, typ) + struct.pack(off_fmt, count)
+                    if len(data) <= inline:
+                        out += data.ljust(inline, b"\0")
+                    else:
+                        out += struct.pack(off_fmt, ool + len(extra))
+                        extra += data
+                        if len(extra) % 2:
+                            extra += b"\0"
+                nxt = self._ifd_at(plane + 1, 0) if k == 0 and plane + 1 < self.planes else 0
+                out += struct.pack(off_fmt, nxt)
+                block = out + extra
+                buf[at : at + len(block)] = block
+        return bytes(buf)
+
+    # -- tiles -------------------------------------------------------------------------
+    def _locate(self, offset: int) -> tuple[int, int, int, int] | None:
+        """(level, plane, tile, offset in slot) of a byte in the data region."""
+        for k in range(len(self.levels) - 1, -1, -1):
+            lv = self.levels[k]
+            if offset >= lv.data_start:
+                index, within = divmod(offset - lv.data_start, lv.slot)
+                plane, tile = divmod(index, lv.tiles)
+                if plane >= self.planes:
+                    return None
+                return k, plane, tile, within
+        return None
+
+    def _cached_tile(self, level: int, plane: int, tile: int) -> bytes | None:
+        with self._tiles_lock:
+            data = self._tiles.get((level, plane, tile))
+            if data is not None:
+                self._tiles.move_to_end((level, plane, tile))
+            return data
+
+    def _keep_tile(self, level: int, plane: int, tile: int, data: bytes) -> None:
+        """Keep a built tile: the kernel reads one tile in several requests."""
+        with self._tiles_lock:
+            key = (level, plane, tile)
+            if key in self._tiles:
+                return
+            self._tiles[key] = data
+            self._tiles_used += len(data)
+            while self._tiles_used > _TILE_CACHE_BYTES and len(self._tiles) > 1:
+                _, old = self._tiles.popitem(last=False)
+                self._tiles_used -= len(old)
+
+    def _direct_chunk(self, lv: _Level, plane: int, tile: int) -> tuple[int, ...] | None:
+        """The chunk whose decoded bytes *are* this tile's pixels, if there is one."""
+        if (lv.tile_h, lv.tile_w) != (lv.chunk_h, lv.chunk_w) or any(n != 1 for n in lv.chunk_lead):
+            return None
+        if getattr(lv.array.options, "crop_edges", False):
+            return None  # cropped edge chunks are shorter than a tile
+        return self._tile_chunk(lv, plane, tile)
+
+    def _tile_chunk(self, lv: _Level, plane: int, tile: int) -> tuple[int, ...]:
+        """The chunk at a tile's position, when one tile is one chunk of one plane."""
+        ty, tx = divmod(tile, lv.tiles_across)
+        lead = tuple(int(i) for i in np.unravel_index(plane, lv.lead)) if lv.lead else ()
+        coords = (*lead, ty, tx)
+        return coords[-len(lv.array.source.shape) :] if lv.array.source.shape else ()
+
+    def _tile_from_memory(self, level: int, plane: int, tile: int) -> bytes | None:
+        data = self._cached_tile(level, plane, tile)
+        if data is not None:
+            return data
+        if self._modes is not None and self._modes[level] is not None:
+            return None
+        lv = self.levels[level]
+        coords = self._direct_chunk(lv, plane, tile)
+        if coords is None:
+            return None
+        arr = lv.array
+        return arr.cache.peek((id(arr), coords))
+
+    def _tile(self, level: int, plane: int, tile: int) -> bytes:
+        """A tile's stored bytes (passthrough stream, or decoded pixels) (blocking)."""
+        self.header()  # decides passthrough per level (and checks the store once)
+        assert self._modes is not None and self._counts is not None
+        data = self._cached_tile(level, plane, tile)
+        if data is not None:
+            return data
+        lv = self.levels[level]
+        mode = self._modes[level]
+        if mode is None:
+            coords = self._direct_chunk(lv, plane, tile)
+            if coords is not None:
+                data = lv.array.pixel_bytes(coords)  # the chunk cache holds it (single flight)
+                if len(data) == lv.tile_bytes:
+                    return data
+        # Single flight: the kernel reads one tile in several concurrent requests;
+        # only the first fetches or assembles it, the others wait for it.
+        key = (level, plane, tile)
+        with self._tiles_lock:
+            flight = self._inflight.setdefault(key, threading.Lock())
+        with flight:
+            data = self._cached_tile(level, plane, tile)
+            if data is not None:
+                return data
+            try:
+                if mode is not None:
+                    data = self._passthrough_tile(lv, level, plane, tile, mode)
+                else:
+                    data = self._assemble(lv, plane, tile)
+                self._keep_tile(level, plane, tile, data)
+            finally:
+                with self._tiles_lock:
+                    self._inflight.pop(key, None)
+            return data
+
+    def _passthrough_tile(self, lv: _Level, level: int, plane: int, tile: int, mode: int) -> bytes:
+        assert lv.passthrough is not None and self._counts is not None
+        coords = self._tile_chunk(lv, plane, tile)
+        expected = int(self._counts[level][plane * lv.tiles + tile])
+        raw = lv.array.source.read_stored(coords)
+        if raw is None:
+            data = self._fill_stream(lv, mode)
+        else:
+            data = _strip_checksums(raw, lv.passthrough[1], f"{lv.array.source.name} chunk {coords}")
+        if len(data) != expected:
+            why = (f"{self.label}: chunk {coords} of {lv.array.source.name or 'the array'} changed in "
+                   f"the store since this file was opened ({len(data)} bytes, header says "
+                   f"{expected}); reopen the file")
+            self.invalidate(why)
+            raise StaleImageError(why)
+        self.stats.count("tiles_passed_through")
+        return data
+
+    def _assemble(self, lv: _Level, plane: int, tile: int) -> bytes:
+        """A decoded tile put together from the chunks it overlaps (fill value elsewhere)."""
+        started = time.perf_counter()
+        src = lv.array.source
+        dtype = _pixel_dtype(self.dtype)
+        out = np.full((lv.tile_h, lv.tile_w), _fill_value(lv.array), dtype=dtype)
+        ty, tx = divmod(tile, lv.tiles_across)
+        y0, x0 = ty * lv.tile_h, tx * lv.tile_w
+        y1, x1 = min(y0 + lv.tile_h, lv.height), min(x0 + lv.tile_w, lv.width)
+        lead = tuple(int(i) for i in np.unravel_index(plane, lv.lead)) if lv.lead else ()
+        lead_chunk = tuple(i // c for i, c in zip(lead, lv.chunk_lead, strict=True))
+        lead_in = tuple(i % c for i, c in zip(lead, lv.chunk_lead, strict=True))
+        ndim = len(src.shape)
+        crop = bool(getattr(lv.array.options, "crop_edges", False))
+        for cy in range(y0 // lv.chunk_h, (y1 - 1) // lv.chunk_h + 1):
+            for cx in range(x0 // lv.chunk_w, (x1 - 1) // lv.chunk_w + 1):
+                coords = (*lead_chunk, cy, cx)[-ndim:] if ndim else ()
+                raw = lv.array.pixel_bytes(coords)
+                shape = src.chunk_shape
+                if crop:
+                    shape = tuple(r.stop - r.start for r in src.chunk_region(coords))
+                chunk = np.frombuffer(raw, dtype=dtype).reshape(shape) if ndim else np.frombuffer(raw, dtype=dtype)
+                plane2d = chunk[lead_in] if lead_in else chunk
+                plane2d = plane2d.reshape(-1, shape[-1]) if ndim >= 1 else plane2d.reshape(1, 1)
+                ys, xs = cy * lv.chunk_h, cx * lv.chunk_w
+                a0, a1 = max(y0, ys), min(y1, ys + plane2d.shape[0])
+                b0, b1 = max(x0, xs), min(x1, xs + plane2d.shape[1])
+                if a0 < a1 and b0 < b1:
+                    out[a0 - y0 : a1 - y0, b0 - x0 : b1 - x0] = plane2d[a0 - ys : a1 - ys, b0 - xs : b1 - xs]
+        self.stats.count("tiles_assembled")
+        self.stats.count("tile_assembly_seconds", time.perf_counter() - started)
+        return out.tobytes()
+
+    # -- bytes -------------------------------------------------------------------------
+    def _check(self) -> None:
+        if self._failed is not None:
+            raise StaleImageError(self._failed)
+
+    def read_cached(self, offset: int, size: int) -> bytes | None:
+        """Bytes [offset, offset+size) from memory only; None when a read must decode."""
+        self._check()
+        return self._read(offset, size, blocking=False)
+
+    def read(self, offset: int, size: int) -> bytes:
+        """Bytes [offset, offset+size) (blocking: may look up sizes and decode chunks)."""
+        self._check()
+        data = self._read(offset, size, blocking=True)
+        assert data is not None
+        return data
+
+    def _read(self, offset: int, size: int, *, blocking: bool) -> bytes | None:
+        end = min(offset + size, self.size)
+        if offset >= end:
+            return b""
+        parts: list[bytes] = []
+        pos = offset
+        if pos < self.data_start:
+            header = self._header if not blocking else self.header()
+            if header is None:
+                return None
+            stop = min(end, self.data_start)
+            piece = header[pos:stop]
+            parts.append(piece + bytes(stop - pos - len(piece)))  # alignment padding
+            pos = stop
+        while pos < end:
+            found = self._locate(pos)
+            if found is None:
+                parts.append(bytes(end - pos))
+                break
+            level, plane, tile, within = found
+            lv = self.levels[level]
+            stop = min(end, pos - within + lv.slot)
+            if self._modes is None and self.levels[level].passthrough is not None:
+                if not blocking:
+                    return None  # the header decides whether this level passes through
+                self.header()
+            data = self._tile(level, plane, tile) if blocking else self._tile_from_memory(level, plane, tile)
+            if data is None:
+                return None
+            piece = data[within : stop - pos + within]
+            parts.append(piece + bytes(stop - pos - len(piece)))  # rest of the slot
+            pos = stop
+        return b"".join(parts) if len(parts) != 1 else parts[0]
+
+
+_SERIALS = itertools.count(1)
+
+
+def _setter(values: dict[int, tuple[int, int, bytes]]) -> Any:
+    def put(tag: int, typ: int, count: int, data: bytes) -> None:
+        values[tag] = (typ, count, data)
+
+    return put
+
+
+def _strip_checksums(raw: bytes, trailer: int, what: str) -> bytes:
+    """The stream before `trailer` bytes of crc32c checksums (each checked)."""
+    if trailer == 0:
+        return raw
+    import crc32c
+
+    data = raw
+    for _ in range(trailer // 4):
+        if len(data) < 4:
+            raise CorruptDataError(f"{what}: shorter than its checksum")
+        body, stored = data[:-4], int.from_bytes(data[-4:], "little")
+        if crc32c.crc32c(body) != stored:
+            raise CorruptDataError(f"{what}: crc32c checksum mismatch")
+        data = body
+    return data
+
+
+def _pixel_dtype(dtype: np.dtype) -> np.dtype:
+    if dtype.kind == "b":
+        return np.dtype(np.uint8)
+    return np.dtype(dtype).newbyteorder("<")
+
+
+def _fill_value(arr: ArrayView) -> Any:
+    fill = arr.source.fill_value
+    if fill is None:
+        return 0
+    if np.dtype(arr.source.dtype).kind == "b":
+        return int(bool(fill))
+    return fill
+
+
+def _even(n: int, to: int = 2) -> int:
+    return -(-n // to) * to
+
+
+# -- which files a directory shows --------------------------------------------------
+
+
+def multiscale_paths(attrs: dict[str, Any]) -> list[str] | None:
+    """Dataset paths of the first OME-Zarr multiscale in group attributes, if any."""
+    attrs = attrs.get("ome", attrs) if isinstance(attrs, dict) else {}
+    ms = attrs.get("multiscales") if isinstance(attrs, dict) else None
+    if not isinstance(ms, list) or not ms or not isinstance(ms[0], dict):
+        return None
+    paths = [d.get("path") for d in ms[0].get("datasets") or [] if isinstance(d, dict)]
+    return [str(p) for p in paths if p] or None
+
+
+def omero_channels(attrs: dict[str, Any]) -> list[dict[str, Any]] | None:
+    attrs = attrs.get("ome", attrs) if isinstance(attrs, dict) else {}
+    omero = attrs.get("omero") if isinstance(attrs, dict) else None
+    channels = omero.get("channels") if isinstance(omero, dict) else None
+    return channels if isinstance(channels, list) else None
+
+
+def pyramid_levels(levels: Sequence[ArrayView], label: str) -> list[ArrayView]:
+    """The arrays that can be SubIFD levels under the first: same dtype and planes,
+    each no larger than the one before. Stops at the first that cannot."""
+    if not levels:
+        return []
+    out = [levels[0]]
+    base = levels[0].source
+    lead0, h, w = _image_dims(base.shape)
+    for arr in levels[1:]:
+        src = arr.source
+        lead, hh, ww = _image_dims(src.shape)
+        if np.dtype(src.dtype) != np.dtype(base.dtype) or lead != lead0 or hh > h or ww > w:
+            log.info("%s: pyramid stops before %s (shape %s, dtype %s): SubIFD levels need "
+                     "the same planes and dtype, each level no larger", label, src.name, src.shape, src.dtype)
+            break
+        out.append(arr)
+        h, w = hh, ww
+    return out
+
+
+def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None) -> dict[str, WholeImage]:
+    """`image.ome.tif` for an array, `pyramid.ome.tif` for an OME-Zarr multiscale group.
+
+    `node`/`parent` are the view tree's group/array nodes (kind, children, array,
+    metadata). Planned from metadata alone."""
+    from zfuse.view.tree import _ome_for  # the chunk files' reading of OME-Zarr axes
+
+    label = "/".join(path) or "/"
+    out: dict[str, WholeImage] = {}
+    try:
+        if node.array is not None and node.array.layout is not None:
+            attrs = _node_attrs(parent) if parent is not None and path else {}
+            ome = _ome_for(attrs, path[-1]) if path else None
+            if ome is None:
+                names = node.array.source.v3_metadata().get("dimension_names")
+                ome = {"axes": list(names)} if names and all(names) else None
+            out[IMAGE_NAME] = WholeImage(IMAGE_NAME, [node.array], ome, omero_channels(attrs), label=label)
+        elif node.kind == "group" and PYRAMID_NAME not in node.children:
+            attrs = _node_attrs(node)
+            paths = multiscale_paths(attrs)
+            arrays = [_descend(node, p) for p in paths or ()]
+            if arrays and all(a is not None and a.layout is not None for a in arrays):
+                levels = pyramid_levels(arrays, label)  # type: ignore[arg-type]
+                out[PYRAMID_NAME] = WholeImage(PYRAMID_NAME, levels, _ome_for(attrs, paths[0]),  # type: ignore[index]
+                                               omero_channels(attrs), label=label)
+    except Exception as e:  # a whole-image file is an extra: never lose the directory over it
+        log.warning("%s: no whole-image file: %s", label, e)
+    return out
+
+
+def _node_attrs(node: Any) -> dict[str, Any]:
+    try:
+        return dict(json.loads(node.metadata).get("attributes") or {})
+    except (ValueError, AttributeError):
+        return {}
+
+
+def _descend(node: Any, rel: str) -> ArrayView | None:
+    for name in rel.strip("/").split("/"):
+        child = node.children.get(name)
+        if child is None:
+            return None
+        node = child
+    return node.array
