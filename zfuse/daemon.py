@@ -383,7 +383,11 @@ async def _main(ops: Any, config: MountConfig, state: dict[str, Any]) -> None:
 
 async def _reload(ops: Any, state: dict[str, Any]) -> None:
     """Reload, then count it: `zfuse reload` waits for `reloads` in `.zfuse/mount` to grow."""
-    await ops.fs.refresh()
+    try:
+        await ops.fs.refresh()
+    except Exception as e:  # a failed reload never takes the mount down
+        log.exception("reload failed, serving on: %s", e)
+        state["last_reload_error"] = str(e)
     state["reloads"] += 1
     state["last_reload"] = time.time()
 

@@ -798,7 +798,7 @@ class FileSystem:
             self.view = view
             self.writes.rebind(view)
             self._journal_problems(view)
-            for handle in self.handles.values():
+            for handle in list(self.handles.values()):  # (awaits below: requests go on)
                 if handle.reader is not None:
                     await self._rebind_image(handle)
                     continue
