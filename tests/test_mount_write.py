@@ -367,3 +367,19 @@ def test_jpeg_tiff_is_stored_as_decoded(tmp_path: Path, mount) -> None:
     tifffile.imwrite(tmp_path / "j.tif", image, compression="jpeg")
     shutil.copyfile(tmp_path / "j.tif", m.path / "c" / "0" / "0.tiff")
     np.testing.assert_array_equal(stores.open_any(src)[...], tifffile.imread(tmp_path / "j.tif"))
+
+
+def test_durability_process_stores_and_fsync_succeeds(tmp_path: Path, mount) -> None:
+    """[write-10] -o durability=process: close() stores the chunk (without fdatasync) and
+    an application's fsync() succeeds; the store holds exactly the written values."""
+    src = tmp_path / "a.zarr"
+    stores.v3(src)
+    m = mount(src, "-o", "durability=process")
+    new = stores.values((8, 16), "uint16", seed=41)
+    tifffile.imwrite(tmp_path / "n.tif", new)
+    with open(m.path / "c" / "0" / "0.tiff", "wb") as f:
+        f.write((tmp_path / "n.tif").read_bytes())
+        f.flush()
+        os.fsync(f.fileno())
+    np.testing.assert_array_equal(stores.open_any(src)[0:8, 0:16], new)
+    assert not list(src.rglob("*.tmp"))

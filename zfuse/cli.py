@@ -38,6 +38,8 @@ MOUNT_OPTIONS = [
     ("threads=N", "worker threads for store I/O and decoding (default 8)"),
     ("replace_window=S", "an unlinked chunk stays in the store this long for a replacement (default 30)"),
     ("pending_timeout=S", "an incomplete closed TIFF waits this long to be completed (default 300)"),
+    ("durability=disk|process", "what close() promises: on disk (default, fdatasync per object) or "
+     "in the store's files (survives the daemon; fsync() reaches the disk; as zarr-python's LocalStore)"),
     ("read_ahead_kb=N", "the kernel's read-ahead window for this mount, in KiB (default 1024; root only)"),
     ("log_file=PATH", "append the daemon's log (refused writes and why, errors) to PATH"),
     ("endpoint_url=URL", "object store endpoint (S3-compatible servers)"),
@@ -104,6 +106,10 @@ def apply_mount_options(config: MountConfig, options: list[str]) -> None:
                 config.replace_window = float(value)
             elif key == "pending_timeout":
                 config.pending_timeout = float(value)
+            elif key == "durability":
+                if value not in ("disk", "process"):
+                    raise ValueError("durability is disk or process")
+                config.durability = value
             elif key == "read_ahead_kb":
                 config.read_ahead_kb = int(value)
             elif key == "threads":

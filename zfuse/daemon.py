@@ -54,6 +54,9 @@ class MountConfig:
     # where the daemon's log lines go: a file (--log-file), else stderr (foreground,
     # systemd's journal), else the system log once a background daemon detaches
     log_file: str | None = None
+    # what a successful close() promises: "disk" (survives a power cut: fdatasync per
+    # object) or "process" (survives the daemon; fsync() makes it survive a power cut)
+    durability: str = "disk"
     log_destination: str = "stderr"
 
 
@@ -65,6 +68,7 @@ def open_source(
     storage_options: dict[str, Any] | None = None,
     stats: Stats | None = None,
     timeout: float | None = None,
+    durable: bool = True,
 ) -> Any:
     """The zarr group/array (or concatenation) a mount shows, on metered stores."""
     from zfuse.ext.api import open_array
@@ -72,8 +76,8 @@ def open_source(
     mode = "r" if read_only else "r+"
 
     def store_of(source: str) -> MeteredStore:
-        return MeteredStore(open_store(source, read_only=read_only, storage_options=storage_options),
-                            stats, timeout)
+        return MeteredStore(open_store(source, read_only=read_only, storage_options=storage_options,
+                                       durable=durable), stats, timeout)
 
     if concat_axis is not None:
         from zfuse.ext.concat import concat
@@ -147,7 +151,7 @@ def make_view(config: MountConfig, stats: Stats | None = None) -> View:
         shard_index_cache_bytes=config.index_cache_bytes,
     )
     obj = open_source(config.sources, config.concat_axis, read_only=config.read_only,
-                      storage_options=config.storage_options, stats=stats, timeout=config.timeout)
+                      storage_options=config.storage_options, stats=stats, timeout=config.timeout, durable=config.durability == "disk")
     from zfuse.ext.concat import ConcatArray
 
     if isinstance(obj, ConcatArray):
@@ -309,7 +313,8 @@ def serve(
     from zfuse.fuse_ops import ZfuseOperations
 
     ops = ZfuseOperations(view, read_only=config.read_only, max_threads=config.max_threads, stats=stats,
-                          replace_window=config.replace_window, pending_timeout=config.pending_timeout)
+                          replace_window=config.replace_window, pending_timeout=config.pending_timeout,
+                          durable=config.durability == "disk")
     ops.fs.reload = reload
     state: dict[str, Any] = {
         "pid": os.getpid(),

@@ -249,8 +249,10 @@ class FileSystem:
         process: Callable[[int], int] = process_of,
         reload: Callable[[], View] | None = None,
         reader_grace: float = READER_GRACE,
+        durable: bool = True,
     ) -> None:
         self.view = view
+        self.durable = durable  # False: close() survives the daemon; fsync() reaches the disk
         self.reader_grace = reader_grace
         self._cached_readers: dict[Path, int] = {}  # open page-cache handles per path
         self._readers_gone: dict[Path, trio.Event] = {}  # replacing writers waiting on them
@@ -628,6 +630,8 @@ class FileSystem:
         handle = self.handles[fh]
         if handle.state is not None and handle.writable and await self.writes.fsync(handle.state):
             self._invalidate_path(handle.path)
+        if not self.durable:
+            await self.run(os.sync)  # what was stored without fdatasync reaches the disk
 
     def release(self, fh: int) -> None:
         handle = self.handles.pop(fh, None)

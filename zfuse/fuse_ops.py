@@ -109,6 +109,7 @@ class ZfuseOperations(pyfuse3.Operations):
         stats: Stats | None = None,
         replace_window: float | None = None,
         pending_timeout: float | None = None,
+        durable: bool = True,
     ) -> None:
         super().__init__()
         self.limiter = trio.CapacityLimiter(max_threads)
@@ -118,7 +119,7 @@ class ZfuseOperations(pyfuse3.Operations):
                                     ("pending_timeout", pending_timeout)) if v is not None}
         self.fs = FileSystem(
             view, read_only=read_only, stats=stats, run=self._thread, kernel=_Kernel(self),
-            spawn=self._spawn_ahead, **timing,
+            spawn=self._spawn_ahead, durable=durable, **timing,
         )
 
     @property
