@@ -590,3 +590,12 @@ def test_arrays_not_shown_are_in_the_error_journal(tmp_path: Path, clock: Clock)
     (line,) = [x for x in journal.splitlines() if "\tbad\t" in x]
     assert "not shown" in line and "fill_value: missing" in line and "Add" in line
     assert "c" in k.listdir("good")
+
+
+def test_mount_config_defaults_match_the_view() -> None:
+    """The daemon's config repeats two view defaults so the CLI starts without zarr."""
+    from zfuse.view.tree import ViewOptions
+
+    config = MountConfig(sources=[], mountpoint="")
+    assert config.listing_cache_names == ViewOptions.listing_cache_names
+    assert config.index_cache_bytes == ViewOptions.shard_index_cache_bytes

@@ -296,6 +296,9 @@ def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
     config.all_chunks |= args.all_chunks
     config.crop_edges |= args.crop_edges
     if not args.foreground:
+        if not os.path.exists("/dev/fuse"):  # before spawning: a bare /dev has no /dev/null either
+            print("zfuse: /dev/fuse is missing (is the fuse kernel module loaded?)", file=sys.stderr)
+            return 1
         return _spawn_daemon(argv, config)
     return _run_foreground(config, args.sources, args.ready_fd, args.verbose)
 

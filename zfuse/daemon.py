@@ -20,13 +20,13 @@ import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
-
-import trio
+from typing import TYPE_CHECKING, Any
 
 from zfuse.stats import Stats
-from zfuse.store import MeteredStore, open_store
-from zfuse.view.tree import View, ViewOptions, build_view
+
+if TYPE_CHECKING:  # imported where used: the CLI (umount, status) starts without zarr
+    from zfuse.store import MeteredStore
+    from zfuse.view.tree import View
 
 log = logging.getLogger("zfuse.daemon")
 
@@ -39,8 +39,8 @@ class MountConfig:
     read_only: bool = False
     allow_other: bool = False
     cache_bytes: int = 256 * 1024 * 1024
-    listing_cache_names: int = ViewOptions.listing_cache_names
-    index_cache_bytes: int = ViewOptions.shard_index_cache_bytes
+    listing_cache_names: int = 200_000  # ViewOptions.listing_cache_names (no zarr import here)
+    index_cache_bytes: int = 64 * 1024 * 1024  # ViewOptions.shard_index_cache_bytes
     all_chunks: bool = False
     crop_edges: bool = False
     max_threads: int = 8
@@ -72,6 +72,7 @@ def open_source(
 ) -> Any:
     """The zarr group/array (or concatenation) a mount shows, on metered stores."""
     from zfuse.ext.api import open_array
+    from zfuse.store import MeteredStore, open_store
 
     mode = "r" if read_only else "r+"
 
@@ -142,6 +143,8 @@ def make_view(config: MountConfig, stats: Stats | None = None) -> View:
     if not config.read_only and any(s.startswith(READ_ONLY_SCHEMES) for s in config.sources):
         log.info("http(s) sources are read-only: mounting read-only")
         config.read_only = True
+    from zfuse.view.tree import ViewOptions, build_view
+
     options = ViewOptions(
         all_chunks=config.all_chunks,
         crop_edges=config.crop_edges,
@@ -308,6 +311,7 @@ def serve(
 ) -> None:
     """Mount `view` at the mountpoint and serve until unmounted or signalled."""
     import pyfuse3
+    import trio
 
     from zfuse import __version__
     from zfuse.fuse_ops import ZfuseOperations
@@ -371,6 +375,7 @@ def serve(
 
 async def _main(ops: Any, config: MountConfig, state: dict[str, Any]) -> None:
     import pyfuse3
+    import trio
 
     async with trio.open_nursery() as nursery:
         ops.nursery = nursery
@@ -399,6 +404,8 @@ async def _reload(ops: Any, state: dict[str, Any]) -> None:
 
 async def _tick(ops: Any) -> None:
     """Deferred deletions and abandoned pending files, when they fall due."""
+    import trio
+
     while True:
         due = ops.fs.writes.next_deadline()
         await trio.sleep(0.25 if due is None else min(max(due - trio.current_time(), 0.02), 0.25))
@@ -410,6 +417,7 @@ async def _tick(ops: Any) -> None:
 
 async def _watch_signals(ops: Any, state: dict[str, Any]) -> None:
     import pyfuse3
+    import trio
 
     with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT, signal.SIGHUP) as signals:
         async for signum in signals:
@@ -423,6 +431,8 @@ async def _watch_signals(ops: Any, state: dict[str, Any]) -> None:
 
 
 async def _refresh_every(ops: Any, seconds: float, state: dict[str, Any]) -> None:
+    import trio
+
     while True:
         await trio.sleep(seconds)
         await _reload(ops, state)
