@@ -30,7 +30,6 @@ from __future__ import annotations
 import io
 import logging
 import math
-import struct
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -40,6 +39,7 @@ import tifffile
 
 from zfuse.errors import InvalidTiffError
 from zfuse.view.tiff import TiffLayout, build_header, read_position
+from zfuse.view.tiff_complete import incomplete_reason
 
 __all__ = ["MAX_TIFF_FACTOR", "MAX_TIFF_SLACK", "decode_tiff", "max_file_size"]
 
@@ -167,33 +167,11 @@ def decode_tiff(
 
 
 def _truncation(view: memoryview) -> str | None:
-    """A message if the IFD chain leaves the bytes (a cut-off file), else None.
-
-    tifffile stops quietly at an IFD beyond the end and reports fewer pages;
-    this names the real problem. Only called on error paths."""
-    size = len(view)
-    bo = "<" if view[0] == 0x49 else ">"
-    if bytes(view[2:4]) in (b"+\0", b"\0+"):
-        cnt, off, esize, first_at = "Q", "Q", 20, 8
-    else:
-        cnt, off, esize, first_at = "H", "I", 12, 4
-    csize, osize = struct.calcsize(cnt), struct.calcsize(off)
-    if first_at + osize > size:
-        return f"truncated: the file ({size} bytes) ends inside the TIFF header"
-    (offset,) = struct.unpack(bo + off, view[first_at : first_at + osize])
-    seen: set[int] = set()
-    index = 0
-    while offset and offset not in seen and len(seen) < 1_000_000:
-        seen.add(offset)
-        if offset + csize > size:
-            return f"truncated: IFD {index} starts at byte {offset}, the file has {size} bytes"
-        (count,) = struct.unpack(bo + cnt, view[offset : offset + csize])
-        end = offset + csize + count * esize + osize
-        if end > size:
-            return f"truncated: IFD {index} ends at byte {end}, the file has {size} bytes"
-        (offset,) = struct.unpack(bo + off, view[end - osize : end])
-        index += 1
-    return None
+    """A message if the IFD chain, a tag value or the image data leave the bytes (a
+    cut-off file), else None. Only called on error paths; the walk is the one the
+    write layer uses to keep incomplete files pending."""
+    reason = incomplete_reason(view, [])
+    return f"truncated: {reason}" if reason else None
 
 
 def _own_layout(
