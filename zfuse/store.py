@@ -50,6 +50,13 @@ class AtomicLocalStore(LocalStore):
     def with_read_only(self, read_only: bool = False) -> AtomicLocalStore:
         return type(self)(self.root, read_only=read_only, durable=self.durable)
 
+    @classmethod
+    async def open(cls, root: Any, *, read_only: bool = False, mode: Any = None,
+                   durable: bool = True) -> AtomicLocalStore:  # type: ignore[override]
+        store = await super().open(root, read_only=read_only, mode=mode)
+        store.durable = durable
+        return store
+
     async def set(self, key: str, value: Buffer) -> None:
         await self._ensure_open()
         self._check_writable()
