@@ -318,8 +318,7 @@ class FileSystem:
 
     def store_key(self, path: Path) -> str:
         """The store key behind a path, for log lines (the chunk's key, or the path)."""
-        arr, rest = self.view.array_at(path)
-        coords = arr.coords_of(rest) if arr is not None and rest else None
+        arr, coords = self.view.chunk_at(path)
         if arr is None or coords is None:
             return "/".join(path) or "/"
         return arr.key_name(coords)
@@ -808,9 +807,8 @@ class FileSystem:
                     continue
                 if handle.array is None or handle.content is not None or handle.state is not None:
                     continue
-                arr, rest = view.array_at(handle.path)
-                coords = arr.coords_of(rest) if arr is not None and arr.layout is not None and rest else None
-                if arr is not None and coords is not None:
+                arr, coords = view.chunk_at(handle.path)
+                if arr is not None and arr.layout is not None and coords is not None:
                     handle.array, handle.coords = arr, coords
         for ino in list(self.inodes):
             if ino != ROOT_INODE:

@@ -609,6 +609,12 @@ class View:
         node, rest = self._split(path)
         return node.array, rest
 
+    def chunk_at(self, path: tuple[str, ...]) -> tuple[ArrayView | None, Coords | None]:
+        """The array `path` is in, and the chunk it names (None: not a chunk file name).
+        From the name alone: whether that chunk exists is not asked."""
+        arr, rest = self.array_at(path)
+        return arr, (arr.coords_of(rest) if arr is not None and rest else None)
+
     def needs_io(self, path: tuple[str, ...], *, listing: bool = False) -> bool:
         """Whether `entry(path)` (or with `listing`, `list_dir(path)`) needs store I/O.
         False: the answer is in memory, callers on an event loop may call directly."""

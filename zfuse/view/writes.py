@@ -434,13 +434,11 @@ class Writes:
     def _reinstate(self, path: Path) -> Released:
         """A replacement that never committed: an unlinked old chunk comes back."""
         if self.removed.pop(path, None) is not None:
-            arr, rest = self.view.array_at(path)
-            coords = arr.coords_of(rest) if arr is not None and rest else None
+            arr, coords = self.view.chunk_at(path)
             if arr is not None and coords is not None:
                 arr.add_chunk(coords)
                 return Released.REVERTED
-        arr, rest = self.view.array_at(path)
-        coords = arr.coords_of(rest) if arr is not None and rest else None
+        arr, coords = self.view.chunk_at(path)
         if arr is not None and coords is not None and arr.exists(coords):
             return Released.REVERTED
         return Released.VANISHED
@@ -470,8 +468,7 @@ class Writes:
         for path, deadline in list(self.removed.items()):
             if path in self.states or (not everything and now < deadline):
                 continue
-            arr, rest = self.view.array_at(path)
-            coords = arr.coords_of(rest) if arr is not None and rest else None
+            arr, coords = self.view.chunk_at(path)
             if arr is None or coords is None:
                 del self.removed[path]
                 continue
@@ -535,8 +532,7 @@ class Writes:
         if state is not None and state.scratch:
             self._detach(path)
             return
-        arr, rest = self.view.array_at(path)
-        coords = arr.coords_of(rest) if arr is not None and rest else None
+        arr, coords = self.view.chunk_at(path)
         if arr is None or coords is None:
             raise NotAllowedError(errno.EPERM, "only chunk files and scratch files can be removed")
         stored = arr.exists(coords) and path not in self.removed
@@ -586,8 +582,7 @@ class Writes:
             del self.states[old]
             self._detach(new)
             return
-        old_arr, old_rest = self.view.array_at(old)
-        old_coords = old_arr.coords_of(old_rest) if old_arr is not None and old_rest else None
+        old_arr, old_coords = self.view.chunk_at(old)
         if old_arr is None or old_coords is None or not old_arr.exists(old_coords) or old in self.removed:
             raise NotAllowedError(errno.ENOENT if old_arr else errno.EPERM, "no such chunk or scratch file")
         if new_coords is None:
@@ -637,13 +632,11 @@ class Writes:
         for state in self.states.values():
             if state.array is None or state.coords is None:
                 continue
-            arr, rest = view.array_at(state.path)
-            coords = arr.coords_of(rest) if arr is not None and arr.layout is not None and rest else None
-            if arr is not None and coords is not None:
+            arr, coords = view.chunk_at(state.path)
+            if arr is not None and arr.layout is not None and coords is not None:
                 state.array, state.coords = arr, coords
         for path in self.removed:  # still hidden in the new view's listing
-            arr, rest = view.array_at(path)
-            coords = arr.coords_of(rest) if arr is not None and rest else None
+            arr, coords = view.chunk_at(path)
             if arr is not None and coords is not None:
                 arr.remove_chunk(coords)
 
