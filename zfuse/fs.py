@@ -120,10 +120,9 @@ class Inode:
 class Handle:
     """One open file."""
 
-    def __init__(self, path: Path, inode: Inode, *, pid: int | None = None) -> None:
+    def __init__(self, path: Path, inode: Inode) -> None:
         self.path = path
         self.inode = inode
-        self.pid = pid
         self.state: FileState | None = None  # reads and writes go to this buffer
         self.writable = False
         self.append = False  # O_APPEND: writes go to the end
@@ -500,8 +499,7 @@ class FileSystem:
                 await self.run(reader.fetch, 0)  # that key prefix only
             else:
                 reader.fetch(0)
-        fh = self._next_fh
-        self._next_fh += 1
+        fh = self._allocate_fh()
         self._dirs[fh] = _DirHandle(path, reader)
         return fh
 
@@ -533,9 +531,14 @@ class FileSystem:
         self._dirs.pop(fh, None)
 
     # -- files -----------------------------------------------------------------
-    def _new_handle(self, handle: Handle) -> int:
+    def _allocate_fh(self) -> int:
+        """File and directory handles share one numbering."""
         fh = self._next_fh
         self._next_fh += 1
+        return fh
+
+    def _new_handle(self, handle: Handle) -> int:
+        fh = self._allocate_fh()
         self.handles[fh] = handle
         return fh
 
@@ -549,11 +552,10 @@ class FileSystem:
         process = self._process(pid) if wants_write or path in self.writes.states else None
         if entry is not None and entry.kind == DIR:
             raise FsError(errno.EISDIR)
-        handle = Handle(path, inode, pid=process)
+        handle = Handle(path, inode)
         if entry is not None and entry.node in ("stats", "meta", "image"):
             if wants_write:
-                raise (ReadOnlyError("the mount is read-only") if self.read_only else
-                       NotAllowedError(errno.EACCES, f"{'/'.join(path)} is read-only"))
+                raise self._refusal(errno.EACCES, f"{'/'.join(path)} is read-only")
             if entry.node == "image":
                 handle.reader = entry.reader
                 # the kernel keeps its page cache of the file until the array changes
@@ -595,7 +597,7 @@ class FileSystem:
         await self._refuse_image(path, "create")
         state = await self.writes.create(path, flags, self._process(pid))
         inode = self._inode(path)
-        handle = Handle(path, inode, pid=self._process(pid))
+        handle = Handle(path, inode)
         handle.state, handle.writable = state, True
         handle.array, handle.coords = state.array, state.coords
         attrs = self.attributes(path, handle.entry(), inode.ino)
@@ -695,21 +697,25 @@ class FileSystem:
             self._reading_ahead.discard(key)
 
     # -- namespace changes --------------------------------------------------
+    def _refusal(self, code: int, message: str) -> ZfuseError:
+        """What a refused change raises: EROFS on a read-only mount, else `code`."""
+        if self.read_only:
+            return ReadOnlyError(f"the mount is read-only: {message}")
+        return NotAllowedError(code, message)
+
     def _refuse_special(self, *paths: Path) -> None:
         """`.zfuse/` is ours: nothing is created, renamed or removed there."""
         for path in paths:
             if path[:1] == (SPECIAL_DIR,):
-                raise (ReadOnlyError("the mount is read-only") if self.read_only
-                       else NotAllowedError(errno.EPERM, f"{SPECIAL_DIR}/ is zfuse's own"))
+                raise self._refusal(errno.EPERM, f"{SPECIAL_DIR}/ is zfuse's own")
 
     async def _refuse_image(self, path: Path, op: str) -> None:
         """Whole-image files are read-only views: EROFS (-o ro) or EACCES."""
         if path[-1:] and path[-1] in IMAGE_NAMES:
             entry = await self._entry(path)
             if entry is not None and entry.node == "image":
-                code = errno.EROFS if self.read_only else errno.EACCES
-                raise NotAllowedError(code, f"{op} refused: {'/'.join(path)} is a read-only "
-                                            "whole-image view of the array; write chunk files instead")
+                raise self._refusal(errno.EACCES, f"{op} refused: {'/'.join(path)} is a read-only "
+                                                  "whole-image view of the array; write chunk files instead")
 
     async def _keep_readers(self, path: Path) -> None:
         """Readers of a chunk about to be replaced or deleted keep its current bytes."""
