@@ -307,8 +307,6 @@ class FileSystem:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
         reason = " ".join(reason.split())  # one line per entry
         self.errors.append(f"{stamp}\t{'/'.join(path) or '/'}\t{reason}")
-        if "incomplete file dropped" in reason:
-            log.warning("%s: %s", "/".join(path), reason)
 
     def _journal_problems(self, view: View) -> None:
         """Arrays the view shows without chunk files, and why: in `.zfuse/errors` too."""

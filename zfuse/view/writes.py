@@ -461,8 +461,10 @@ class Writes:
                 self.stats.count("abandoned_writes")
                 what = "the stored chunk is unchanged" if path in self.removed or self.stored(state) \
                     else "nothing was stored"
-                self.journal(path, f"incomplete file dropped after {self.pending_timeout:g} s "
-                             f"({state.incomplete or 'never completed'}); {what}")
+                when = "at unmount" if everything else f"after {self.pending_timeout:g} s"
+                reason = f"incomplete file dropped {when} ({state.incomplete or 'never completed'}); {what}"
+                log.warning("%s: %s", "/".join(path), reason)
+                self.journal(path, reason)
             self._reinstate(path)
             changed.append(path)
         for path, deadline in list(self.removed.items()):
