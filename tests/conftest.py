@@ -54,11 +54,10 @@ class Mount:
 
     def settle(self, timeout: float = 30.0) -> None:
         """Wait until every unlinked chunk has been deleted from the store (rm defers it)."""
-        deadline = time.monotonic() + timeout
-        while self.stats().get("unlinked_not_yet_deleted", 0):
-            if time.monotonic() > deadline:
-                raise AssertionError("unlinked chunks not deleted from the store in time")
-            time.sleep(0.02)
+        from tools import wait_until
+
+        wait_until(lambda: not self.stats().get("unlinked_not_yet_deleted", 0), timeout,
+                   what="unlinked chunks to be deleted from the store")
 
     def unmount(self) -> None:
         """Escalate: fusermount3 -u, lazy unmount, SIGTERM, SIGKILL. Never a fixed sleep."""

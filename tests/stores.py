@@ -174,18 +174,23 @@ def raw_chunks(path: Path, grid: tuple[int, ...], *, separator: str = "/", shard
     path.mkdir(parents=True, exist_ok=True)
     (path / "zarr.json").write_text(json.dumps(meta))
     made: set[str] = set()
+
+    def put(coords: tuple[int, ...], data: bytes) -> None:
+        """One stored object (a chunk or a shard) at its key, written directly."""
+        key = "c" + separator + separator.join(map(str, coords))
+        parent = os.path.join(path, key.rsplit("/", 1)[0]) if "/" in key else str(path)
+        if parent not in made:
+            os.makedirs(parent, exist_ok=True)
+            made.add(parent)
+        fd = os.open(os.path.join(path, key), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.write(fd, data)
+        os.close(fd)
+
     if shard is None:
         for flat, coords in enumerate(np.ndindex(*grid)):
             if flat % every:
                 continue
-            key = "c" + separator + separator.join(map(str, coords))
-            parent = os.path.join(path, key.rsplit("/", 1)[0]) if "/" in key else str(path)
-            if parent not in made:
-                os.makedirs(parent, exist_ok=True)
-                made.add(parent)
-            fd = os.open(os.path.join(path, key), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.write(fd, bytes([flat % 251 + 1]))
-            os.close(fd)
+            put(coords, bytes([flat % 251 + 1]))
         return
     per = int(np.prod(shard))
     for shard_coords in np.ndindex(*(-(-g // s) for g, s in zip(grid, shard, strict=True))):
@@ -200,14 +205,7 @@ def raw_chunks(path: Path, grid: tuple[int, ...], *, separator: str = "/", shard
                 continue
             index[local_flat] = (len(data), 1)
             data.append(flat % 251 + 1)
-        key = "c" + separator + separator.join(map(str, shard_coords))
-        parent = os.path.join(path, key.rsplit("/", 1)[0]) if "/" in key else str(path)
-        if parent not in made:
-            os.makedirs(parent, exist_ok=True)
-            made.add(parent)
-        fd = os.open(os.path.join(path, key), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        os.write(fd, bytes(data) + index.tobytes())
-        os.close(fd)
+        put(shard_coords, bytes(data) + index.tobytes())
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

@@ -142,13 +142,9 @@ def _check_codecs(codecs: object, field: str, problems: list[str]) -> None:
                 )
             if len(problems) > before:
                 continue
-        try:
-            with warnings.catch_warnings():
-                # zarr warns again when it opens the array; once is enough
-                warnings.simplefilter("ignore")
-                cls.from_dict(codec)
-        except Exception as e:
-            problems.append(f"{where} ({name!r}): invalid configuration: {e}")
+        refused = _zarr_refusal(cls.from_dict, codec)
+        if refused is not None:
+            problems.append(f"{where} ({name!r}): invalid configuration: {refused}")
 
     array_bytes = [(i, n) for i, n, k in kinds if k == "array-to-bytes"]
     if len(kinds) == len(codecs) and not array_bytes:
@@ -205,6 +201,18 @@ def _check_transformers(doc: dict[str, Any], problems: list[str]) -> None:
                 text += "; remove it, or open the array with a tool that implements it"
             problems.append(text if text.startswith(field) else f"{field}: {text}")
 
+
+
+def _zarr_refusal(parse: Any, value: Any) -> Exception | None:
+    """What zarr-python raises parsing `value` (None: it accepts it). Its warnings are
+    silenced: zarr warns again when it opens the array; once is enough."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            parse(value)
+    except Exception as e:
+        return e
+    return None
 
 def validate_array_metadata(doc: object, where: str) -> None:
     """Raise MetadataError listing every problem of a v3 array ``zarr.json`` and its fix.
@@ -264,12 +272,9 @@ def validate_array_metadata(doc: object, where: str) -> None:
         from zarr.core.metadata.v3 import ArrayV3Metadata
 
         present = {k: v for k, v in doc.items() if k != "storage_transformers"}
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                ArrayV3Metadata.from_dict(present)
-        except Exception as e:
-            problems.append(f"zarr-python refuses it: {type(e).__name__}: {e}")
+        refused = _zarr_refusal(ArrayV3Metadata.from_dict, present)
+        if refused is not None:
+            problems.append(f"zarr-python refuses it: {type(refused).__name__}: {refused}")
 
     if problems:
         lines = "\n".join(f"  - {p}" for p in problems)
