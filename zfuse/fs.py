@@ -261,7 +261,6 @@ class FileSystem:
         self.run = run  # blocking work, in a worker thread on a mount
         self.kernel = kernel
         self.spawn = spawn  # background blocking work (read-ahead); None: no read-ahead
-        self.process = process
         self.reload = reload
         # what `.zfuse/mount` shows (the daemon sets it; without it there is no such file)
         self.mount_info: Callable[[], dict[str, Any]] | None = None
@@ -272,7 +271,7 @@ class FileSystem:
         self.writes = Writes(
             view, read_only=read_only, stats=self.stats, run=run, clock=clock,
             replace_window=replace_window, pending_timeout=pending_timeout,
-            journal=self.journal, before_replace=self._keep_readers,
+            journal=self.journal, before_replace=self._keep_readers, process=process,
         )
         self.inodes: dict[int, Inode] = {ROOT_INODE: Inode(ROOT_INODE, (), lookups=1)}
         self._ino_of: dict[Path, int] = {(): ROOT_INODE}
@@ -398,16 +397,13 @@ class FileSystem:
         if special is not None:
             return special
         if path in self.writes.states or path in self.writes.made_dirs:
-            return self.writes.entry_for(path, self._process(pid))
+            return self.writes.entry_for(path, pid)
         if self.writes.is_removed(path):
             return None
         view = self.view  # one view for the whole request, even if a reload swaps it
         if view.needs_io(path):  # one existence check (or shard index), in a worker thread
             return await self.run(view.entry, path)
         return view.entry(path)
-
-    def _process(self, pid: int | None) -> int | None:
-        return None if pid is None else self.process(pid)
 
     def attributes(self, path: Path, entry: Entry, ino: int | None = None) -> Attributes:
         # hot: called once per entry of every readdir (100,000 for `ls -lR` of a big array)
@@ -462,7 +458,7 @@ class FileSystem:
         if size is not None:
             handle = self.handles.get(fh) if fh else None
             state = handle.state if handle is not None and handle.writable else None
-            await self.writes.truncate(path, size, state, self._process(pid))
+            await self.writes.truncate(path, size, state, pid)
             self._invalidate(ino)
         elif owner_or_mode and self.read_only:
             raise ReadOnlyError("the mount is read-only")
@@ -546,8 +542,6 @@ class FileSystem:
         path = inode.path
         wants_write = bool(flags & (os.O_WRONLY | os.O_RDWR))
         entry = await self._entry(path, pid)
-        # which process is asking matters only where a file is being written
-        process = self._process(pid) if wants_write or path in self.writes.states else None
         if entry is not None and entry.kind == DIR:
             raise FsError(errno.EISDIR)
         handle = Handle(path, inode)
@@ -567,7 +561,7 @@ class FileSystem:
         if wants_write:
             if flags & os.O_TRUNC and state is None and self._cached_readers.get(path):
                 await self._wait_for_cached_readers(path)
-            state = await self.writes.open(path, entry, flags, process)
+            state = await self.writes.open(path, entry, flags, pid)
             handle.state, handle.writable = state, True
             handle.append = bool(flags & os.O_APPEND)
             handle.array, handle.coords = state.array, state.coords
@@ -579,7 +573,7 @@ class FileSystem:
             raise FsError(errno.ENOENT)
         handle.array, handle.coords = entry.array, entry.coords
         if state is not None or path in self._readers_gone:
-            if state is not None and self.writes.sees_buffer(state, process):
+            if state is not None and self.writes.sees_buffer(state, pid):
                 handle.state = state
             return OpenReply(self._new_handle(handle), direct_io=True)
         handle.page_cached = True
@@ -593,7 +587,7 @@ class FileSystem:
         path = self._child(parent, name)
         self._refuse_special(path)
         await self._refuse_image(path, "create")
-        state = await self.writes.create(path, flags, self._process(pid))
+        state = await self.writes.create(path, flags, pid)
         inode = self._inode(path)
         handle = Handle(path, inode)
         handle.state, handle.writable = state, True

@@ -157,6 +157,7 @@ class Writes:
         pending_timeout: float = PENDING_TIMEOUT,
         journal: Callable[[Path, str], None] | None = None,
         before_replace: Callable[[Path], Awaitable[None]] = _nothing,
+        process: Callable[[int], int] = lambda pid: pid,
     ) -> None:
         self.view = view
         self.read_only = read_only
@@ -167,6 +168,8 @@ class Writes:
         self.pending_timeout = pending_timeout
         self.journal = journal or (lambda path, reason: None)
         self.before_replace = before_replace  # readers of `path` keep its bytes
+        # a request's thread id -> its process; asked only where the answer matters
+        self.process = process
         self.states: dict[Path, FileState] = {}
         self.removed: dict[Path, float] = {}  # unlinked chunks still in the store: deadline
         self.made_dirs: set[Path] = set()
@@ -191,7 +194,8 @@ class Writes:
         return path in self.removed and path not in self.states
 
     def sees_buffer(self, state: FileState, pid: int | None) -> bool:
-        """Whether an opener reads the state's buffer rather than the stored chunk.
+        """Whether the requester `pid` (a thread id: its process is looked up only when it
+        decides the answer) reads the state's buffer rather than the stored chunk.
 
         The writing process sees its own bytes (Bio-Formats and libtiff read back
         what they wrote, even through a second descriptor); every other process
@@ -200,7 +204,7 @@ class Writes:
         """
         if state.scratch or not self.stored(state) or state.committed:
             return True
-        return pid is not None and pid in state.writers
+        return pid is not None and self.process(pid) in state.writers
 
     def entry_for(self, path: Path, pid: int | None) -> Entry | None:
         """The entry of a path with a state, as process `pid` sees it (None: no state)."""
@@ -286,7 +290,7 @@ class Writes:
             state.buffer = bytearray()
             state.changed(self.clock())
         if pid is not None:
-            state.writers.add(pid)
+            state.writers.add(self.process(pid))
         state.handles += 1
         return state
 
@@ -305,7 +309,7 @@ class Writes:
             state.dirty = not state.scratch
             state.phase = Phase.OPEN
         if pid is not None:
-            state.writers.add(pid)
+            state.writers.add(self.process(pid))
         state.handles += 1
         return state
 
@@ -344,7 +348,7 @@ class Writes:
         if size > state.limit:
             raise FileTooLargeError(f"size {size} exceeds the {state.limit}-byte limit")
         if pid is not None:
-            state.writers.add(pid)
+            state.writers.add(self.process(pid))
         try:
             buffer = await self.run(load_buffer, state)
             if size == len(buffer) and not state.dirty:
