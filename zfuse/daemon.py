@@ -59,6 +59,11 @@ class MountConfig:
     durability: str = "disk"
     log_destination: str = "stderr"
 
+    @property
+    def durable(self) -> bool:
+        """Whether each stored object is on disk before close() returns."""
+        return self.durability == "disk"
+
 
 def open_source(
     sources: list[str],
@@ -154,7 +159,7 @@ def make_view(config: MountConfig, stats: Stats | None = None) -> View:
         shard_index_cache_bytes=config.index_cache_bytes,
     )
     obj = open_source(config.sources, config.concat_axis, read_only=config.read_only,
-                      storage_options=config.storage_options, stats=stats, timeout=config.timeout, durable=config.durability == "disk")
+                      storage_options=config.storage_options, stats=stats, timeout=config.timeout, durable=config.durable)
     from zfuse.ext.concat import ConcatArray
 
     if isinstance(obj, ConcatArray):
@@ -318,7 +323,7 @@ def serve(
 
     ops = ZfuseOperations(view, read_only=config.read_only, max_threads=config.max_threads, stats=stats,
                           replace_window=config.replace_window, pending_timeout=config.pending_timeout,
-                          durable=config.durability == "disk")
+                          durable=config.durable)
     ops.fs.reload = reload
     state: dict[str, Any] = {
         "pid": os.getpid(),
