@@ -58,7 +58,10 @@ def incomplete_reason(data: bytes | bytearray | memoryview, chunk_shapes: Sequen
         return None
     bo = "<" if head[:2] == b"II" else ">"
     big = head[2:] in (b"+\0", b"\0+")
-    cnt, off, esize, first_at, inline = ("Q", "Q", 20, 8, 8) if big else ("H", "I", 12, 4, 4)
+    # struct formats of an IFD's entry count, an offset and a tag's value count; the
+    # size of one IFD entry; where the first IFD offset is; bytes of a value held inline
+    cnt, off, num, esize, first_at, inline = (("Q", "Q", "Q", 20, 8, 8) if big
+                                              else ("H", "I", "I", 12, 4, 4))
     csize, osize = struct.calcsize(cnt), struct.calcsize(off)
     if first_at + osize > size:
         return f"{size} bytes: the TIFF header is not written yet"
@@ -80,9 +83,9 @@ def incomplete_reason(data: bytes | bytearray | memoryview, chunk_shapes: Sequen
         for i in range(count):
             at = offset + csize + i * esize
             tag, typ = struct.unpack(bo + "HH", view[at : at + 4])
-            (n,) = struct.unpack(bo + cnt.replace("H", "I"), view[at + 4 : at + 4 + (8 if big else 4)])
+            (n,) = struct.unpack(bo + num, view[at + 4 : at + 4 + inline])
             nbytes = _TYPE_SIZES.get(typ, 1) * n
-            value_at = at + 4 + (8 if big else 4)
+            value_at = at + 4 + inline
             if nbytes > inline:
                 (value_at,) = struct.unpack(bo + off, view[value_at : value_at + osize])
                 if value_at + nbytes > size:
