@@ -298,6 +298,9 @@ def _pages(aiter: AsyncIterator[str], size: int = LIST_PAGE) -> Iterator[list[st
                 log.debug("closing a store listing failed: %s", e)
 
 
+_NOT_LOCAL: Any = object()
+
+
 class ZarrChunkSource(ChunkSource):
     """A zarr-python array (v2 or v3, any codecs, optionally sharded)."""
 
@@ -630,8 +633,7 @@ class ZarrChunkSource(ChunkSource):
     def _read_chunk_once(self, coords: Coords, must_exist: bool) -> np.ndarray:
         if not self._direct:
             return self.full_chunk(np.asarray(self.array[self.chunk_region(coords)]))
-        fetch = self._fetch_inner_chunk if self.sharding is not None else self._fetch_stored_chunk
-        fetched = sync(fetch(coords, must_exist))  # store I/O on zarr's event loop
+        fetched = self._fetch(coords, must_exist)
         if fetched is None:
             return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
         buf, spec = fetched
@@ -730,9 +732,76 @@ class ZarrChunkSource(ChunkSource):
     def read_stored(self, coords: Coords) -> bytes | None:
         """Chunk `coords` as stored (an inner chunk's bytes for sharded arrays), not
         decoded; None when nothing is stored."""
-        fetch = self._fetch_inner_chunk if self.sharding is not None else self._fetch_stored_chunk
-        fetched = sync(fetch(coords, False))
+        fetched = self._fetch(coords, False)
         return None if fetched is None else fetched[0].to_bytes()
+
+    def _fetch(self, coords: Coords, must_exist: bool) -> tuple[Any, Any] | None:
+        """One chunk's stored bytes and spec (None: nothing stored). A local store is
+        read in this worker thread; any other store on zarr's event loop."""
+        local = self._local_store()
+        if local is not None:
+            fetched = self._fetch_local(local, coords, must_exist)
+            if fetched is not _NOT_LOCAL:
+                return fetched
+        fetch = self._fetch_inner_chunk if self.sharding is not None else self._fetch_stored_chunk
+        return sync(fetch(coords, must_exist))
+
+    def _local_store(self) -> Any:
+        """zfuse's metered store when it wraps a local directory directly (no storage
+        transformers or key mapping in between), else None."""
+        found = getattr(self, "_local", _NOT_LOCAL)
+        if found is _NOT_LOCAL:
+            from zfuse.ext.transformers import TransformerStore
+            from zfuse.store import MeteredStore
+
+            store = self.store
+            while isinstance(store, TransformerStore):  # passes keys through unless transformers
+                store = store._store
+            local = isinstance(store, MeteredStore) and store.local_root is not None
+            found = store if local and not self._has_transformers() else None
+            self._local = found
+        return found
+
+    def _fetch_local(self, local: Any, coords: Coords, must_exist: bool) -> Any:
+        """`_fetch_stored_chunk`/`_fetch_inner_chunk` without the event loop; _NOT_LOCAL
+        when a shard's index is not cached yet (the async path reads and caches it)."""
+        proto = default_buffer_prototype()
+        if self.sharding is None:
+            key = self.prefix + self._encode_storage_key(coords)
+            data = local.get_local(key)
+            if data is None:
+                if must_exist:
+                    raise self._vanished(key)
+                return None
+            return proto.buffer.from_bytes(data), self._chunk_spec(coords)
+        shard = self._storage_coords(coords)
+        key = self.prefix + self._encode_storage_key(shard)
+        index = self._index_cache.get((id(self), key))
+        if index is None:
+            return _NOT_LOCAL
+        byte_slice = index.get_chunk_slice(coords)
+        if byte_slice is None:
+            if must_exist:
+                raise self._vanished(f"{key} (inner chunk {coords})")
+            return None
+        data = local.get_local(key, byte_slice)
+        start, end = byte_slice
+        if data is None or len(data) != end - start:
+            self._index_cache.pop((id(self), key))
+            raise CorruptDataError(f"{key}: inner chunk {coords} lies outside the stored shard")
+        return proto.buffer.from_bytes(data), self._chunk_spec(coords)
+
+    def _chunk_spec(self, coords: Coords) -> Any:
+        """The decode spec of a (inner) chunk; one for the whole regular grid."""
+        spec = getattr(self, "_spec", None)
+        if spec is None:
+            proto = default_buffer_prototype()
+            first = tuple(0 for _ in self.shape)
+            spec = self.array.metadata.get_chunk_spec(first, self.array._async_array._config, proto)
+            if self.sharding is not None:
+                spec = self.sharding._get_chunk_spec(spec)
+            self._spec = spec
+        return spec
 
     def _vanished(self, key: str) -> CorruptDataError:
         return CorruptDataError(f"{key}: listed chunk is no longer in the store")
