@@ -14,9 +14,10 @@ import zarr
 
 from zfuse.daemon import MountConfig, make_view
 from zfuse.errors import MetadataError
+from zfuse.view.array_view import ViewOptions
 from zfuse.view.hierarchy import unsupported_reason
 from zfuse.view.source import v3_fill_value
-from zfuse.view.tree import README_NAME, ViewOptions, build_view
+from zfuse.view.tree import README_NAME, build_view
 
 
 def _edit(path: Path, **changes: object) -> None:

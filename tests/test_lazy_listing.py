@@ -11,7 +11,8 @@ import zarr
 
 from zfuse.stats import Stats
 from zfuse.store import AtomicLocalStore
-from zfuse.view.tree import DirReader, View, ViewOptions, build_view
+from zfuse.view.array_view import ViewOptions
+from zfuse.view.tree import DirReader, View, build_view
 
 from stores import CountingStore, raw_chunks
 

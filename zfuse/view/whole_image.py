@@ -49,7 +49,7 @@ from zfuse.stats import Stats
 from zfuse.view.tiff import tiff_unsupported_reason
 
 if TYPE_CHECKING:
-    from zfuse.view.tree import ArrayView
+    from zfuse.view.array_view import ArrayView
 
 log = logging.getLogger("zfuse.view.image")
 

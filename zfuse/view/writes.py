@@ -48,9 +48,10 @@ from zfuse.errors import (
     ReadOnlyError,
 )
 from zfuse.stats import Stats
+from zfuse.view.array_view import ArrayView
 from zfuse.view.tiff_complete import incomplete_reason
 from zfuse.view.tiff_input import decode_tiff, max_file_size
-from zfuse.view.tree import DIR, FILE, META_NAME, ArrayView, Entry, View
+from zfuse.view.tree import DIR, FILE, META_NAME, Entry, View
 
 __all__ = [
     "FileState", "Phase", "Released", "Writes", "RENAME_NOREPLACE", "NAME_MAX",
