@@ -21,8 +21,9 @@ import tifffile
 import trio
 import trio.testing
 
-from zfuse.daemon import MountConfig, make_view
+from zfuse.daemon import MountConfig
 from zfuse.fs import ROOT_INODE, FileSystem, FsError
+from zfuse.open_view import make_view
 from zfuse.stats import Stats
 
 import stores

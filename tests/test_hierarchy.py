@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import zarr
 
-from zfuse.daemon import MountConfig, make_view
+from zfuse.daemon import MountConfig
 from zfuse.errors import MetadataError
+from zfuse.open_view import make_view
 from zfuse.view.array_view import ViewOptions
 from zfuse.view.hierarchy import unsupported_reason
 from zfuse.view.source import v3_fill_value
