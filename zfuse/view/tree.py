@@ -41,6 +41,7 @@ from zfuse.view.hierarchy import (
     unsupported_reason,
 )
 from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, ZarrChunkSource
+from zfuse.view.tiff_meta import ome_axes
 from zfuse.view.whole_image import NAMES as IMAGE_NAMES
 from zfuse.view.whole_image import WholeImage, plan_whole_images
 
@@ -297,26 +298,6 @@ class DirReader:
 # -- building a view from a source -------------------------------------------
 
 
-def _ome_for(group_attrs: dict[str, Any], array_name: str) -> dict[str, Any] | None:
-    """Axis names/types/units and scales for `array_name` from OME-Zarr multiscales."""
-    attrs = group_attrs.get("ome", group_attrs)
-    multiscales = attrs.get("multiscales") if isinstance(attrs, dict) else None
-    if not multiscales or not isinstance(multiscales, list):
-        return None
-    ms = multiscales[0]
-    axes = ms.get("axes") or []
-    names = [a["name"] if isinstance(a, dict) else str(a) for a in axes]
-    types = [a.get("type") if isinstance(a, dict) else None for a in axes]
-    units = [a.get("unit") if isinstance(a, dict) else None for a in axes]
-    scales = None
-    for ds in ms.get("datasets", []):
-        if ds.get("path") == array_name:
-            for t in ds.get("coordinateTransformations", []):
-                if t.get("type") == "scale":
-                    scales = [float(s) for s in t["scale"]]
-    return {"axes": names or None, "axis_types": types or None, "units": units or None, "scales": scales}
-
-
 def _group_metadata(group: zarr.Group) -> bytes:
     meta = {"zarr_format": 3, "node_type": "group", "attributes": dict(group.attrs)}
     return json.dumps(meta, indent=2, default=json_default).encode()
@@ -389,7 +370,7 @@ def build_view(
                 except Exception as exc:
                     node.children[name] = failed_node(group, name, exc, member_path)
                     continue
-                node.children[name] = array_node(source, _ome_for(attrs, name), member_path)
+                node.children[name] = array_node(source, ome_axes(attrs, name), member_path)
         return node
 
     if isinstance(obj, zarr.Group):
