@@ -24,6 +24,7 @@ import logging
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any, NamedTuple
 
 import zarr
@@ -49,23 +50,42 @@ log = logging.getLogger("zfuse.view")
 
 META_NAME = "zarr.json"
 README_NAME = "README"  # in the directory of a node shown without chunk files: why
-DIR, FILE = "dir", "file"
+
+
+class Node(Enum):
+    """What is at a path. `is_dir`: a directory (else a file)."""
+
+    is_dir: bool
+
+    def __new__(cls, value: str, is_dir: bool) -> Node:
+        member = object.__new__(cls)
+        member._value_ = value
+        member.is_dir = is_dir
+        return member
+
+    GROUP = "group", True  # values: a hierarchy node's kind ("group"/"array") is Node(kind)
+    ARRAY = "array", True
+    KEYDIR = "keydir", True  # a directory chunk keys imply (c/, c/0/), or made by mkdir
+    ZFUSE_DIR = "zfuse_dir", True  # .zfuse/, zfuse's own
+    META = "meta", False  # zarr.json, README
+    CHUNK = "chunk", False  # a chunk file (coords None: a scratch file being written)
+    IMAGE = "image", False  # a whole-image file (its reader in Entry.reader)
+    ZFUSE_FILE = "zfuse_file", False  # .zfuse/stats, mount, errors: live, read-only
 
 
 class Entry(NamedTuple):
-    """What is at one path: a directory, a metadata file or a chunk file.
+    """What is at one path (`node`): a directory, a metadata file, a chunk file, ...
 
     A NamedTuple, not a dataclass: `ls -lR` of 100,000 chunks builds one per
     file, and tuple construction is several times cheaper.
     """
 
-    kind: str
+    node: Node
     size: int = 0
     array: ArrayView | None = None
     coords: Coords | None = None
     content: bytes | None = None  # metadata files
-    node: str = ""  # "group" | "array" | "keydir" | "meta" | "chunk" | "image" | "stats"
-    reader: Any = None  # "image" files: an object with size, read_cached(off, n), read(off, n)
+    reader: Any = None  # Node.IMAGE files: an object with size, read_cached(off, n), read(off, n)
 
 
 
@@ -144,15 +164,15 @@ class View:
         (store I/O: worker thread, unless `needs_io(path)` is False); nothing lists."""
         node, rest = self._split(path)
         if not rest:
-            return Entry(DIR, node=node.kind, array=node.array)
+            return Entry(Node(node.kind), array=node.array)
         if rest == (META_NAME,):
-            return Entry(FILE, size=len(node.metadata), content=node.metadata, node="meta")
+            return Entry(Node.META, size=len(node.metadata), content=node.metadata)
         if rest == (README_NAME,) and node.readme:
-            return Entry(FILE, size=len(node.readme), content=node.readme, node="meta")
+            return Entry(Node.META, size=len(node.readme), content=node.readme)
         if len(rest) == 1 and rest[0] in IMAGE_NAMES:
             image = self.whole_images(path[:-1], node).get(rest[0])
             if image is not None:
-                return Entry(FILE, size=image.size, array=node.array, node="image", reader=image)
+                return Entry(Node.IMAGE, size=image.size, array=node.array, reader=image)
         arr = node.array
         if arr is None or arr.layout is None:
             return None
@@ -160,10 +180,10 @@ class View:
         if coords is not None:
             if not arr.exists(coords):
                 return None
-            return Entry(FILE, size=arr.file_size(coords), array=arr, coords=coords, node="chunk")
+            return Entry(Node.CHUNK, size=arr.file_size(coords), array=arr, coords=coords)
         # A directory some chunk key of the grid would live in exists even when
         # empty, so `cp x c/3/0.tiff` works after `rm c/3/*`.
-        return Entry(DIR, array=arr, node="keydir") if arr.is_key_prefix(rest) else None
+        return Entry(Node.KEYDIR, array=arr) if arr.is_key_prefix(rest) else None
 
     def list_dir(self, path: tuple[str, ...]) -> list[tuple[str, Entry]]:
         """Entries of a directory, sorted by name. A chunk directory not listed yet is
@@ -177,23 +197,24 @@ class View:
         """Pages of a directory's entries, in listing order (see `list_dir`)."""
         node, rest = self._split(path)
         if not rest:
-            first = [(META_NAME, Entry(FILE, size=len(node.metadata), content=node.metadata, node="meta"))]
+            first = [(META_NAME, Entry(Node.META, size=len(node.metadata), content=node.metadata))]
             if node.readme:
-                first.append((README_NAME, Entry(FILE, size=len(node.readme), content=node.readme, node="meta")))
-            first += [(name, Entry(DIR, node=child.kind, array=child.array)) for name, child in node.children.items()]
-            first += [(name, Entry(FILE, size=image.size, array=node.array, node="image", reader=image))
+                first.append((README_NAME, Entry(Node.META, size=len(node.readme), content=node.readme)))
+            first += [(name, Entry(Node(child.kind), array=child.array)) for name, child in node.children.items()]
+            first += [(name, Entry(Node.IMAGE, size=image.size, array=node.array, reader=image))
                       for name, image in self.whole_images(path, node).items()]
             yield first
         arr = node.array
         if arr is None or arr.layout is None:
             return
+        keydir, chunk = Node.KEYDIR, Node.CHUNK  # bound once: an enum member lookup costs a call
         for page in arr.iter_dir(rest):
             out: list[tuple[str, Entry]] = []
             for name, coords in page:
                 if coords is None:
-                    out.append((name, Entry(DIR, array=arr, node="keydir")))
+                    out.append((name, Entry(keydir, array=arr)))
                 else:
-                    out.append((name, Entry(FILE, size=arr.file_size(coords), array=arr, coords=coords, node="chunk")))
+                    out.append((name, Entry(chunk, size=arr.file_size(coords), array=arr, coords=coords)))
             yield out
 
     def dir_reader(self, path: tuple[str, ...], tail: list[tuple[str, Entry]] | None = None) -> DirReader:
