@@ -21,8 +21,9 @@ import tifffile
 import trio
 import trio.testing
 
-from zfuse.daemon import MountConfig, make_view
+from zfuse.daemon import MountConfig
 from zfuse.fs import ROOT_INODE, FileSystem, FsError
+from zfuse.open_view import make_view
 from zfuse.stats import Stats
 
 import stores
@@ -594,7 +595,7 @@ def test_arrays_not_shown_are_in_the_error_journal(tmp_path: Path, clock: Clock)
 
 def test_mount_config_defaults_match_the_view() -> None:
     """The daemon's config repeats two view defaults so the CLI starts without zarr."""
-    from zfuse.view.tree import ViewOptions
+    from zfuse.view.array_view import ViewOptions
 
     config = MountConfig(sources=[], mountpoint="")
     assert config.listing_cache_names == ViewOptions.listing_cache_names

@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 import zarr
 
-from zfuse.daemon import MountConfig, make_view
+from zfuse.daemon import MountConfig
 from zfuse.errors import MetadataError
+from zfuse.open_view import make_view
+from zfuse.view.array_view import ViewOptions
 from zfuse.view.hierarchy import unsupported_reason
 from zfuse.view.source import v3_fill_value
-from zfuse.view.tree import README_NAME, ViewOptions, build_view
+from zfuse.view.tree import README_NAME, build_view
 
 
 def _edit(path: Path, **changes: object) -> None:
@@ -129,3 +131,18 @@ def test_v2_metadata_zarr_cannot_convert_gives_a_view(tmp_path: Path) -> None:
     assert doc["data_type"] == "float32" and doc["fill_value"] == 0.0 and doc["shape"] == [3, 5]
     assert doc["chunk_key_encoding"]["configuration"]["base_encoding"] == {
         "name": "v2", "configuration": {"separator": "."}}
+
+
+def test_ome_axes_that_do_not_fit_the_array_name_the_cause(tmp_path: Path) -> None:
+    """OME-Zarr multiscales naming 2 axes for a 3-d array: that array is shown without
+    chunk files, and its README says the TIFF layout's own reason (not a zarr one)."""
+    src = tmp_path / "g.zarr"
+    root = zarr.open_group(str(src), mode="w")
+    root.attrs["multiscales"] = [{"axes": [{"name": "y"}, {"name": "x"}], "datasets": [{"path": "0"}]}]
+    root.create_array("0", shape=(4, 4, 4), chunks=(2, 2, 2), dtype="u1")
+    root.create_group("sub").create_array("other", shape=(4, 4, 4), chunks=(2, 2, 2), dtype="u1")
+    view = build_view(zarr.open_group(str(src), mode="r"), ViewOptions())
+    assert [(p.path, p.reason) for p in view.problems] == [
+        ("0", "array '0': axes must have one entry per axis (3); got ['y', 'x']")]
+    assert view.entry(("0", README_NAME)) is not None
+    assert view.entry(("sub", "other", "c")).node.is_dir  # the neighbour is shown as usual

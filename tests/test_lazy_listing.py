@@ -11,7 +11,8 @@ import zarr
 
 from zfuse.stats import Stats
 from zfuse.store import AtomicLocalStore
-from zfuse.view.tree import DirReader, View, ViewOptions, build_view
+from zfuse.view.array_view import ViewOptions
+from zfuse.view.tree import DirReader, View, build_view
 
 from stores import CountingStore, raw_chunks
 
@@ -52,7 +53,7 @@ def test_stat_of_one_chunk_is_one_existence_check_no_listing(slash: Path) -> Non
     assert not view.needs_io(("c", "7", "5.tiff")) and view.entry(("c", "7", "5.tiff")) is not None
     assert store.exists_checks == ["c/7/5", "c/7/6"]
     # directories implied by the grid need nothing at all
-    assert view.entry(("c", "29")).kind == "dir" and view.entry(("c", "30")) is None
+    assert view.entry(("c", "29")).node.is_dir and view.entry(("c", "30")) is None
     assert store.lists == [] and len(store.exists_checks) == 2
 
 
@@ -184,7 +185,7 @@ def test_writes_update_listed_directories(slash: Path) -> None:
             arr.source.delete_chunk((2, j))
             arr.remove_chunk((2, j))
     assert names(view, ("c", "2")) == [] and "2" not in names(view, ("c",))
-    assert view.entry(("c", "2")).kind == "dir"  # still there to be written into
+    assert view.entry(("c", "2")).node.is_dir  # still there to be written into
     n_lists = len(store.lists)
     assert view.entry(("c", "2", "0.tiff")) is None and len(store.lists) == n_lists
 

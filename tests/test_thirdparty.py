@@ -35,10 +35,11 @@ import pytest
 import tifffile
 import zarr
 
-from zfuse.daemon import MountConfig, make_view
+from zfuse.daemon import MountConfig
 from zfuse.errors import MetadataError
 from zfuse.ext.api import open_array
 from zfuse.info import describe_source
+from zfuse.open_view import make_view
 
 THIRDPARTY = Path(__file__).resolve().parents[2] / "shared" / "thirdparty-zarr"
 # chunk files compared per array: all of them up to this many, else an even sample

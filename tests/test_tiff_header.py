@@ -15,15 +15,9 @@ import tifffile
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from zfuse.view.tiff import (
-    POSITION_TAG,
-    TiffLayout,
-    build_header,
-    parse_position,
-    plan_layout,
-    read_position,
-    tiff_unsupported_reason,
-)
+from zfuse.view.tiff import TiffLayout, build_header, plan_layout, tiff_unsupported_reason
+from zfuse.view.tiff_meta import POSITION_TAG
+from zfuse.view.tiff_parse import parse_position, read_position
 
 from stores import sample
 from tools import have, imagej_stats_many, requires, tiffcp, tiffinfo

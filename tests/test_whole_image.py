@@ -23,7 +23,8 @@ import zarr
 from zarr.codecs import BloscCodec, Crc32cCodec, ZstdCodec
 from zarr.codecs.numcodecs import Zlib as Zlib3
 
-from zfuse.daemon import MountConfig, make_view
+from zfuse.daemon import MountConfig
+from zfuse.open_view import make_view
 from zfuse.stats import Stats
 from zfuse.view.whole_image import (
     COMPRESSION_DEFLATE,

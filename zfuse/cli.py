@@ -317,7 +317,8 @@ def describe_open_error(sources: list[str], exc: BaseException) -> str:
 
 def _run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int | None,
                     verbose: int) -> int:
-    from zfuse.daemon import check_mountpoint, check_sources, make_view, serve
+    from zfuse.daemon import check_mountpoint, check_sources, serve
+    from zfuse.open_view import make_view
     from zfuse.stats import Stats
 
     log = logging.getLogger("zfuse.daemon")

@@ -1,4 +1,4 @@
-"""Mount lifecycle: open a source, build the view, serve it over FUSE, unmount.
+"""Mount lifecycle: serve a view (opened by `zfuse.open_view`) over FUSE, unmount.
 
 The CLI parses arguments into `MountConfig`; `serve()` runs in the daemon
 process. Readiness is reported once the kernel mount exists: to a parent
@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from zfuse.stats import Stats
 
 if TYPE_CHECKING:  # imported where used: the CLI (umount, status) starts without zarr
-    from zfuse.store import MeteredStore
     from zfuse.view.tree import View
 
 log = logging.getLogger("zfuse.daemon")
@@ -63,110 +62,6 @@ class MountConfig:
     def durable(self) -> bool:
         """Whether each stored object is on disk before close() returns."""
         return self.durability == "disk"
-
-
-def open_source(
-    sources: list[str],
-    concat_axis: int | None = None,
-    *,
-    read_only: bool = False,
-    storage_options: dict[str, Any] | None = None,
-    stats: Stats | None = None,
-    timeout: float | None = None,
-    durable: bool = True,
-) -> Any:
-    """The zarr group/array (or concatenation) a mount shows, on metered stores."""
-    from zfuse.ext.api import open_array
-    from zfuse.store import MeteredStore, open_store
-
-    mode = "r" if read_only else "r+"
-
-    def store_of(source: str) -> MeteredStore:
-        return MeteredStore(open_store(source, read_only=read_only, storage_options=storage_options,
-                                       durable=durable), stats, timeout)
-
-    if concat_axis is not None:
-        from zfuse.ext.concat import concat
-
-        return concat([open_array(store_of(s), mode=mode) for s in sources], axis=concat_axis,
-                      names=sources)
-    (source,) = sources
-    from zfuse.ext.concat import is_concat_description, load_concat
-
-    if os.path.isfile(source) and is_concat_description(source):
-        return load_concat(source, mode=mode)
-    store = store_of(source)
-    return _open_node(store, source, mode)
-
-
-def _open_node(store: Any, source: str, mode: str) -> Any:
-    """The group or array at the root of `store`; refused with the node's own reason.
-
-    What the root is comes from its stored metadata, so a single-array store
-    zarr-python cannot open is refused with the array's reason, not with the
-    error of trying it as a group.
-    """
-    from zfuse.errors import MetadataError
-    from zfuse.ext.api import open_array, open_group, resolve_store
-    from zfuse.view.hierarchy import (
-        check_codecs,
-        node_type_of,
-        open_root_group,
-        stored_metadata,
-        unsupported_reason,
-    )
-
-    wrapped, path = resolve_store(store, mode)
-    doc = stored_metadata(wrapped, path)
-    kind = node_type_of(doc)
-    if kind == "array":
-        try:
-            array = open_array(wrapped, mode=mode, path=path or None)
-            check_codecs(array)
-            return array
-        except Exception as exc:
-            raise MetadataError(unsupported_reason(source, exc, doc)) from exc
-    if kind == "group":
-        try:
-            return open_root_group(lambda s, **kw: open_group(s, mode=mode, path=path or None, **kw), wrapped)
-        except Exception as exc:
-            raise MetadataError(unsupported_reason(source, exc, doc)) from exc
-    # nothing recognisable at the root: let zarr-python say why
-    try:
-        return open_group(wrapped, mode=mode, path=path or None)
-    except Exception as group_error:
-        try:
-            return open_array(wrapped, mode=mode, path=path or None)
-        except Exception:
-            raise group_error from None
-
-
-READ_ONLY_SCHEMES = ("http://", "https://")
-
-
-def make_view(config: MountConfig, stats: Stats | None = None) -> View:
-    if not config.read_only and any(s.startswith(READ_ONLY_SCHEMES) for s in config.sources):
-        log.info("http(s) sources are read-only: mounting read-only")
-        config.read_only = True
-    from zfuse.view.tree import ViewOptions, build_view
-
-    options = ViewOptions(
-        all_chunks=config.all_chunks,
-        crop_edges=config.crop_edges,
-        cache_bytes=config.cache_bytes,
-        read_only=config.read_only,
-        listing_cache_names=config.listing_cache_names,
-        shard_index_cache_bytes=config.index_cache_bytes,
-    )
-    obj = open_source(config.sources, config.concat_axis, read_only=config.read_only,
-                      storage_options=config.storage_options, stats=stats, timeout=config.timeout, durable=config.durable)
-    from zfuse.ext.concat import ConcatArray
-
-    if isinstance(obj, ConcatArray):
-        from zfuse.view.concat_source import ConcatChunkSource
-
-        obj = ConcatChunkSource(obj)
-    return build_view(obj, options, stats)
 
 
 def set_read_ahead(mountpoint: str, kib: int) -> bool:

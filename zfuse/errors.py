@@ -23,6 +23,15 @@ class InvalidTiffError(ZfuseError, ValueError):
     """Bytes written into the mount are not an acceptable TIFF for that chunk."""
 
 
+class TiffLayoutError(ZfuseError, ValueError):
+    """No chunk-file TIFF layout or header can be made from these arguments (a chunk
+    shape, dtype or per-axis list that does not fit, coordinates outside the grid)."""
+
+
+class TiffHeaderError(ZfuseError, ValueError):
+    """Bytes read as a zfuse chunk file's header are not one (no TIFF, cut off, no position)."""
+
+
 class SourceMismatchError(ZfuseError, ValueError):
     """Arrays given to a virtual concatenation do not agree (dtype, rank, other axes)."""
 

@@ -42,7 +42,7 @@ import trio
 
 from zfuse.errors import NotAllowedError, ReadOnlyError, ZfuseError, errno_for
 from zfuse.stats import Stats
-from zfuse.view.tree import DIR, FILE, DirReader, Entry, View
+from zfuse.view.tree import DirReader, Entry, Node, View
 from zfuse.view.whole_image import NAMES as IMAGE_NAMES
 from zfuse.view.writes import (
     PENDING_TIMEOUT,
@@ -134,13 +134,13 @@ class Handle:
 
     def entry(self) -> Entry:
         if self.content is not None:
-            return Entry(FILE, size=len(self.content), node="meta")
+            return Entry(Node.META, size=len(self.content))
         if self.state is not None and self.state.buffer is not None:
-            return Entry(FILE, size=len(self.state.buffer), array=self.array, coords=self.coords, node="chunk")
+            return Entry(Node.CHUNK, size=len(self.state.buffer), array=self.array, coords=self.coords)
         if self.reader is not None:
-            return Entry(FILE, size=self.reader.size, node="image", reader=self.reader)
+            return Entry(Node.IMAGE, size=self.reader.size, reader=self.reader)
         assert self.array is not None and self.coords is not None
-        return Entry(FILE, size=self.array.file_size(self.coords), array=self.array, coords=self.coords, node="chunk")
+        return Entry(Node.CHUNK, size=self.array.file_size(self.coords), array=self.array, coords=self.coords)
 
     def read_cached(self, off: int, size: int) -> bytes | None:
         """Bytes from memory if they are there (no thread hop), else None."""
@@ -372,11 +372,11 @@ class FileSystem:
     # -- entries --------------------------------------------------------------
     def _special_entry(self, path: Path) -> Entry | None:
         if path == (SPECIAL_DIR,):
-            return Entry(DIR, node="stats")
+            return Entry(Node.ZFUSE_DIR)
         if path[:1] == (SPECIAL_DIR,) and len(path) == 2 and path[1] in (STATS_FILE, ERRORS_FILE):
-            return Entry(FILE, size=len(self._special_bytes(path[1])), node="stats")
+            return Entry(Node.ZFUSE_FILE, size=len(self._special_bytes(path[1])))
         if path == (SPECIAL_DIR, MOUNT_FILE) and self.mount_info is not None:
-            return Entry(FILE, size=len(self._special_bytes(MOUNT_FILE)), node="stats")
+            return Entry(Node.ZFUSE_FILE, size=len(self._special_bytes(MOUNT_FILE)))
         return None
 
     def _special_bytes(self, name: str) -> bytes:
@@ -410,12 +410,12 @@ class FileSystem:
         if ino is None:
             ino = self._inode(path).ino
         node = entry.node
-        writable = not self.read_only and node not in ("stats", "meta", "image")
-        mode = (self._dir_modes if entry.kind == DIR else self._file_modes)[writable]
+        writable = not self.read_only and node not in (Node.ZFUSE_DIR, Node.ZFUSE_FILE, Node.META, Node.IMAGE)
+        mode = (self._dir_modes if node.is_dir else self._file_modes)[writable]
         mtime = (self.writes.mtime_ns(path) if self.writes.touched else None) or self.started_ns
         # never cached: live counters, files being written, and names only the daemon
         # holds (scratch, placeholders), which a rename or release can take away
-        live = node == "stats" or (entry.kind == FILE and entry.coords is None and node == "chunk") \
+        live = node in (Node.ZFUSE_DIR, Node.ZFUSE_FILE) or (node is Node.CHUNK and entry.coords is None) \
             or path in self.writes.states
         return Attributes(ino, mode, entry.size, mtime, self.uid, self.gid, 0 if live else ATTR_TIMEOUT)
 
@@ -453,7 +453,7 @@ class FileSystem:
         entry = await self._entry(path, pid)
         if entry is None:
             raise FsError(errno.ENOENT)
-        if size is not None and entry.node in ("meta", "stats", "image"):
+        if size is not None and entry.node in (Node.META, Node.ZFUSE_DIR, Node.ZFUSE_FILE, Node.IMAGE):
             raise FsError(errno.EROFS if self.read_only else errno.EACCES)
         if size is not None:
             handle = self.handles.get(fh) if fh else None
@@ -477,10 +477,10 @@ class FileSystem:
     async def opendir(self, ino: int) -> int:
         path = self._get(ino).path
         entry = await self._entry(path)
-        if entry is None or entry.kind != DIR:
+        if entry is None or not entry.node.is_dir:
             raise FsError(errno.ENOTDIR if entry else errno.ENOENT)
         view = self.view
-        if entry.node == "stats":
+        if entry.node is Node.ZFUSE_DIR:
             specials = [(name, special) for name in (ERRORS_FILE, MOUNT_FILE, STATS_FILE)
                         if (special := self._special_entry((SPECIAL_DIR, name))) is not None]
             reader = DirReader(view, path, specials)
@@ -542,21 +542,21 @@ class FileSystem:
         path = inode.path
         wants_write = bool(flags & (os.O_WRONLY | os.O_RDWR))
         entry = await self._entry(path, pid)
-        if entry is not None and entry.kind == DIR:
+        if entry is not None and entry.node.is_dir:
             raise FsError(errno.EISDIR)
         handle = Handle(path, inode)
-        if entry is not None and entry.node in ("stats", "meta", "image"):
+        if entry is not None and entry.node in (Node.ZFUSE_FILE, Node.META, Node.IMAGE):
             if wants_write:
                 raise self._refusal(errno.EACCES, f"{'/'.join(path)} is read-only")
-            if entry.node == "image":
+            if entry.node is Node.IMAGE:
                 handle.reader = entry.reader
                 # the kernel keeps its page cache of the file until the array changes
                 # (Bio-Formats reopens it dozens of times)
                 changed = self._image_versions.get(path) != entry.reader.version
                 self._image_versions[path] = entry.reader.version
                 return OpenReply(self._new_handle(handle), keep_cache=not changed)
-            handle.content = self._special_bytes(path[-1]) if entry.node == "stats" else entry.content or b""
-            return OpenReply(self._new_handle(handle), direct_io=entry.node == "stats")
+            handle.content = self._special_bytes(path[-1]) if entry.node is Node.ZFUSE_FILE else entry.content or b""
+            return OpenReply(self._new_handle(handle), direct_io=entry.node is Node.ZFUSE_FILE)
         state = self.writes.states.get(path)
         if wants_write:
             if flags & os.O_TRUNC and state is None and self._cached_readers.get(path):
@@ -569,7 +569,7 @@ class FileSystem:
             # cache; an untouched chunk opened to patch in place keeps it (mmap works)
             direct = state.dirty or state.scratch or bool(flags & os.O_TRUNC)
             return OpenReply(self._new_handle(handle), direct_io=direct)
-        if entry is None or entry.node != "chunk":
+        if entry is None or entry.node is not Node.CHUNK:
             raise FsError(errno.ENOENT)
         handle.array, handle.coords = entry.array, entry.coords
         if state is not None or path in self._readers_gone:
@@ -705,7 +705,7 @@ class FileSystem:
         """Whole-image files are read-only views: EROFS (-o ro) or EACCES."""
         if path[-1:] and path[-1] in IMAGE_NAMES:
             entry = await self._entry(path)
-            if entry is not None and entry.node == "image":
+            if entry is not None and entry.node is Node.IMAGE:
                 raise self._refusal(errno.EACCES, f"{op} refused: {'/'.join(path)} is a read-only "
                                                   "whole-image view of the array; write chunk files instead")
 
@@ -816,7 +816,7 @@ class FileSystem:
         """An open whole-image file follows a reload if its byte layout is unchanged;
         otherwise its reads fail (EIO, logged): the reader must reopen it."""
         entry = self.view.entry(handle.path)
-        new = entry.reader if entry is not None and entry.node == "image" else None
+        new = entry.reader if entry is not None and entry.node is Node.IMAGE else None
         try:
             same = new is not None and await self.run(handle.reader.same_layout, new)
         except Exception as e:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from zfuse.daemon import MountConfig, make_view
+from zfuse.open_view import make_view
+
+if TYPE_CHECKING:
+    from zfuse.daemon import MountConfig
 
 
 def describe_source(config: MountConfig) -> dict[str, Any]:

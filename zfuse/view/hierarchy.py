@@ -17,6 +17,7 @@ each member's own metadata, so a bad entry there hides nothing either.
 from __future__ import annotations
 
 import asyncio
+import base64
 import importlib.util
 import json
 import logging
@@ -24,6 +25,7 @@ import re
 import warnings
 from typing import Any
 
+import numpy as np
 import zarr
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
@@ -400,3 +402,21 @@ def _bad_codec(doc: dict[str, Any], fmt: int) -> str | None:
             inner = (config.get("configuration") or {})
             pending += list(inner.get("codecs") or ()) + list(inner.get("index_codecs") or ())
     return None
+
+
+def json_default(value: Any) -> Any:
+    """JSON for what zarr attributes and metadata documents hold besides JSON types."""
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii")
+    return str(value)
+
+
+def unsupported_metadata(doc: dict[str, Any] | None, reason: str) -> bytes:
+    """The zarr.json of a node shown without chunk files: its own metadata
+    document with the reason in ``attributes.zfuse.unsupported``."""
+    meta = dict(doc or {})
+    meta["attributes"] = dict(meta.get("attributes") or {})
+    meta["attributes"]["zfuse"] = {"unsupported": reason}
+    return json.dumps(meta, indent=2, default=json_default).encode()

@@ -1,4 +1,8 @@
-"""The TIFF header of a chunk file: pure functions, no I/O.
+"""The TIFF header of a chunk file, assembled: file header and IFDs. Pure functions, no I/O.
+
+What the header says (ImageJ description and calibration, page order, the
+chunk position record) is `tiff_meta.py`; reading the position back from a
+header is `tiff_parse.py`.
 
 A chunk file is ``build_header(layout, coords)`` followed by the chunk's raw
 pixels in page order, ``np.ascontiguousarray(layout.to_file_order(chunk))
@@ -15,12 +19,8 @@ Invariants (the rest of zfuse relies on them):
   C order, after ``file_axes``) is a single strip at ``header_size + k *
   page_bytes``, so pages lie at increasing offsets and contiguously, as ImageJ
   assumes.
-- Page order is ImageJ's whenever the leading axes can be named as channel,
-  z and time (OME-Zarr axis names/types): c fastest, then z, then t. A chunk
-  whose axes are stored in another order (OME-Zarr's t, c, z) is transposed:
-  ``file_axes`` is that permutation (identity otherwise), the file is a true
-  ImageJ hyperstack, and the view's zarr.json declares the permutation with
-  the standard ``transpose`` codec so that zarr reads the files exactly.
+- Pages run in ``layout.file_axes`` order: ImageJ's (c fastest, then z, then
+  t) whenever the leading axes can be named (`tiff_meta.py`).
 - Little endian ("II"); classic TIFF unless the full file would exceed
   4 GiB - 1, then BigTIFF. The choice depends on the layout, not the chunk.
 - Every IFD has BitsPerSample, SampleFormat, Photometric (BlackIsZero),
@@ -36,60 +36,40 @@ Invariants (the rest of zfuse relies on them):
 
 from __future__ import annotations
 
-import json
 import math
-import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from fractions import Fraction
 from functools import lru_cache
 
 import numpy as np
 
+from zfuse.errors import TiffLayoutError
+from zfuse.view.tiff_meta import (
+    ASCII,
+    DOCUMENT_NAME,
+    IMAGE_DESCRIPTION,
+    POSITION_TAG,
+    HeaderMeta,
+    imagej_description,
+    plan_meta,
+    position_text,
+)
+
 __all__ = [
-    "POSITION_TAG",
     "TiffLayout",
     "build_header",
-    "parse_position",
     "plan_layout",
     "tiff_unsupported_reason",
 ]
 
-#: ASCII tag holding the chunk position as JSON (first IFD), besides DocumentName.
-#: PageName (285), a standard tag: a private tag (65000+) makes libtiff, and so
-#: tiffinfo/ImageMagick, print "Unknown field with tag" for every file opened.
-POSITION_TAG = 285
-_DOCUMENT_NAME = 269
-_IMAGE_DESCRIPTION = 270
-
 _CLASSIC_LIMIT = 2**32 - 1  # largest file a classic TIFF can address
 _HEADER_ALIGN = 16  # pixel data aligned for every dtype (complex128 is 16 bytes)
-_FREE_DIGITS = 20  # width per coordinate when the grid size is unknown (uint64)
 
-# TIFF field types
-_ASCII, _SHORT, _LONG, _RATIONAL, _LONG8 = 2, 3, 4, 5, 16
+# TIFF field types (ASCII: `tiff_meta`)
+_SHORT, _LONG, _RATIONAL, _LONG8 = 3, 4, 5, 16
 
 _SAMPLE_FORMAT = {"b": 1, "u": 1, "i": 2, "f": 3, "c": 6}
-
-# OME-Zarr unit names -> ImageJ's (ImageJ knows "micron" and shows it as µm).
-_IJ_UNITS = {
-    "micrometer": "micron",
-    "micron": "micron",
-    "um": "micron",
-    "\u00b5m": "micron",
-    "nanometer": "nm",
-    "millimeter": "mm",
-    "centimeter": "cm",
-    "meter": "m",
-    "angstrom": "angstrom",
-    "second": "sec",
-    "millisecond": "ms",
-    "microsecond": "us",
-    "minute": "min",
-    "hour": "hour",
-}
-_SAFE_UNIT = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,31}$")
 
 
 def tiff_unsupported_reason(dtype: object) -> str | None:
@@ -132,24 +112,6 @@ def _flatten(shape: Sequence[int]) -> tuple[int, int, int]:
 
 
 @dataclass(frozen=True)
-class _Meta:
-    """Everything the header needs besides shape, dtype and bigtiff."""
-
-    ndim: int
-    # ImageJ role ("c"/"z"/"t"/None for size 1) per leading axis (in the chunk's
-    # axis order); None = plain stack
-    roles: tuple[str | None, ...] | None
-    xres: tuple[int, int, int, int] | None  # XResolution num/den, YResolution num/den
-    unit: str | None
-    zspacing: float | None
-    tinterval: float | None
-    tunit: str | None
-    coord_digits: tuple[int, ...]
-    origin_digits: tuple[int, ...]
-    pos_width: int  # bytes reserved for the position JSON (without NUL)
-
-
-@dataclass(frozen=True)
 class TiffLayout:
     """Everything about one array's chunk files that does not depend on the chunk."""
 
@@ -162,7 +124,7 @@ class TiffLayout:
     rows: int
     cols: int
     description: str = field(compare=False)  # ImageJ description of the template (origin 0)
-    _meta: _Meta = field(repr=False)
+    _meta: HeaderMeta = field(repr=False)
     _template: bytes = field(repr=False, compare=False)
     # absolute offsets of the patched fields: JSON, DocumentName, (offset, width, axis) origins
     _pos_offsets: tuple[int, int] = field(repr=False, compare=False)
@@ -199,85 +161,9 @@ class TiffLayout:
         return pixels.reshape(file_shape).transpose(np.argsort(self.file_axes))
 
 
-def _digits(n: int) -> int:
-    return len(str(max(int(n), 0)))
-
-
-def _axis_role(name: str | None, kind: str | None) -> str | None:
-    if kind:
-        return {"channel": "c", "time": "t", "space": "z"}.get(kind.lower())
-    if name:
-        return {"c": "c", "ch": "c", "channel": "c", "t": "t", "time": "t", "z": "z"}.get(
-            name.lower()
-        )
-    return None
-
-
-_IJ_RANK = {"t": 0, "z": 1, "c": 2}  # ImageJ's page order: t slowest, c fastest
-
-
-def _roles(
-    shape: tuple[int, ...], axes: Sequence[str] | None, axis_types: Sequence[str | None] | None
-) -> tuple[tuple[str | None, ...] | None, tuple[int, ...]]:
-    """ImageJ role ("c"/"z"/"t") of each leading axis, and the permutation of
-    the leading axes that puts their pages in ImageJ's order t, z, c (c fastest).
-
-    Roles are None (a plain stack, pages in chunk order) if the axes with more
-    than one element cannot all be named, or two share a role. Axes of size 1
-    do not affect the page order: they get no role, are not checked and stay
-    where they are (OME-Zarr t,c,z chunks of (1, 1, 16) are a z stack)."""
-    ndim = len(shape)
-    lead = max(ndim - 2, 0)
-    identity = tuple(range(lead))
-    if lead == 0:
-        return (), identity
-    names = list(axes) if axes is not None else [None] * ndim
-    kinds = list(axis_types) if axis_types is not None else [None] * ndim
-    roles = [_axis_role(names[i], kinds[i]) for i in range(lead)]
-    big = [i for i in range(lead) if shape[i] > 1]
-    if len(big) <= 1:
-        # one axis carries the pages: unnamed means slices, as ImageJ assumes
-        only = big[0] if big else lead - 1
-        return tuple((roles[i] or "z") if i == only else None for i in range(lead)), identity
-    picked = [roles[i] for i in big]
-    if any(r is None for r in picked) or len(set(picked)) != len(picked):
-        return None, identity
-    # the big axes, sorted into ImageJ's order, take the places of the big axes
-    in_ij_order = iter(sorted(big, key=lambda i: _IJ_RANK[roles[i]]))  # type: ignore[index]
-    perm = tuple(next(in_ij_order) if shape[i] > 1 else i for i in range(lead))
-    return tuple(roles[i] if shape[i] > 1 else None for i in range(lead)), perm
-
-
-def _ij_unit(unit: str | None) -> str | None:
-    if not unit:
-        return None
-    mapped = _IJ_UNITS.get(unit.lower(), unit)
-    return mapped if _SAFE_UNIT.match(mapped) else None
-
-
-def _rational(value: float) -> tuple[int, int]:
-    """Closest fraction with numerator and denominator in uint32."""
-    top = _CLASSIC_LIMIT
-    if value >= top:
-        return top, 1
-    max_den = top if value < 1 else max(1, int(top / value))
-    frac = Fraction(value).limit_denominator(max_den)
-    num, den = min(frac.numerator, top), frac.denominator
-    if num == 0:
-        return 1, top
-    return num, den
-
-
-def _good_scale(s: float | None) -> float | None:
-    if s is None:
-        return None
-    s = float(s)
-    return s if math.isfinite(s) and s > 0 else None
-
-
 def _check_len(name: str, seq: Sequence[object] | None, ndim: int) -> None:
     if seq is not None and len(seq) != ndim:
-        raise ValueError(f"{name} must have one entry per axis ({ndim}); got {list(seq)!r}")
+        raise TiffLayoutError(f"{name} must have one entry per axis ({ndim}); got {list(seq)!r}")
 
 
 def plan_layout(
@@ -300,10 +186,10 @@ def plan_layout(
     """
     shape = tuple(int(n) for n in chunk_shape)
     if any(n < 1 for n in shape):
-        raise ValueError(f"chunk shape must be positive; got {shape!r}")
+        raise TiffLayoutError(f"chunk shape must be positive; got {shape!r}")
     reason = tiff_unsupported_reason(dtype)
     if reason is not None:
-        raise ValueError(reason)
+        raise TiffLayoutError(reason)
     dt = np.dtype(dtype).newbyteorder("<")  # type: ignore[call-overload]
     ndim = len(shape)
     for name, seq in (
@@ -315,53 +201,9 @@ def plan_layout(
         ("array_shape", array_shape),
     ):
         _check_len(name, seq, ndim)
+    meta, file_axes = plan_meta(shape, axes=axes, axis_types=axis_types, scales=scales, units=units,
+                                grid_shape=grid_shape, array_shape=array_shape)
 
-    # Widths of the coordinate fields: the largest chunk index and origin.
-    if grid_shape is None and array_shape is not None:
-        grid_shape = [max(1, -(-int(a) // c)) for a, c in zip(array_shape, shape, strict=True)]
-    if grid_shape is not None:
-        coord_digits = tuple(_digits(int(g) - 1) for g in grid_shape)
-        origin_digits = tuple(
-            _digits((int(g) - 1) * c) for g, c in zip(grid_shape, shape, strict=True)
-        )
-    else:
-        coord_digits = origin_digits = (_FREE_DIGITS,) * ndim
-    widest = _position_text(
-        [10**d - 1 for d in coord_digits], [10**d - 1 for d in origin_digits], shape
-    )
-
-    roles, lead_perm = _roles(shape, axes, axis_types)
-    file_axes = (*lead_perm, *range(len(lead_perm), ndim))
-    sc = [_good_scale(s) for s in scales] if scales is not None else [None] * ndim
-    un = list(units) if units is not None else [None] * ndim
-    xres = unit = zspacing = tinterval = tunit = None
-    if scales is not None and ndim >= 1:
-        xs = sc[-1] or 1.0
-        ys = (sc[-2] if ndim >= 2 else sc[-1]) or 1.0
-        xres = (*_rational(1.0 / xs), *_rational(1.0 / ys))
-        unit = _ij_unit(un[-1])
-        if roles is not None:
-            names = list(axes) if axes is not None else [None] * ndim
-            kinds = list(axis_types) if axis_types is not None else [None] * ndim
-            for i, r in enumerate(roles):
-                # a size-1 axis has no ImageJ role but its scale still calibrates
-                r = r or _axis_role(names[i], kinds[i])
-                if r == "z" and sc[i] is not None:
-                    zspacing = sc[i]
-                elif r == "t" and sc[i] is not None:
-                    tinterval, tunit = sc[i], _ij_unit(un[i])
-    meta = _Meta(
-        ndim=ndim,
-        roles=roles,
-        xres=xres,  # type: ignore[arg-type]
-        unit=unit,
-        zspacing=zspacing,
-        tinterval=tinterval,
-        tunit=tunit,
-        coord_digits=coord_digits,
-        origin_digits=origin_digits,
-        pos_width=len(widest),
-    )
     pages, rows, cols = _flatten(shape)
     data_size = math.prod(shape) * dt.itemsize
 
@@ -397,69 +239,6 @@ def _align(n: int) -> int:
     return -(-n // _HEADER_ALIGN) * _HEADER_ALIGN
 
 
-def _position_text(coords: Sequence[int], origin: Sequence[int], shape: Sequence[int]) -> bytes:
-    c = ",".join(map(str, coords))
-    o = ",".join(map(str, origin))
-    s = ",".join(map(str, shape))
-    return f'{{"chunk":[{c}],"origin":[{o}],"shape":[{s}]}}'.encode("ascii")
-
-
-def _description(meta: _Meta, shape: Sequence[int]) -> tuple[str, list[tuple[int, int, int]]]:
-    """ImageJ description for an image of `shape`, with zeroed origin fields.
-
-    Returns the text and (offset in text, width, axis) of each origin value.
-    The origin fields come right after the first line so that they sit at the
-    same offset in full and cropped headers.
-    """
-    ndim = meta.ndim
-    lines = ["ImageJ=1.11a"]
-    origin_axes: list[tuple[str, int]] = []
-    if ndim >= 1:
-        origin_axes.append(("xorigin", ndim - 1))
-    if ndim >= 2:
-        origin_axes.append(("yorigin", ndim - 2))
-    if meta.roles and "z" in meta.roles:
-        origin_axes.append(("zorigin", meta.roles.index("z")))
-    fields: list[tuple[int, int, int]] = []
-    pos = len(lines[0]) + 1
-    for key, axis in origin_axes:
-        width = meta.origin_digits[axis] + 1  # room for the minus sign
-        lines.append(f"{key}={0:0{width}d}")
-        fields.append((pos + len(key) + 1, width, axis))
-        pos += len(lines[-1]) + 1
-
-    pages = _flatten(shape)[0]
-    if pages > 1:
-        lines.append(f"images={pages}")
-        if meta.roles is None:
-            # Leading axes not nameable in ImageJ's order: a plain stack.
-            lines.append(f"slices={pages}")
-        else:
-            size = {"c": 1, "z": 1, "t": 1}
-            for r, n in zip(meta.roles, shape, strict=False):
-                if r is not None:
-                    size[r] = n
-            for key, r in (("channels", "c"), ("slices", "z"), ("frames", "t")):
-                if size[r] > 1:
-                    lines.append(f"{key}={size[r]}")
-            if size["c"] > 1 or size["t"] > 1:
-                # Not only slices: ImageJ should show c/t sliders, not one z stack.
-                lines.append("hyperstack=true")
-            if size["c"] > 1:
-                lines.append("mode=grayscale")
-    if meta.unit:
-        lines.append(f"unit={meta.unit}")
-    if meta.zspacing is not None:
-        lines.append(f"spacing={meta.zspacing!r}")
-    if meta.tinterval is not None:
-        lines.append(f"finterval={meta.tinterval!r}")
-        if meta.tunit:
-            lines.append(f"tunit={meta.tunit}")
-    if pages > 1:
-        lines.append("loop=false")
-    return "\n".join(lines) + "\n", fields
-
-
 @dataclass
 class _Built:
     header: bytearray
@@ -469,7 +248,7 @@ class _Built:
 
 
 def _build(
-    meta: _Meta, dt: np.dtype, shape: Sequence[int], *, bigtiff: bool, data_offset: int
+    meta: HeaderMeta, dt: np.dtype, shape: Sequence[int], *, bigtiff: bool, data_offset: int
 ) -> _Built:
     """Assemble header bytes (unpadded) for an image of `shape`.
 
@@ -490,7 +269,7 @@ def _build(
     cnt_size = struct.calcsize(cnt_fmt)
     off_size = struct.calcsize(off_fmt)
 
-    description, origin_fields = _description(meta, shape)
+    description, origin_fields = imagej_description(meta, shape)
     desc_bytes = description.encode("ascii") + b"\0"
     pos_len = meta.pos_width + 1  # space-padded fixed-width JSON + NUL
     pos_blank = b" " * meta.pos_width + b"\0"
@@ -521,16 +300,16 @@ def _build(
         return e
 
     ifd0_entries = common(data_offset) + [
-        (_DOCUMENT_NAME, _ASCII, pos_len, pos_blank),
-        (_IMAGE_DESCRIPTION, _ASCII, len(desc_bytes), desc_bytes),
-        (POSITION_TAG, _ASCII, pos_len, pos_blank),
+        (DOCUMENT_NAME, ASCII, pos_len, pos_blank),
+        (IMAGE_DESCRIPTION, ASCII, len(desc_bytes), desc_bytes),
+        (POSITION_TAG, ASCII, pos_len, pos_blank),
     ]
     ifd0_entries.sort(key=lambda e: e[0])
     ifd0_at = len(head)
     ifd0_size = cnt_size + len(ifd0_entries) * esize + off_size
     ool_at = ifd0_at + ifd0_size
     # Out-of-line order fixed: position JSON, DocumentName, rationals, description.
-    order = [POSITION_TAG, _DOCUMENT_NAME, 282, 283, _IMAGE_DESCRIPTION]
+    order = [POSITION_TAG, DOCUMENT_NAME, 282, 283, IMAGE_DESCRIPTION]
     ool_pos: dict[int, int] = {}
     ool = bytearray()
     by_tag = {e[0]: e for e in ifd0_entries}
@@ -575,11 +354,11 @@ def _build(
         block[:, size - off_size :] = nexts.view(np.uint8).reshape(-1, off_size)
         header += block.tobytes()
 
-    desc_at = ool_pos[_IMAGE_DESCRIPTION]
+    desc_at = ool_pos[IMAGE_DESCRIPTION]
     return _Built(
         header=header,
         description=description,
-        pos_offsets=(ool_pos[POSITION_TAG], ool_pos[_DOCUMENT_NAME]),
+        pos_offsets=(ool_pos[POSITION_TAG], ool_pos[DOCUMENT_NAME]),
         origin_fields=tuple((desc_at + off, w, ax) for off, w, ax in origin_fields),
     )
 
@@ -612,18 +391,18 @@ def build_header(
     """
     meta = layout._meta
     if len(chunk_coords) != meta.ndim:
-        raise ValueError(f"expected {meta.ndim} chunk coordinates; got {list(chunk_coords)!r}")
+        raise TiffLayoutError(f"expected {meta.ndim} chunk coordinates; got {list(chunk_coords)!r}")
     if origin is None:
         origin = [c * n for c, n in zip(chunk_coords, layout.chunk_shape, strict=True)]
     elif len(origin) != meta.ndim:
-        raise ValueError(f"expected {meta.ndim} origin values; got {list(origin)!r}")
+        raise TiffLayoutError(f"expected {meta.ndim} origin values; got {list(origin)!r}")
     for values, digits, what in (
         (chunk_coords, meta.coord_digits, "chunk coordinate"),
         (origin, meta.origin_digits, "origin"),
     ):
         for v, d in zip(values, digits, strict=True):
             if v < 0 or v >= 10**d:
-                raise ValueError(
+                raise TiffLayoutError(
                     f"{what} {v} outside the range this layout reserves (0..{10**d - 1}); "
                     f"got {list(values)!r}"
                 )
@@ -635,78 +414,13 @@ def build_header(
         if len(shape) != meta.ndim or not all(
             1 <= n <= c for n, c in zip(shape, layout.chunk_shape, strict=True)
         ):
-            raise ValueError(
+            raise TiffLayoutError(
                 f"cropped shape must be within 1..{layout.chunk_shape} per axis; got {shape!r}"
             )
         buf = bytearray(_cropped_template(layout, shape))
-    text = _position_text(chunk_coords, origin, shape)
+    text = position_text(chunk_coords, origin, shape)
     for at in layout._pos_offsets:
         buf[at : at + len(text)] = text  # the rest of the field stays blank
     for at, width, axis in layout._origin_fields:
         buf[at : at + width] = f"{-int(origin[axis]):0{width}d}".encode("ascii")
     return bytes(buf)
-
-
-def _read_ifd0_ascii(header: bytes | memoryview, tags: Sequence[int]) -> dict[int, str]:
-    """ASCII values of `tags` in the first IFD (any byte order, classic or BigTIFF)."""
-    data = bytes(header[:16])
-    if data[:2] == b"II":
-        bo = "<"
-    elif data[:2] == b"MM":
-        bo = ">"
-    else:
-        raise ValueError("not a TIFF header (no II/MM byte order mark)")
-    (magic,) = struct.unpack(bo + "H", data[2:4])
-    if magic == 42:
-        (ifd,) = struct.unpack(bo + "I", data[4:8])
-        cnt_fmt, off_fmt, esize, inline = "H", "I", 12, 4
-    elif magic == 43:
-        (ifd,) = struct.unpack(bo + "Q", data[8:16])
-        cnt_fmt, off_fmt, esize, inline = "Q", "Q", 20, 8
-    else:
-        raise ValueError(f"not a TIFF header (magic {magic})")
-    view = memoryview(header)
-    csize = struct.calcsize(cnt_fmt)
-    osize = struct.calcsize(off_fmt)
-    if ifd + csize > len(view):
-        raise ValueError("TIFF header truncated before the first IFD")
-    (count,) = struct.unpack(bo + cnt_fmt, view[ifd : ifd + csize])
-    found: dict[int, str] = {}
-    for i in range(count):
-        at = ifd + csize + i * esize
-        if at + esize > len(view):
-            raise ValueError("TIFF header truncated inside the first IFD")
-        tag, typ = struct.unpack(bo + "HH", view[at : at + 4])
-        if tag not in tags or typ != _ASCII:
-            continue
-        (n,) = struct.unpack(bo + off_fmt, view[at + 4 : at + 4 + osize])
-        if n <= inline:
-            raw = bytes(view[at + 4 + osize : at + 4 + osize + n])
-        else:
-            (ptr,) = struct.unpack(bo + off_fmt, view[at + 4 + osize : at + 4 + 2 * osize])
-            if ptr + n > len(view):
-                raise ValueError(f"tag {tag} value lies beyond the given bytes")
-            raw = bytes(view[ptr : ptr + n])
-        found[tag] = raw.split(b"\0", 1)[0].decode("ascii", "replace").strip()
-    return found
-
-
-def read_position(header: bytes | memoryview) -> dict[str, list[int]]:
-    """The position record {"chunk", "origin", "shape"} of a zfuse chunk file."""
-    values = _read_ifd0_ascii(header, (POSITION_TAG, _DOCUMENT_NAME))
-    for tag in (POSITION_TAG, _DOCUMENT_NAME):
-        text = values.get(tag)
-        if not text:
-            continue
-        try:
-            record = json.loads(text)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and isinstance(record.get("chunk"), list):
-            return record
-    raise ValueError("no zfuse chunk position in this TIFF (PageName / DocumentName)")
-
-
-def parse_position(header_bytes: bytes | memoryview) -> tuple[int, ...]:
-    """Chunk coordinates stored in a zfuse chunk file's header (or whole file)."""
-    return tuple(int(c) for c in read_position(header_bytes)["chunk"])

@@ -38,8 +38,9 @@ import numpy as np
 import tifffile
 
 from zfuse.errors import InvalidTiffError
-from zfuse.view.tiff import TiffLayout, build_header, read_position
+from zfuse.view.tiff import TiffLayout, build_header
 from zfuse.view.tiff_complete import incomplete_reason
+from zfuse.view.tiff_parse import read_position
 
 __all__ = ["MAX_TIFF_FACTOR", "MAX_TIFF_SLACK", "decode_tiff", "max_file_size"]
 

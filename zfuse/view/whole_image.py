@@ -47,9 +47,10 @@ import numpy as np
 from zfuse.errors import CorruptDataError
 from zfuse.stats import Stats
 from zfuse.view.tiff import tiff_unsupported_reason
+from zfuse.view.tiff_meta import ome_axes  # the chunk files' reading of OME-Zarr axes
 
 if TYPE_CHECKING:
-    from zfuse.view.tree import ArrayView
+    from zfuse.view.array_view import ArrayView
 
 log = logging.getLogger("zfuse.view.image")
 
@@ -948,14 +949,12 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None) -> d
 
     `node`/`parent` are the view tree's group/array nodes (kind, children, array,
     metadata). Planned from metadata alone."""
-    from zfuse.view.tree import _ome_for  # the chunk files' reading of OME-Zarr axes
-
     label = "/".join(path) or "/"
     out: dict[str, WholeImage] = {}
     try:
         if node.array is not None and node.array.layout is not None:
             attrs = _node_attrs(parent) if parent is not None and path else {}
-            ome = _ome_for(attrs, path[-1]) if path else None
+            ome = ome_axes(attrs, path[-1]) if path else None
             if ome is None:
                 names = node.array.source.v3_metadata().get("dimension_names")
                 ome = {"axes": list(names)} if names and all(names) else None
@@ -966,7 +965,7 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None) -> d
             arrays = [_descend(node, p) for p in paths or ()]
             if arrays and all(a is not None and a.layout is not None for a in arrays):
                 levels = pyramid_levels(arrays, label)  # type: ignore[arg-type]
-                out[PYRAMID_NAME] = WholeImage(PYRAMID_NAME, levels, _ome_for(attrs, paths[0]),  # type: ignore[index]
+                out[PYRAMID_NAME] = WholeImage(PYRAMID_NAME, levels, ome_axes(attrs, paths[0]),  # type: ignore[index]
                                                omero_channels(attrs), label=label)
     except Exception as e:  # a whole-image file is an extra: never lose the directory over it
         log.warning("%s: no whole-image file: %s", label, e)

@@ -48,9 +48,10 @@ from zfuse.errors import (
     ReadOnlyError,
 )
 from zfuse.stats import Stats
+from zfuse.view.array_view import ArrayView
 from zfuse.view.tiff_complete import incomplete_reason
 from zfuse.view.tiff_input import decode_tiff, max_file_size
-from zfuse.view.tree import DIR, FILE, META_NAME, ArrayView, Entry, View
+from zfuse.view.tree import META_NAME, Entry, Node, View
 
 __all__ = [
     "FileState", "Phase", "Released", "Writes", "RENAME_NOREPLACE", "NAME_MAX",
@@ -211,7 +212,7 @@ class Writes:
         state = self.states.get(path)
         if state is None:
             if path in self.made_dirs:
-                return Entry(DIR, node="keydir")
+                return Entry(Node.KEYDIR)
             return None
         if self.sees_buffer(state, pid):
             size = len(state.buffer) if state.buffer is not None else None
@@ -220,7 +221,7 @@ class Writes:
         if size is None:
             assert state.array is not None and state.coords is not None
             size = state.array.file_size(state.coords)
-        return Entry(FILE, size=size, array=state.array, coords=state.coords, node="chunk")
+        return Entry(Node.CHUNK, size=size, array=state.array, coords=state.coords)
 
     def scratch_in(self, dir_path: Path) -> list[tuple[str, Entry]]:
         """Entries of `dir_path` that only the daemon holds (new files, scratch, made dirs)."""
@@ -230,7 +231,7 @@ class Writes:
                 out.append((path[-1], self.entry_for(path, None)))
         for path in self.made_dirs:
             if path[:-1] == dir_path:
-                out.append((path[-1], Entry(DIR, node="keydir")))
+                out.append((path[-1], Entry(Node.KEYDIR)))
         return sorted(out, key=lambda item: item[0])
 
     @property
@@ -280,7 +281,7 @@ class Writes:
                 # The kernel still holds a dentry for a file that vanished (a refused
                 # new file, dropped at release): recreate it, as O_CREAT would have.
                 return await self.create(path, flags, pid)
-            if entry.node != "chunk" or entry.array is None or entry.coords is None:
+            if entry.node is not Node.CHUNK or entry.array is None or entry.coords is None:
                 raise NotAllowedError(errno.EACCES, "only chunk files can be written")
             state = FileState(path, entry.array, entry.coords, changed_at=self.clock())
             self.states[path] = state
@@ -558,7 +559,7 @@ class Writes:
         if path in self.removed:
             return False
         entry = self.view.entry(path)
-        return entry is not None and entry.node == "chunk"
+        return entry is not None and entry.node is Node.CHUNK
 
     async def rename(self, old: Path, new: Path, flags: int) -> None:
         self._check_writable()
@@ -568,7 +569,7 @@ class Writes:
             raise NotAllowedError(errno.EEXIST, "target exists (RENAME_NOREPLACE)")
         src = self.states.get(old)
         old_entry = self.view.entry(old)
-        if src is None and old_entry is not None and old_entry.kind == DIR:
+        if src is None and old_entry is not None and old_entry.node.is_dir:
             raise NotAllowedError(errno.EPERM, "directories cannot be renamed")
         new_arr, new_coords = self.chunk_target(new)
         if src is not None and src.scratch:
@@ -616,7 +617,7 @@ class Writes:
         if self.view.entry(path) is not None or path in self.made_dirs:
             raise NotAllowedError(errno.EEXIST, "exists")
         self.made_dirs.add(path)
-        return Entry(DIR, node="keydir")
+        return Entry(Node.KEYDIR)
 
     async def rmdir(self, path: Path) -> None:
         self._check_writable()

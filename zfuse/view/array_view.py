@@ -1,0 +1,507 @@
+"""One array's chunk files: their names, which exist, and their bytes, with no FUSE in it.
+
+`ArrayView` answers, for one array of the view: which chunk file a path
+names, whether that chunk exists, what a chunk directory lists, and the bytes
+of a chunk file (header and decoded values, kept in a `ChunkCache`). The tree
+of paths above the arrays is `tree.py`.
+
+Invariants:
+- The size of a chunk file comes from metadata alone (the TIFF layout), so
+  asking for it never reads chunk data. Knowing *which* chunks exist costs store
+  requests for what is looked at only: `exists()` of one chunk is one
+  existence check of its key (or its shard's index); `iter_dir()` of a chunk
+  directory is one listing of that key prefix (plus the indexes of the shards
+  it covers). Answers are kept in the view's bounded caches (`ViewCaches`)
+  until evicted or `refresh()`; `needs_io()` says whether an answer is
+  already in memory, so callers on an event loop know when to use a thread.
+- Chunk bytes are the generated header followed by the chunk's values in C
+  order, little endian (`bytes` codec order): the same bytes the view's
+  dual-access ``zarr.json`` (suffix ``.tiff`` keys, codecs bytes + pad)
+  describes. A chunk is decoded once at a time (single flight) and kept in the
+  `ChunkCache` until evicted, `forget()` or a refresh of the view.
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import json
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from zfuse.stats import Stats
+from zfuse.view.caches import ViewCaches
+from zfuse.view.hierarchy import unsupported_metadata
+from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, DirPage
+from zfuse.view.tiff import TiffLayout, build_header, plan_layout, tiff_unsupported_reason
+
+CHUNK_SUFFIX = ".tiff"
+
+
+@dataclass
+class ViewOptions:
+    all_chunks: bool = False
+    crop_edges: bool = False
+    cache_bytes: int = 256 * 1024 * 1024
+    read_only: bool = False
+    # directory listings and existence answers kept, in names (~190 bytes each)
+    listing_cache_names: int = 200_000
+    shard_index_cache_bytes: int = 64 * 1024 * 1024
+
+
+class ChunkCache:
+    """A bounded LRU of decoded chunk bytes, keyed by (array id, coords)."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self.used = 0
+        self.hits = 0
+        self.misses = 0
+        self._items: OrderedDict[tuple[int, Coords], bytes] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[int, Coords]) -> bytes | None:
+        with self._lock:
+            data = self._items.get(key)
+            if data is None:
+                self.misses += 1
+                return None
+            self._items.move_to_end(key)
+            self.hits += 1
+            return data
+
+    def contains(self, key: tuple[int, Coords]) -> bool:
+        with self._lock:
+            return key in self._items
+
+    def peek(self, key: tuple[int, Coords]) -> bytes | None:
+        """A cache hit without a miss being counted (the caller falls back to `get`)."""
+        with self._lock:
+            data = self._items.get(key)
+            if data is not None:
+                self._items.move_to_end(key)
+                self.hits += 1
+            return data
+
+    def put(self, key: tuple[int, Coords], data: bytes) -> None:
+        if len(data) > self.max_bytes:
+            return
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.used -= len(old)
+            self._items[key] = data
+            self.used += len(data)
+            while self.used > self.max_bytes:
+                _, evicted = self._items.popitem(last=False)
+                self.used -= len(evicted)
+
+    def drop(self, key: tuple[int, Coords]) -> None:
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self.used -= len(old)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self.used = 0
+
+
+class _Dir:
+    """One listed directory of an array: view name -> chunk coords, or None for a subdirectory."""
+
+    __slots__ = ("generation", "children")
+
+    def __init__(self, generation: int, children: dict[str, Coords | None]) -> None:
+        self.generation = generation
+        self.children = children
+
+
+_DIR, _CHUNK = 0, 1  # cache key kinds: (id(array), kind, path or coords)
+
+
+class ArrayView:
+    """One array's directory: its view metadata and its chunk files."""
+
+    def __init__(
+        self,
+        source: ChunkSource,
+        options: ViewOptions,
+        cache: ChunkCache,
+        ome: dict[str, Any] | None = None,
+        stats: Stats | None = None,
+        caches: ViewCaches | None = None,
+    ) -> None:
+        self.source = source
+        self.options = options
+        self.cache = cache
+        self.stats = stats or Stats()
+        self.caches = caches or ViewCaches(options.listing_cache_names, options.shard_index_cache_bytes, stats)
+        source.use_index_cache(self.caches.indexes)
+        self.unsupported: str | None = tiff_unsupported_reason(source.dtype)
+        self.layout: TiffLayout | None = None
+        if self.unsupported is None:
+            ome = ome or {}
+            self.layout = plan_layout(
+                source.chunk_shape,
+                source.dtype,
+                axes=ome.get("axes"),
+                axis_types=ome.get("axis_types"),
+                scales=ome.get("scales"),
+                units=ome.get("units"),
+                grid_shape=source.grid_shape,
+                array_shape=source.shape,
+            )
+        # Cached answers carry the generation they were made in; `refresh` moves on
+        # to a new one. Old answers are not cleared: a lookup racing with the refresh
+        # still finds them (never a false ENOENT), and the LRU ages them out.
+        self._generation = 0
+        self._changes = 0  # chunks added/removed: a listing that raced with one is not kept
+        self._lock = threading.Lock()
+        self._inflight: dict[Coords, threading.Lock] = {}
+        self.changes = 0  # chunks written or deleted through the view
+        self.metadata_bytes = self._view_metadata()
+
+    # -- names ------------------------------------------------------------
+    def file_parts(self, coords: Coords) -> tuple[str, ...]:
+        return tuple((self.source.chunk_key(coords) + CHUNK_SUFFIX).split("/"))
+
+    def key_name(self, coords: Coords) -> str:
+        """The chunk's store key with the array's path, for messages (``arr/c/0/1``)."""
+        key = self.source.chunk_key(coords)
+        return f"{self.source.name}/{key}" if self.source.name else key
+
+    def coords_of(self, parts: tuple[str, ...]) -> Coords | None:
+        """The chunk a file path names, if it names one inside the grid."""
+        if not parts or not parts[-1].endswith(CHUNK_SUFFIX):
+            return None
+        key = "/".join(parts)[: -len(CHUNK_SUFFIX)]
+        return self._decode_key(key)
+
+    def _decode_key(self, key: str) -> Coords | None:
+        coords = self.source.decode_key(key)
+        if coords is None or not self.source.in_grid(coords):
+            return None
+        return coords
+
+    # -- what exists (bounded caches; store I/O only for what is asked) -----
+    def _listed(self, rest: tuple[str, ...]) -> _Dir | None:
+        """Directory `rest` as listed in the current generation, if it is in memory."""
+        listed = self.caches.names.get((id(self), _DIR, rest))
+        return listed if listed is not None and listed.generation == self._generation else None
+
+    def known(self, coords: Coords) -> bool | None:
+        """Whether chunk `coords` exists, from memory only; None when unknown."""
+        if self.options.all_chunks:
+            return self.source.in_grid(coords)
+        parts = self.file_parts(coords)
+        listed = self._listed(parts[:-1])
+        if listed is not None:
+            return parts[-1] in listed.children
+        answer = self.caches.names.get((id(self), _CHUNK, coords))
+        if answer is not None and answer[0] == self._generation:
+            return answer[1]
+        return None
+
+    def exists(self, coords: Coords) -> bool:
+        """Whether chunk `coords` exists: from memory, else one existence check
+        (store I/O: worker thread, unless `known()` is not None)."""
+        answer = self.known(coords)
+        if answer is None:
+            generation = self._generation
+            answer = self.source.chunk_exists(coords)
+            self.stats.count("chunk_checks")
+            self.caches.names.put((id(self), _CHUNK, coords), (generation, answer))
+        return answer
+
+    def needs_io(self, rest: tuple[str, ...], *, listing: bool = False) -> bool:
+        """Whether answering for path `rest` inside the array (`entry`, or with `listing`
+        `list_dir`) needs store I/O; False means the answer is in memory."""
+        if self.layout is None:
+            return False
+        if listing:
+            return self.is_key_prefix(rest) and self._listed(rest) is None
+        coords = self.coords_of(rest)
+        return coords is not None and self.known(coords) is None
+
+    def iter_dir(self, rest: tuple[str, ...]) -> Iterator[list[tuple[str, Coords | None]]]:
+        """Pages of directory `rest`: (file name, coords) for chunk files, (name, None)
+        for subdirectories. From memory if listed, else one listing of that directory
+        (store I/O), kept when complete and within the cache bound."""
+        if self.layout is None or not self.is_key_prefix(rest):
+            return
+        listed = self._listed(rest)
+        if listed is not None:
+            with self._lock:  # writes update listed directories in place
+                items = list(listed.children.items())
+            for i in range(0, len(items), LIST_PAGE):
+                yield items[i : i + LIST_PAGE]
+            return
+        generation, changes = self._generation, self._changes
+        limit = self.caches.names.max_cost
+        children: dict[str, Coords | None] | None = {}
+        pages = self._grid_pages(rest) if self.options.all_chunks else self.source.iter_chunk_dir(rest)
+        for page in pages:
+            self.stats.count("listing_pages")
+            items = [(name + CHUNK_SUFFIX, c) if c is not None else (name, None) for name, c in page]
+            if children is not None:
+                children.update(items)
+                if len(children) >= limit:
+                    children = None  # bigger than the whole cache: streamed, not kept
+            yield items
+        with self._lock:
+            if children is not None and changes == self._changes:
+                self.caches.names.put((id(self), _DIR, rest), _Dir(generation, children), len(children) + 1)
+
+    def _grid_pages(self, rest: tuple[str, ...]) -> Iterator[DirPage]:
+        """--all-chunks: every grid position under `rest`, from the grid alone."""
+        fixed = self.source.dir_coords(rest)
+        if fixed is None:
+            return
+        origin, axis_at = self.source.key_layout()
+        grid = self.source.grid_shape
+        depth = len(rest)
+        if depth < len(origin) - 1:
+            axis = axis_at.get(depth)
+            names = [origin[depth]] if axis is None else [str(i) for i in range(grid[axis])]
+            for i in range(0, len(names), LIST_PAGE):
+                yield [(name, None) for name in names[i : i + LIST_PAGE]]
+            return
+        tails = itertools.product(*(range(g) for g in grid[len(fixed) :]))
+        while True:
+            page: DirPage = []
+            for tail in itertools.islice(tails, LIST_PAGE):
+                coords = (*fixed, *tail)
+                page.append((self.source.chunk_key(coords).rsplit("/", 1)[-1], coords))
+            if not page:
+                return
+            yield page
+
+    def refresh(self) -> None:
+        """Forget what exists (listings, existence answers, shard indexes)."""
+        with self._lock:
+            self._generation += 1
+        self.source.invalidate()
+
+    def add_chunk(self, coords: Coords) -> None:
+        """A chunk was stored: listed directories on its path show it."""
+        parts = self.file_parts(coords)
+        names = self.caches.names
+        with self._lock:
+            self._changes += 1
+            names.put((id(self), _CHUNK, coords), (self._generation, True))
+            for depth in range(len(parts) - 1, -1, -1):
+                listed = self._listed(parts[:depth])
+                if listed is None:
+                    continue
+                name = parts[depth]
+                if name in listed.children:
+                    continue
+                listed.children[name] = coords if depth == len(parts) - 1 else None
+                names.update((id(self), _DIR, parts[:depth]), listed, len(listed.children) + 1)
+
+    def remove_chunk(self, coords: Coords) -> None:
+        """A chunk was deleted: listed directories drop it (and directories it emptied)."""
+        if self.options.all_chunks:
+            return  # every grid position stays listed; a missing one reads as fill
+        parts = self.file_parts(coords)
+        names = self.caches.names
+        with self._lock:
+            self._changes += 1
+            names.put((id(self), _CHUNK, coords), (self._generation, False))
+            for depth in range(len(parts) - 1, -1, -1):
+                listed = self._listed(parts[:depth])
+                if listed is None or listed.children.pop(parts[depth], ...) is ...:
+                    break
+                names.update((id(self), _DIR, parts[:depth]), listed, len(listed.children) + 1)
+                if listed.children or depth == 0:
+                    break
+                # emptied: the parent's listing drops this directory too (as a re-listing would)
+
+    def successors(self, coords: Coords, count: int) -> list[Coords]:
+        """The next `count` chunks after `coords` in C order that exist or may exist
+        (read-ahead; memory only: chunks known to be missing are skipped, chunks not
+        listed or checked yet are included, and read as fill if they are missing)."""
+        grid = self.source.grid_shape
+        out: list[Coords] = []
+        current = list(coords)
+        for _ in range(count * 4):  # skip a few missing positions, not the whole grid
+            for axis in range(len(grid) - 1, -1, -1):
+                current[axis] += 1
+                if current[axis] < grid[axis]:
+                    break
+                current[axis] = 0
+            else:
+                return out
+            candidate = tuple(current)
+            if self.known(candidate) is not False:
+                out.append(candidate)
+                if len(out) == count:
+                    break
+        return out
+
+    def count_files(self) -> int:
+        """Chunk files in the whole array (`zfuse info`): walks every directory."""
+        total = 0
+        stack: list[tuple[str, ...]] = [()]
+        while stack:
+            rest = stack.pop()
+            for page in self.iter_dir(rest):
+                for name, coords in page:
+                    if coords is None:
+                        stack.append((*rest, name))
+                    else:
+                        total += 1
+        return total
+
+    def is_cached(self, coords: Coords) -> bool:
+        return self.cache.contains((id(self), coords))
+
+    def is_key_prefix(self, parts: tuple[str, ...]) -> bool:
+        """Whether `parts` is a directory some chunk key of the grid would live in."""
+        return self.source.dir_coords(parts) is not None
+
+    # -- bytes ------------------------------------------------------------
+    def file_size(self, coords: Coords) -> int:
+        assert self.layout is not None
+        if self.options.crop_edges:
+            region = self.source.chunk_region(coords)
+            n = int(np.prod([r.stop - r.start for r in region])) * self.source.dtype.itemsize
+            return self.layout.header_size + n
+        return self.layout.file_size
+
+    def header(self, coords: Coords) -> bytes:
+        assert self.layout is not None
+        region = self.source.chunk_region(coords)
+        origin = tuple(r.start for r in region)
+        if self.options.crop_edges:
+            shape = tuple(r.stop - r.start for r in region)
+            if shape != tuple(self.source.chunk_shape):
+                return build_header(self.layout, coords, shape=shape, origin=origin)
+        return build_header(self.layout, coords, origin=origin)
+
+    def pixel_bytes(self, coords: Coords) -> bytes:
+        """The chunk's values as stored after the header (decoded once, then cached)."""
+        key = (id(self), coords)
+        data = self.cache.get(key)
+        if data is not None:
+            return data
+        # Single flight: the kernel reads one file in several concurrent
+        # requests; only the first decodes, the others wait for it.
+        with self._lock:
+            flight = self._inflight.setdefault(coords, threading.Lock())
+        with flight:
+            data = self.cache.get(key)
+            if data is not None:
+                return data
+            try:
+                data = self._decode(coords)
+            finally:
+                with self._lock:
+                    self._inflight.pop(coords, None)
+            self.cache.put(key, data)
+            return data
+
+    def _decode(self, coords: Coords) -> bytes:
+        started = time.perf_counter()
+        # a chunk we listed must still be there; with --all-chunks missing is fill
+        must_exist = not self.options.all_chunks and self.known(coords) is True
+        values = self.source.read_chunk(coords, must_exist=must_exist)
+        self.stats.count("chunks_decoded")
+        self.stats.count("decode_seconds", time.perf_counter() - started)
+        if self.options.crop_edges:
+            region = self.source.chunk_region(coords)
+            values = values[tuple(slice(0, r.stop - r.start) for r in region)]
+        return to_pixel_bytes(self.layout.to_file_order(values), self.source.dtype)
+
+    def read_cached(self, coords: Coords, offset: int, size: int) -> bytes | None:
+        """Like `read` but only from memory; None when the chunk must be decoded."""
+        assert self.layout is not None
+        hsize = self.layout.header_size
+        end = min(offset + size, self.file_size(coords))
+        if offset >= end:
+            return b""
+        if end <= hsize:
+            return self.header(coords)[offset:end]
+        pixels = self.cache.peek((id(self), coords))
+        if pixels is None:
+            return None
+        head = self.header(coords)[offset:hsize] if offset < hsize else b""
+        return head + pixels[max(offset - hsize, 0) : end - hsize]
+
+    def read(self, coords: Coords, offset: int, size: int) -> bytes:
+        """Bytes [offset, offset+size) of the chunk file (may decode: worker thread)."""
+        assert self.layout is not None
+        hsize = self.layout.header_size
+        end = min(offset + size, self.file_size(coords))
+        if offset >= end:
+            return b""
+        out = []
+        if offset < hsize:
+            out.append(self.header(coords)[offset : min(end, hsize)])
+        if end > hsize:
+            pixels = self.pixel_bytes(coords)
+            out.append(pixels[max(offset - hsize, 0) : end - hsize])
+        return b"".join(out) if len(out) > 1 else out[0]
+
+    def forget(self, coords: Coords) -> None:
+        self.cache.drop((id(self), coords))
+        self.changes += 1  # whole-image files with stored byte counts re-plan
+
+    # -- metadata -----------------------------------------------------------
+    def _view_metadata(self) -> bytes:
+        """The view's dual-access zarr.json: chunks are `.tiff` keys holding bytes + pad."""
+        if self.layout is None:
+            # no chunk files: the array's own metadata, and why it has no TIFF form
+            stored = getattr(self.source, "stored_form", self.source.v3_metadata)
+            return unsupported_metadata(stored(), self.unsupported or "")
+        meta = dict(self.source.v3_metadata())
+        meta.pop("storage_transformers", None)
+        meta["chunk_grid"] = {
+            "name": "regular",
+            "configuration": {"chunk_shape": list(self.source.chunk_shape)},
+        }
+        meta["chunk_key_encoding"] = {
+            "name": "suffix",
+            "configuration": {
+                "suffix": CHUNK_SUFFIX,
+                "base_encoding": self.source.key_encoding_dict(),
+            },
+        }
+        first = build_header(self.layout, tuple(0 for _ in self.source.shape))
+        bytes_codec: dict[str, Any] = {"name": "bytes"}
+        if self.source.dtype.itemsize > 1 and self.source.dtype.kind != "b":
+            bytes_codec["configuration"] = {"endian": "little"}
+        # pages in ImageJ's order (c, z, t) for a chunk stored t, c, z: the standard
+        # transpose codec says so, and zarr reads the files exactly
+        transpose = ([{"name": "transpose", "configuration": {"order": list(self.layout.file_axes)}}]
+                     if self.layout.permuted else [])
+        meta["codecs"] = [
+            *transpose,
+            bytes_codec,
+            {
+                "name": "pad",
+                "configuration": {
+                    "location": "start",
+                    "nbytes": self.layout.header_size,
+                    # the first chunk's header: zarr-python writing through the
+                    # mount then produces valid TIFFs (the position tag is ignored)
+                    "padding": base64.b64encode(first).decode("ascii"),
+                },
+            },
+        ]
+        return json.dumps(meta, indent=2).encode()
+
+
+def to_pixel_bytes(values: np.ndarray, dtype: np.dtype) -> bytes:
+    """C-order little-endian bytes, as the `bytes` codec and the TIFF header say."""
+    if dtype.kind == "b":
+        return np.ascontiguousarray(values, dtype=np.uint8).tobytes()
+    return np.ascontiguousarray(values, dtype=dtype.newbyteorder("<")).tobytes()

@@ -1,0 +1,303 @@
+"""What a chunk file's header says: ImageJ metadata from OME-Zarr axes, and the
+chunk position record. Pure functions, no I/O, no TIFF structure (`tiff.py`
+assembles the IFDs; `tiff_parse.py` reads the position back).
+
+Invariants (the rest of zfuse relies on them):
+
+- Page order is ImageJ's whenever the leading axes can be named as channel,
+  z and time (OME-Zarr axis names/types): c fastest, then z, then t. A chunk
+  whose axes are stored in another order (OME-Zarr's t, c, z) is transposed:
+  ``file_axes`` is that permutation (identity otherwise), the file is a true
+  ImageJ hyperstack, and the view's zarr.json declares the permutation with
+  the standard ``transpose`` codec so that zarr reads the files exactly.
+  Axes that cannot all be named (or two with one role) make a plain stack in
+  chunk order.
+- The chunk position is JSON, ``{"chunk":[..],"origin":[..],"shape":[..]}``,
+  written in DocumentName and in PageName (`POSITION_TAG`) of the first IFD,
+  space-padded to a fixed width (``HeaderMeta.pos_width``) reserved from the
+  grid size: the text of any chunk of the array fits, so the header size never
+  depends on the coordinates.
+- The ImageJ description's origin fields (``xorigin=`` ...) come right after
+  its first line, at a fixed width: they sit at the same offsets in full and
+  cropped headers, and are patched per chunk like the position.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+#: ASCII tag holding the chunk position as JSON (first IFD), besides DocumentName.
+#: PageName (285), a standard tag: a private tag (65000+) makes libtiff, and so
+#: tiffinfo/ImageMagick, print "Unknown field with tag" for every file opened.
+POSITION_TAG = 285
+DOCUMENT_NAME = 269
+IMAGE_DESCRIPTION = 270
+ASCII = 2  # the TIFF field type of the three tags above
+
+_UINT32_MAX = 2**32 - 1  # a TIFF RATIONAL is two uint32
+_FREE_DIGITS = 20  # width per coordinate when the grid size is unknown (uint64)
+
+# OME-Zarr unit names -> ImageJ's (ImageJ knows "micron" and shows it as µm).
+_IJ_UNITS = {
+    "micrometer": "micron",
+    "micron": "micron",
+    "um": "micron",
+    "\u00b5m": "micron",
+    "nanometer": "nm",
+    "millimeter": "mm",
+    "centimeter": "cm",
+    "meter": "m",
+    "angstrom": "angstrom",
+    "second": "sec",
+    "millisecond": "ms",
+    "microsecond": "us",
+    "minute": "min",
+    "hour": "hour",
+}
+_SAFE_UNIT = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,31}$")
+
+
+@dataclass(frozen=True)
+class HeaderMeta:
+    """Everything the header says besides shape, dtype and bigtiff: ImageJ roles and
+    calibration, and the widths of the position fields."""
+
+    ndim: int
+    # ImageJ role ("c"/"z"/"t"/None for size 1) per leading axis (in the chunk's
+    # axis order); None = plain stack
+    roles: tuple[str | None, ...] | None
+    xres: tuple[int, int, int, int] | None  # XResolution num/den, YResolution num/den
+    unit: str | None
+    zspacing: float | None
+    tinterval: float | None
+    tunit: str | None
+    coord_digits: tuple[int, ...]
+    origin_digits: tuple[int, ...]
+    pos_width: int  # bytes reserved for the position JSON (without NUL)
+
+
+def _digits(n: int) -> int:
+    return len(str(max(int(n), 0)))
+
+
+def _axis_role(name: str | None, kind: str | None) -> str | None:
+    if kind:
+        return {"channel": "c", "time": "t", "space": "z"}.get(kind.lower())
+    if name:
+        return {"c": "c", "ch": "c", "channel": "c", "t": "t", "time": "t", "z": "z"}.get(
+            name.lower()
+        )
+    return None
+
+
+_IJ_RANK = {"t": 0, "z": 1, "c": 2}  # ImageJ's page order: t slowest, c fastest
+
+
+def _roles(
+    shape: tuple[int, ...], axes: Sequence[str] | None, axis_types: Sequence[str | None] | None
+) -> tuple[tuple[str | None, ...] | None, tuple[int, ...]]:
+    """ImageJ role ("c"/"z"/"t") of each leading axis, and the permutation of
+    the leading axes that puts their pages in ImageJ's order t, z, c (c fastest).
+
+    Roles are None (a plain stack, pages in chunk order) if the axes with more
+    than one element cannot all be named, or two share a role. Axes of size 1
+    do not affect the page order: they get no role, are not checked and stay
+    where they are (OME-Zarr t,c,z chunks of (1, 1, 16) are a z stack)."""
+    ndim = len(shape)
+    lead = max(ndim - 2, 0)
+    identity = tuple(range(lead))
+    if lead == 0:
+        return (), identity
+    names = list(axes) if axes is not None else [None] * ndim
+    kinds = list(axis_types) if axis_types is not None else [None] * ndim
+    roles = [_axis_role(names[i], kinds[i]) for i in range(lead)]
+    big = [i for i in range(lead) if shape[i] > 1]
+    if len(big) <= 1:
+        # one axis carries the pages: unnamed means slices, as ImageJ assumes
+        only = big[0] if big else lead - 1
+        return tuple((roles[i] or "z") if i == only else None for i in range(lead)), identity
+    picked = [roles[i] for i in big]
+    if any(r is None for r in picked) or len(set(picked)) != len(picked):
+        return None, identity
+    # the big axes, sorted into ImageJ's order, take the places of the big axes
+    in_ij_order = iter(sorted(big, key=lambda i: _IJ_RANK[roles[i]]))  # type: ignore[index]
+    perm = tuple(next(in_ij_order) if shape[i] > 1 else i for i in range(lead))
+    return tuple(roles[i] if shape[i] > 1 else None for i in range(lead)), perm
+
+
+def _ij_unit(unit: str | None) -> str | None:
+    if not unit:
+        return None
+    mapped = _IJ_UNITS.get(unit.lower(), unit)
+    return mapped if _SAFE_UNIT.match(mapped) else None
+
+
+def _rational(value: float) -> tuple[int, int]:
+    """Closest fraction with numerator and denominator in uint32."""
+    top = _UINT32_MAX
+    if value >= top:
+        return top, 1
+    max_den = top if value < 1 else max(1, int(top / value))
+    frac = Fraction(value).limit_denominator(max_den)
+    num, den = min(frac.numerator, top), frac.denominator
+    if num == 0:
+        return 1, top
+    return num, den
+
+
+def _good_scale(s: float | None) -> float | None:
+    if s is None:
+        return None
+    s = float(s)
+    return s if math.isfinite(s) and s > 0 else None
+
+
+def plan_meta(
+    shape: tuple[int, ...],
+    *,
+    axes: Sequence[str] | None,
+    axis_types: Sequence[str | None] | None,
+    scales: Sequence[float] | None,
+    units: Sequence[str | None] | None,
+    grid_shape: Sequence[int] | None,
+    array_shape: Sequence[int] | None,
+) -> tuple[HeaderMeta, tuple[int, ...]]:
+    """The header metadata of an array's chunks of `shape`, and the file's axis order
+    (`file_axes`). Arguments as `tiff.plan_layout` takes them, their lengths checked."""
+    ndim = len(shape)
+    # Widths of the coordinate fields: the largest chunk index and origin.
+    if grid_shape is None and array_shape is not None:
+        grid_shape = [max(1, -(-int(a) // c)) for a, c in zip(array_shape, shape, strict=True)]
+    if grid_shape is not None:
+        coord_digits = tuple(_digits(int(g) - 1) for g in grid_shape)
+        origin_digits = tuple(
+            _digits((int(g) - 1) * c) for g, c in zip(grid_shape, shape, strict=True)
+        )
+    else:
+        coord_digits = origin_digits = (_FREE_DIGITS,) * ndim
+    widest = position_text(
+        [10**d - 1 for d in coord_digits], [10**d - 1 for d in origin_digits], shape
+    )
+
+    roles, lead_perm = _roles(shape, axes, axis_types)
+    file_axes = (*lead_perm, *range(len(lead_perm), ndim))
+    sc = [_good_scale(s) for s in scales] if scales is not None else [None] * ndim
+    un = list(units) if units is not None else [None] * ndim
+    xres = unit = zspacing = tinterval = tunit = None
+    if scales is not None and ndim >= 1:
+        xs = sc[-1] or 1.0
+        ys = (sc[-2] if ndim >= 2 else sc[-1]) or 1.0
+        xres = (*_rational(1.0 / xs), *_rational(1.0 / ys))
+        unit = _ij_unit(un[-1])
+        if roles is not None:
+            names = list(axes) if axes is not None else [None] * ndim
+            kinds = list(axis_types) if axis_types is not None else [None] * ndim
+            for i, r in enumerate(roles):
+                # a size-1 axis has no ImageJ role but its scale still calibrates
+                r = r or _axis_role(names[i], kinds[i])
+                if r == "z" and sc[i] is not None:
+                    zspacing = sc[i]
+                elif r == "t" and sc[i] is not None:
+                    tinterval, tunit = sc[i], _ij_unit(un[i])
+    meta = HeaderMeta(
+        ndim=ndim,
+        roles=roles,
+        xres=xres,  # type: ignore[arg-type]
+        unit=unit,
+        zspacing=zspacing,
+        tinterval=tinterval,
+        tunit=tunit,
+        coord_digits=coord_digits,
+        origin_digits=origin_digits,
+        pos_width=len(widest),
+    )
+    return meta, file_axes
+
+
+def position_text(coords: Sequence[int], origin: Sequence[int], shape: Sequence[int]) -> bytes:
+    c = ",".join(map(str, coords))
+    o = ",".join(map(str, origin))
+    s = ",".join(map(str, shape))
+    return f'{{"chunk":[{c}],"origin":[{o}],"shape":[{s}]}}'.encode("ascii")
+
+
+def imagej_description(meta: HeaderMeta, shape: Sequence[int]) -> tuple[str, list[tuple[int, int, int]]]:
+    """ImageJ description for an image of `shape`, with zeroed origin fields.
+
+    Returns the text and (offset in text, width, axis) of each origin value.
+    The origin fields come right after the first line so that they sit at the
+    same offset in full and cropped headers.
+    """
+    ndim = meta.ndim
+    lines = ["ImageJ=1.11a"]
+    origin_axes: list[tuple[str, int]] = []
+    if ndim >= 1:
+        origin_axes.append(("xorigin", ndim - 1))
+    if ndim >= 2:
+        origin_axes.append(("yorigin", ndim - 2))
+    if meta.roles and "z" in meta.roles:
+        origin_axes.append(("zorigin", meta.roles.index("z")))
+    fields: list[tuple[int, int, int]] = []
+    pos = len(lines[0]) + 1
+    for key, axis in origin_axes:
+        width = meta.origin_digits[axis] + 1  # room for the minus sign
+        lines.append(f"{key}={0:0{width}d}")
+        fields.append((pos + len(key) + 1, width, axis))
+        pos += len(lines[-1]) + 1
+
+    pages = math.prod(shape[:-2])  # the leading axes flattened (1 below 3-d)
+    if pages > 1:
+        lines.append(f"images={pages}")
+        if meta.roles is None:
+            # Leading axes not nameable in ImageJ's order: a plain stack.
+            lines.append(f"slices={pages}")
+        else:
+            size = {"c": 1, "z": 1, "t": 1}
+            for r, n in zip(meta.roles, shape, strict=False):
+                if r is not None:
+                    size[r] = n
+            for key, r in (("channels", "c"), ("slices", "z"), ("frames", "t")):
+                if size[r] > 1:
+                    lines.append(f"{key}={size[r]}")
+            if size["c"] > 1 or size["t"] > 1:
+                # Not only slices: ImageJ should show c/t sliders, not one z stack.
+                lines.append("hyperstack=true")
+            if size["c"] > 1:
+                lines.append("mode=grayscale")
+    if meta.unit:
+        lines.append(f"unit={meta.unit}")
+    if meta.zspacing is not None:
+        lines.append(f"spacing={meta.zspacing!r}")
+    if meta.tinterval is not None:
+        lines.append(f"finterval={meta.tinterval!r}")
+        if meta.tunit:
+            lines.append(f"tunit={meta.tunit}")
+    if pages > 1:
+        lines.append("loop=false")
+    return "\n".join(lines) + "\n", fields
+
+
+def ome_axes(group_attrs: dict[str, Any], array_name: str) -> dict[str, Any] | None:
+    """Axis names/types/units and scales for `array_name` from OME-Zarr multiscales."""
+    attrs = group_attrs.get("ome", group_attrs)
+    multiscales = attrs.get("multiscales") if isinstance(attrs, dict) else None
+    if not multiscales or not isinstance(multiscales, list):
+        return None
+    ms = multiscales[0]
+    axes = ms.get("axes") or []
+    names = [a["name"] if isinstance(a, dict) else str(a) for a in axes]
+    types = [a.get("type") if isinstance(a, dict) else None for a in axes]
+    units = [a.get("unit") if isinstance(a, dict) else None for a in axes]
+    scales = None
+    for ds in ms.get("datasets", []):
+        if ds.get("path") == array_name:
+            for t in ds.get("coordinateTransformations", []):
+                if t.get("type") == "scale":
+                    scales = [float(s) for s in t["scale"]]
+    return {"axes": names or None, "axis_types": types or None, "units": units or None, "scales": scales}
+
