@@ -26,8 +26,9 @@ import tifffile
 import zarr
 from zarr.codecs import BytesCodec, TransposeCodec
 
+from zfuse.testing import wait_until
+
 import stores
-from tools import wait_until
 
 pytestmark = pytest.mark.mount
 

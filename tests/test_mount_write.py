@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import tifffile
 
+from zfuse.testing import snapshot
+
 import stores
 from tools import imagej_save_many, requires, tiffcp
 
@@ -117,17 +119,17 @@ def test_atomic_save_pattern_and_scratch_files(tmp_path: Path, mount) -> None:
     """[ns-1] [ns-2] scratch files stay in the daemon; rename onto a chunk commits."""
     src = tmp_path / "a.zarr"
     stores.v3(src)
-    before = set(stores.snapshot(src))
+    before = set(snapshot(src))
     m = mount(src)
     values = stores.values((8, 16), "uint16", seed=9)
     scratch = m.path / "c" / "0" / ".0.tiff.tmp123"
     tifffile.imwrite(scratch, values)
     assert scratch.exists() and scratch.name in os.listdir(m.path / "c" / "0")
-    assert set(stores.snapshot(src)) == before  # scratch files never reach the store
+    assert set(snapshot(src)) == before  # scratch files never reach the store
     os.rename(scratch, m.path / "c" / "0" / "0.tiff")
     assert not scratch.exists()
     np.testing.assert_array_equal(stores.open_any(src)[0:8, 0:16], values)
-    assert set(stores.snapshot(src)) == before
+    assert set(snapshot(src)) == before
     # a scratch file that is not a TIFF cannot be renamed onto a chunk
     bad = m.path / "c" / "0" / "junk.tmp"
     bad.write_bytes(b"not a tiff at all")
@@ -199,7 +201,7 @@ def test_bad_input_fails_close_and_keeps_the_chunk(tmp_path: Path, mount, case: 
     """[write-5] [write-7] bad files fail close() with EINVAL; the chunk is unchanged."""
     src = tmp_path / "a.zarr"
     stores.v3(src, shape=(4, 20, 30), chunks=(2, 8, 16))
-    before = stores.snapshot(src)
+    before = snapshot(src)
     m = mount(src)
     target = m.path / "c" / "0" / "0" / "0.tiff"
     good = stores.values((2, 8, 16), "uint16")
@@ -222,7 +224,7 @@ def test_bad_input_fails_close_and_keeps_the_chunk(tmp_path: Path, mount, case: 
     with pytest.raises(OSError) as e:
         shutil.copyfile(blob, target)
     assert e.value.errno in (errno.EINVAL,), e.value
-    assert stores.snapshot(src) == before
+    assert snapshot(src) == before
     assert "c/0/0" in m.log() or "9.tiff" in m.log()
 
 
@@ -246,7 +248,7 @@ def test_read_only_mount_refuses_every_write(tmp_path: Path, mount) -> None:
     """[ns-8] -o ro: EROFS on every write path."""
     src = tmp_path / "a.zarr"
     stores.v3(src)
-    before = stores.snapshot(src)
+    before = snapshot(src)
     m = mount(src, "-o", "ro")
     chunk = m.path / "c" / "0" / "0.tiff"
     attempts = [
@@ -261,7 +263,7 @@ def test_read_only_mount_refuses_every_write(tmp_path: Path, mount) -> None:
         with pytest.raises(OSError) as e:
             attempt()
         assert e.value.errno == errno.EROFS
-    assert stores.snapshot(src) == before
+    assert snapshot(src) == before
 
 
 def test_disk_full_in_the_store(tmp_path: Path, mount) -> None:
@@ -274,7 +276,7 @@ def test_disk_full_in_the_store(tmp_path: Path, mount) -> None:
     try:
         src = small / "a.zarr"
         stores.v3(src, shape=(256, 256), chunks=(128, 128), codecs="raw")
-        before = stores.snapshot(src)
+        before = snapshot(src)
         m = mount(src)
         filler = small / "filler"
         subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=4k", "count=1000"], capture_output=True)
@@ -282,7 +284,7 @@ def test_disk_full_in_the_store(tmp_path: Path, mount) -> None:
         with pytest.raises(OSError) as e:
             shutil.copyfile(tmp_path / "n.tif", m.path / "c" / "0" / "0.tiff")
         assert e.value.errno == errno.ENOSPC
-        assert stores.snapshot(src) == before
+        assert snapshot(src) == before
         m.unmount()
     finally:
         subprocess.run(["umount", "-l", str(small)])
