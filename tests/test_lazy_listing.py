@@ -11,10 +11,11 @@ import zarr
 
 from zfuse.stats import Stats
 from zfuse.store import AtomicLocalStore
+from zfuse.testing import CountingStore
 from zfuse.view.array_view import ViewOptions
 from zfuse.view.tree import DirReader, View, build_view
 
-from stores import CountingStore, raw_chunks
+from stores import raw_chunks
 
 GRID = (30, 40)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,14 @@ import zarr
 import stores
 
 pytestmark = pytest.mark.mount
+
+
+def _sources(*paths: Path) -> list[np.ndarray]:
+    return [zarr.open_array(str(p))[...] for p in paths]
+
+
+def _pixel_offset(path: Path, nbytes: int) -> int:
+    return path.stat().st_size - nbytes
 
 
 def tsconcat_sources(tmp_path: Path) -> tuple[Path, Path, np.ndarray, np.ndarray]:
@@ -127,3 +137,91 @@ def test_aligned_chunks_read_and_write_their_source_chunk(tmp_path: Path, mount)
     shutil.copyfile(tmp_path / "n.tif", m.path / "c" / "2" / "1.tiff")
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "b.zarr"))[0:8, 16:32], new)
     np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"))[...], d1)
+
+
+def test_concat_axis0_straddling_patch_rm_rename(tmp_path: Path, mount) -> None:
+    """[write-3] [ns-3] [ns-4] [read-6] concat along axis 0 of a v3 source (13 rows) and a
+    sharded one: an in-place patch, rm and rename onto a view chunk that straddles the
+    boundary each touch exactly the right rows of both sources."""
+    a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
+    d1 = stores.v3(a, shape=(13, 30), chunks=(8, 16))
+    d2 = stores.sharded(b, shape=(9, 30), shards=(8, 32), chunks=(4, 8), seed=2)
+    m = mount([a, b], "--concat", "0")
+    expect = np.concatenate([d1, d2])
+    for f in m.path.rglob("*.tiff"):
+        i, j = int(f.parent.name), int(f.stem)
+        part = expect[8 * i:8 * i + 8, 16 * j:16 * j + 16]
+        np.testing.assert_array_equal(tifffile.imread(f)[: part.shape[0], : part.shape[1]], part, err_msg=str(f))
+
+    # in-place patch of view chunk (1, 0): rows 8..13 of a, rows 0..3 of b
+    f = m.path / "c" / "1" / "0.tiff"
+    with open(f, "r+b") as fh:
+        fh.seek(_pixel_offset(f, 8 * 16 * 2))
+        fh.write(np.full((8, 16), 4242, "<u2").tobytes())
+    s1, s2 = _sources(a, b)
+    assert (s1[8:13, :16] == 4242).all() and (s2[0:3, :16] == 4242).all()
+    np.testing.assert_array_equal(s1[:8], d1[:8])
+    np.testing.assert_array_equal(s1[8:, 16:], d1[8:, 16:])
+    np.testing.assert_array_equal(s2[3:], d2[3:])
+    np.testing.assert_array_equal(s2[:3, 16:], d2[:3, 16:])
+
+    # rm view chunk (1, 1): its part of both sources becomes fill, nothing else changes
+    os.unlink(m.path / "c" / "1" / "1.tiff")
+    assert not (m.path / "c" / "1" / "1.tiff").exists()
+    m.settle()
+    s1, s2 = _sources(a, b)
+    assert (s1[8:13, 16:] == 0).all() and (s2[0:3, 16:] == 0).all()
+    np.testing.assert_array_equal(s2[3:], d2[3:])
+    np.testing.assert_array_equal(s1[:8], d1[:8])
+
+    # rename (0, 0) onto the straddling (1, 1): values move, the old chunk is fill
+    os.rename(m.path / "c" / "0" / "0.tiff", m.path / "c" / "1" / "1.tiff")
+    s1, s2 = _sources(a, b)
+    np.testing.assert_array_equal(s1[8:13, 16:30], d1[0:5, 0:14])
+    np.testing.assert_array_equal(s2[0:3, 16:30], d1[5:8, 0:14])
+    assert (s1[0:8, 0:16] == 0).all()
+    assert not (m.path / "c" / "0" / "0.tiff").exists()
+    np.testing.assert_array_equal(zarr.open_array(str(m.path))[...], np.concatenate([s1, s2]))
+
+
+def test_concat_last_axis_mixed_byte_order_saved_description(tmp_path: Path, mount) -> None:
+    """[read-1] [read-6] [write-1] a big-endian v2 source and a little-endian v3 one,
+    concatenated along the last axis through a saved description: little-endian chunk
+    files equal to numpy.concatenate; a big-endian TIFF written over a straddling chunk
+    and a zarr write through the mount both land in both sources, which keep their dtype."""
+    be = zarr.create_array(str(tmp_path / "be.zarr"), shape=(10, 7), chunks=(4, 4), dtype=">u2",
+                           zarr_format=2, fill_value=0)
+    d1 = stores.values((10, 7), "u2", 1)
+    be[...] = d1
+    d2 = stores.v3(tmp_path / "le.zarr", shape=(10, 9), chunks=(4, 4), seed=2)
+    out = tmp_path / "cat.json"
+    r = subprocess.run([sys.executable, "-m", "zfuse.cli", "concat", "--axis", "1", str(out),
+                        str(tmp_path / "be.zarr"), str(tmp_path / "le.zarr")], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    m = mount(out)
+    expect = np.concatenate([d1, d2], axis=1)
+    np.testing.assert_array_equal(zarr.open_array(str(m.path))[...], expect)
+    files = list(m.path.rglob("*.tiff"))
+    assert len(files) == 3 * 4
+    for f in files:
+        i, j = int(f.parent.name), int(f.stem)
+        with tifffile.TiffFile(f) as t:
+            assert t.byteorder == "<"
+            got = t.asarray()
+        part = expect[4 * i:4 * i + 4, 4 * j:4 * j + 4]
+        np.testing.assert_array_equal(got[: part.shape[0], : part.shape[1]], part, err_msg=str(f))
+
+    new = stores.values((4, 4), "u2", 9)
+    tifffile.imwrite(tmp_path / "n.tif", new.astype(">u2"), byteorder=">")
+    shutil.copyfile(tmp_path / "n.tif", m.path / "c" / "0" / "1.tiff")  # cols 4..8: be 4..7, le 0..1
+    s1, s2 = _sources(tmp_path / "be.zarr", tmp_path / "le.zarr")
+    np.testing.assert_array_equal(s1[0:4, 4:7], new[:, :3])
+    np.testing.assert_array_equal(s2[0:4, 0:1], new[:, 3:])
+    np.testing.assert_array_equal(s1[4:], d1[4:])
+    np.testing.assert_array_equal(s2[:, 1:], d2[:, 1:])
+    np.testing.assert_array_equal(tifffile.imread(m.path / "c" / "0" / "1.tiff"), new)
+
+    zarr.open_array(str(m.path), mode="r+")[4:8, 4:8] = 5
+    s1, s2 = _sources(tmp_path / "be.zarr", tmp_path / "le.zarr")
+    assert (s1[4:8, 4:7] == 5).all() and (s2[4:8, 0:1] == 5).all()
+    assert json.loads((tmp_path / "be.zarr" / ".zarray").read_text())["dtype"] == ">u2"

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +16,8 @@ import pytest
 import tifffile
 import zarr
 from zarr.codecs import ZstdCodec
+
+from zfuse.testing import assert_no_traceback
 
 import stores
 from tools import imagej_stats_many, requires, tiffcp, tiffinfo
@@ -316,3 +319,49 @@ def test_strings_array_is_a_directory_without_chunk_files(tmp_path: Path, mount)
     assert "unsupported" in (m.path / "names" / "zarr.json").read_text()
     assert "array 'names': strings" in (m.path / "names" / "README").read_text()
     assert (m.path / "img" / "c" / "0" / "0.tiff").is_file()
+
+
+def test_sizes_match_bytes_for_every_file_kind(tmp_path: Path, mount) -> None:
+    """[read-3] [read-2] [tree-3] [tree-6] stat size equals the bytes read for metadata,
+    chunk, cropped edge chunk, fill-valued missing chunk, scratch file and stats file;
+    the stats file reads as valid JSON however it is read."""
+    src = tmp_path / "a.zarr"
+    stores.v3(src)
+    (src / "c" / "2" / "0").unlink()
+    m = mount(src, "--crop-edges", "--all-chunks")
+    (m.path / "c" / "0" / "note.txt").write_bytes(b"scratch\n")
+    files = [m.path / "zarr.json", m.path / "c" / "0" / "note.txt", *m.path.rglob("*.tiff")]
+    assert len(files) == 8
+    for f in files:
+        assert f.stat().st_size == len(f.read_bytes()), f
+    assert tifffile.imread(m.path / "c" / "2" / "1.tiff").shape == (4, 14)
+    assert (tifffile.imread(m.path / "c" / "2" / "0.tiff") == 0).all()
+    stats = m.path / ".zfuse" / "stats"
+    for _ in range(5):
+        fd = os.open(stats, os.O_RDONLY)
+        first = os.read(fd, 50)
+        rest = os.read(fd, 1 << 20)
+        os.close(fd)
+        json.loads(first + rest)
+        json.loads(stats.read_bytes())
+    assert stats.stat().st_mode & 0o222 == 0
+    assert_no_traceback(m)
+
+
+def test_group_with_1000_arrays(tmp_path: Path, mount) -> None:
+    """[tree-1] [tree-2] a group of 1000 arrays lists and reads in reasonable time."""
+    src = tmp_path / "many.zarr"
+    g = zarr.open_group(str(src), mode="w")
+    for i in range(1000):
+        g.create_array(f"a{i:04d}", shape=(4, 4), chunks=(2, 2), dtype="uint8", fill_value=0, compressors=None)
+    for i in range(0, 1000, 37):
+        g[f"a{i:04d}"][:] = i % 250 + 1
+    m = mount(src)
+    t0 = time.monotonic()
+    names = os.listdir(m.path)
+    assert len(names) == 1001 and "zarr.json" in names
+    tiffs = list(m.path.rglob("*.tiff"))
+    assert len(tiffs) == 4 * len(range(0, 1000, 37))
+    assert time.monotonic() - t0 < 20
+    assert (tifffile.imread(m.path / "a0037" / "c" / "1" / "1.tiff") == 38).all()
+    assert_no_traceback(m)

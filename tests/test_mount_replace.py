@@ -20,8 +20,10 @@ import numpy as np
 import pytest
 import tifffile
 
+from zfuse.testing import snapshot, wait_until
+
 import stores
-from tools import bftool, wait_until
+from tools import bftool
 
 SHAPE, CHUNKS = (16, 32), (8, 16)
 KINDS = {
@@ -45,16 +47,16 @@ def test_mv_from_another_filesystem(tmp_path: Path, mount, kind: str) -> None:
     data = KINDS[kind](src)
     m = mount(src, *LONG_WINDOW)
     target = m.path / "c" / "0" / "1.tiff"
-    before = stores.snapshot(src)
+    before = snapshot(src)
     bad = tmp_path / "bad.tif"
     tifffile.imwrite(bad, np.ones(CHUNKS, "float32"))
     r = subprocess.run(["mv", str(bad), str(target)], capture_output=True, text=True)
     assert r.returncode != 0 and "Invalid argument" in r.stderr
-    assert stores.snapshot(src) == before
+    assert snapshot(src) == before
     np.testing.assert_array_equal(tifffile.imread(target), _chunk(data))
     assert "wrong dtype" in m.errors()
     m.unmount()  # unmount carries out what is deferred: still nothing lost
-    assert stores.snapshot(src) == before
+    assert snapshot(src) == before
 
     m = mount(src, *LONG_WINDOW)
     good = tmp_path / "good.tif"
@@ -77,10 +79,10 @@ def test_bfconvert_overwrite(tmp_path: Path, mount, kind: str) -> None:
 
     bad = tmp_path / "bad.tif"
     tifffile.imwrite(bad, np.ones(CHUNKS, "float32"))
-    before = stores.snapshot(src)
+    before = snapshot(src)
     r = bftool("ImageConverter", "-overwrite", "-nolookup", bad, target, check=False)
     assert r.returncode != 0 or "Exception" in r.stdout + r.stderr
-    assert stores.snapshot(src) == before
+    assert snapshot(src) == before
     np.testing.assert_array_equal(tifffile.imread(target), _chunk(data, 1, 0))
     assert "wrong dtype" in m.errors()
 
@@ -119,13 +121,13 @@ def test_writer_killed_half_way_keeps_the_chunk(tmp_path: Path, mount, kind: str
     target = m.path / "c" / "0" / "1.tiff"
     good = tmp_path / "good.tif"
     tifffile.imwrite(good, stores.values(CHUNKS, "uint16", seed=5))
-    before = stores.snapshot(src)
+    before = snapshot(src)
     r = subprocess.run([sys.executable, "-c", WRITE_HALF_AND_DIE, str(good), str(target)],
                        capture_output=True, text=True)
     assert r.returncode == -signal.SIGKILL and "half" in r.stdout
     np.testing.assert_array_equal(tifffile.imread(target), _chunk(data))  # another process: stored
     wait_until(lambda: "incomplete file dropped" in m.errors(), what="the half file to be dropped")
-    assert stores.snapshot(src) == before
+    assert snapshot(src) == before
     np.testing.assert_array_equal(tifffile.imread(target), _chunk(data))
     assert "incomplete file dropped" in m.log()
     assert m.stats()["abandoned_writes"] == 1
@@ -152,12 +154,12 @@ def test_pending_file_is_dropped_at_unmount(tmp_path: Path, mount) -> None:
     """[write-2] [cons-3] a never-completed file is dropped at unmount; the store is unchanged."""
     src = tmp_path / "a.zarr"
     stores.v3(src, shape=SHAPE, chunks=CHUNKS)
-    before = stores.snapshot(src)
+    before = snapshot(src)
     m = mount(src)
     tifffile.imwrite(tmp_path / "n.tif", stores.values(CHUNKS, "uint16", seed=7))
     (m.path / "c" / "1" / "1.tiff").write_bytes((tmp_path / "n.tif").read_bytes()[:200])
     m.unmount()
-    assert stores.snapshot(src) == before
+    assert snapshot(src) == before
     assert "incomplete file dropped" in m.log()
 
 

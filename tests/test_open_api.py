@@ -18,8 +18,7 @@ import zfuse
 from zfuse.errors import MetadataError
 from zfuse.ext.api import open_array, raw_array_metadata
 from zfuse.ext.transformers import TransformerStore
-
-from stores import snapshot
+from zfuse.testing import snapshot
 
 PROTO = default_buffer_prototype()
 SHARD = {"name": "sharding", "type": "indexed", "configuration": {"chunks_per_shard": [2, 2]}}

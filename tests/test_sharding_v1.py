@@ -21,8 +21,7 @@ from zarr.storage import LocalStore
 
 import zfuse
 from zfuse.errors import CorruptDataError, MetadataError
-
-from stores import CountingStore, snapshot
+from zfuse.testing import CountingStore, snapshot
 
 PROTO = default_buffer_prototype()
 EMPTY = 2**64 - 1

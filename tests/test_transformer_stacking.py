@@ -19,8 +19,7 @@ from zarr.storage import LocalStore
 
 import zfuse
 from zfuse.errors import MetadataError
-
-from stores import CountingStore, snapshot
+from zfuse.testing import CountingStore, snapshot
 
 EMPTY = 2**64 - 1
 URI = "https://purl.org/zarr/spec/storage_transformers/sharding/1.0"

@@ -26,6 +26,7 @@ from zarr.codecs.numcodecs import Zlib as Zlib3
 from zfuse.daemon import MountConfig
 from zfuse.open_view import make_view
 from zfuse.stats import Stats
+from zfuse.testing import fetch_bioformats_jar, snapshot
 from zfuse.view.whole_image import (
     COMPRESSION_DEFLATE,
     COMPRESSION_NONE,
@@ -36,7 +37,7 @@ from zfuse.view.whole_image import (
 
 import stores
 from conftest import REQUIRE_FUSE
-from readers import bf_convert, bf_image_info, fetch_bioformats_jar, gdal_region, vips_region
+from readers import bf_convert, bf_image_info, gdal_region, vips_region
 from tools import requires
 
 pytestmark = pytest.mark.mount
@@ -385,7 +386,7 @@ def test_whole_image_is_read_only(tmp_path: Path, mount, ro: bool) -> None:
     """[image-6] writing, truncating, replacing or removing the whole-image file fails
     (EROFS on -o ro, EACCES otherwise) with a log line, and changes nothing."""
     stores.v3(tmp_path / "a.zarr")
-    before = stores.snapshot(tmp_path / "a.zarr")
+    before = snapshot(tmp_path / "a.zarr")
     m = mount(tmp_path / "a.zarr", *(["-o", "ro"] if ro else []))
     f = m.path / "image.ome.tif"
     code = errno.EROFS if ro else errno.EACCES
@@ -400,7 +401,7 @@ def test_whole_image_is_read_only(tmp_path: Path, mount, ro: bool) -> None:
         assert e.value.errno == code, action
     assert os.stat(f).st_mode & 0o222 == 0
     assert f.read_bytes() == content
-    assert stores.snapshot(tmp_path / "a.zarr") == before
+    assert snapshot(tmp_path / "a.zarr") == before
     if not ro:
         assert "read-only whole-image view" in m.log()
 

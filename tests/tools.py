@@ -19,12 +19,13 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
+
+from zfuse.testing import fetch_bioformats_jar
 
 IJ_JAR = Path("/usr/share/java/ij.jar")
 _JAVA_TIMEOUT = 300
@@ -298,26 +299,9 @@ def imagej_hyperstack(path: str | os.PathLike[str]) -> dict[str, object]:
             "planes": planes}
 
 
-def wait_until(condition: Callable[[], object], timeout: float = 30.0, what: str = "condition") -> object:
-    """Poll `condition` until it is true (returns its value); fail after `timeout` s.
-
-    For effects that follow an operation by design (a deferred store deletion, an
-    abandoned pending file): waits on the effect itself, never a fixed sleep."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.02)
-
-
 def bioformats_jar() -> Path:
-    """Bio-Formats' command-line tools (the jar Fiji uses): one cached download, in readers.py."""
+    """Bio-Formats' command-line tools (the jar Fiji uses): one cached download (zfuse.testing)."""
     requires("java")
-    from readers import fetch_bioformats_jar
-
     return fetch_bioformats_jar()
 
 
