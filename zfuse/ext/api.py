@@ -37,7 +37,9 @@ from zarr.storage import MemoryStore, StorePath, WrapperStore
 from zarr.storage._common import make_store_path
 
 from zfuse.errors import MetadataError
-from zfuse.ext.transformers import StoreIO, TransformerStore, build_stack
+from zfuse.ext.layers import StoreIO
+from zfuse.ext.stack import build_stack
+from zfuse.ext.transformers import TransformerStore
 from zfuse.ext.validate import validate_array_metadata
 
 __all__ = ["open_array", "open_group", "raw_array_metadata", "resolve_store"]

@@ -36,6 +36,7 @@ from zarr.core.common import JSON
 from zarr.registry import register_chunk_key_encoding
 
 from zfuse.errors import MetadataError
+from zfuse.ext.chunk_keys import decode_default_chunk_key
 
 if TYPE_CHECKING:
     from typing import Self
@@ -70,22 +71,6 @@ def parse_base_encoding(data: object) -> ChunkKeyEncoding:
         raise MetadataError(
             f"suffix chunk key encoding: invalid 'base_encoding' ({e}). Got {data!r}"
         ) from e
-
-
-def decode_default_chunk_key(chunk_key: str, separator: str) -> tuple[int, ...]:
-    """Decode a ``default`` encoding key such as ``c/1/2``.
-
-    zarr-python 3.1.6's ``DefaultChunkKeyEncoding.decode_chunk_key`` splits ``chunk_key[1:]``,
-    which keeps the leading separator and fails on ``int('')`` for every non-scalar key.
-    """
-    if chunk_key == "c":
-        return ()
-    prefix = "c" + separator
-    if not chunk_key.startswith(prefix):
-        raise ValueError(
-            f"chunk key {chunk_key!r} does not start with {prefix!r} (default encoding)"
-        )
-    return tuple(int(part) for part in chunk_key[len(prefix) :].split(separator))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import threading
 import warnings
 from abc import ABC, abstractmethod
@@ -29,15 +28,16 @@ import zarr
 from zarr.abc.store import RangeByteRequest
 from zarr.codecs.sharding import ShardingCodec
 from zarr.core.buffer import default_buffer_prototype
+from zarr.core.chunk_key_encodings import V2ChunkKeyEncoding
 from zarr.core.sync import sync
 from zarr.storage import StorePath
 
 from zfuse.errors import CorruptDataError
+from zfuse.ext.chunk_keys import ChunkKeyDecoder, standard_layout
 from zfuse.view.caches import BoundedLRU
 
 log = logging.getLogger("zfuse.view")
 Coords = tuple[int, ...]
-_INT_RE = re.compile(r"\d+")
 LIST_PAGE = 1000  # names taken from a store listing at a time (S3 returns 1000 per LIST page)
 DEFAULT_INDEX_CACHE_BYTES = 64 * 1024 * 1024
 DirPage = list[tuple[str, Coords | None]]  # (key name, chunk coords) or (directory name, None)
@@ -90,20 +90,13 @@ class ChunkSource(ABC):
     def decode_key(self, key: str) -> Coords | None:
         """The chunk a key names (any rank, in or out of the grid), or None.
 
-        Works for any chunk key encoding: candidate coordinates are the key's
-        integers, accepted only if encoding them gives the key back.
+        Works for any chunk key encoding: accepted only if encoding the
+        coordinates gives the key back (`zfuse.ext.chunk_keys.ChunkKeyDecoder`).
         """
-        rank = len(self.shape)
-        if rank == 0:
-            return () if key == self.chunk_key(()) else None
-        ints = _INT_RE.findall(key)
-        for candidate in (ints[-rank:], ints[:rank]):
-            if len(candidate) != rank:
-                continue
-            coords = tuple(int(i) for i in candidate)
-            if self.chunk_key(coords) == key:
-                return coords
-        return None
+        decoder = getattr(self, "_key_decoder", None)
+        if decoder is None:
+            decoder = self._key_decoder = ChunkKeyDecoder(len(self.shape), encode=self.chunk_key)
+        return decoder(key)
 
     @abstractmethod
     def list_chunks(self) -> Iterable[Coords]:
@@ -351,22 +344,12 @@ class ZarrChunkSource(ChunkSource):
         self._sync_encode = self._sync_codecs is not None and self.sharding is None and all(
             hasattr(c, "_encode_sync") for c in meta.codecs
         )
-        self._standard_re: re.Pattern[str] | None = None
-        # (key head, separator) for the default and v2 encodings: fast key decoding
-        self._standard: tuple[str, str] | None = None
-        if self.zarr_format == 2:
-            self._standard = ("", meta.dimension_separator)
-        else:
-            cke = meta.chunk_key_encoding.to_dict()
-            sep = (cke.get("configuration") or {}).get("separator", "/" if cke["name"] == "default" else ".")
-            if cke["name"] == "default":
-                self._standard = ("c" + sep, sep)
-            elif cke["name"] == "v2":
-                self._standard = ("", sep)
-        if self._standard is not None and self.shape:
-            head, sep = self._standard
-            number = "(0|[1-9][0-9]*)"
-            self._standard_re = re.compile(re.escape(head) + re.escape(sep).join([number] * len(self.shape)))
+        encoding = (
+            V2ChunkKeyEncoding(separator=meta.dimension_separator) if self.zarr_format == 2 else meta.chunk_key_encoding
+        )
+        # (key head, separator) for the default and v2 encodings: fast key encoding
+        self._standard: tuple[str, str] | None = standard_layout(encoding)
+        self._key_decoder = ChunkKeyDecoder(len(self.shape), encoding=encoding, encode=self.chunk_key)
 
     @property
     def grid_shape(self) -> tuple[int, ...]:
@@ -393,21 +376,7 @@ class ZarrChunkSource(ChunkSource):
         return self._encode_storage_key(coords)
 
     def decode_key(self, key: str) -> Coords | None:
-        fast = self._fast_decode(key, len(self.shape)) if self.shape else None
-        if fast is not None:
-            return fast if fast != () else None
-        return super().decode_key(key)
-
-    def _fast_decode(self, key: str, rank: int) -> Coords | None:
-        """The standard encodings by one compiled regex (only canonical integers):
-        listing 100,000 keys is dominated by key decoding otherwise. () = not a
-        chunk key; None = not a standard encoding, use the general path."""
-        if self._standard_re is None:
-            return None
-        match = self._standard_re.fullmatch(key)
-        if match is None:
-            return ()
-        return tuple(map(int, match.groups()))
+        return self._key_decoder(key)
 
     def key_encoding_dict(self) -> dict[str, Any]:
         meta = self.array.metadata
