@@ -33,6 +33,7 @@ from zarr.core.sync import sync
 from zarr.storage import StorePath
 
 from zfuse.errors import CorruptDataError
+from zfuse.ext import zarr_private
 from zfuse.ext.chunk_keys import ChunkKeyDecoder, standard_layout
 from zfuse.view.caches import BoundedLRU
 
@@ -337,12 +338,12 @@ class ZarrChunkSource(ChunkSource):
                 codecs
                 and isinstance(codecs[0], ArrayBytesCodec)
                 and all(isinstance(c, BytesBytesCodec) for c in codecs[1:])
-                and all(hasattr(c, "_decode_sync") for c in codecs)
+                and all(zarr_private.can_decode_sync(c) for c in codecs)
             ):
                 self._sync_codecs = (codecs[0], codecs[1:])
         # whole-chunk writes encode in the worker thread too when every codec can
         self._sync_encode = self._sync_codecs is not None and self.sharding is None and all(
-            hasattr(c, "_encode_sync") for c in meta.codecs
+            zarr_private.can_encode_sync(c) for c in meta.codecs
         )
         encoding = (
             V2ChunkKeyEncoding(separator=meta.dimension_separator) if self.zarr_format == 2 else meta.chunk_key_encoding
@@ -404,9 +405,7 @@ class ZarrChunkSource(ChunkSource):
             warnings.simplefilter("ignore")
             if self.zarr_format == 2:
                 try:
-                    from zarr.metadata.migrate_v3 import _convert_array_metadata
-
-                    return _convert_array_metadata(meta).to_dict()
+                    return zarr_private.convert_v2_metadata_to_v3(meta).to_dict()
                 except Exception:
                     pass
             return meta.to_dict()
@@ -574,8 +573,8 @@ class ZarrChunkSource(ChunkSource):
             return cached
         assert self.sharding is not None
         try:
-            index = await self.sharding._load_shard_index_maybe(
-                StorePath(self.store, key), self.chunks_per_shard
+            index = await zarr_private.load_shard_index(
+                self.sharding, StorePath(self.store, key), self.chunks_per_shard
             )
         except Exception as e:  # a bad index checksum or a short object
             raise CorruptDataError(f"{key}: unreadable shard index: {e}") from e
@@ -606,7 +605,7 @@ class ZarrChunkSource(ChunkSource):
         buf, spec = fetched
         codecs = self._sync_codecs
         if codecs is None:
-            pipeline = (self.sharding or self.array._async_array).codec_pipeline
+            pipeline = (self.sharding or self.array.async_array).codec_pipeline
             (decoded,) = sync(pipeline.decode([(buf, spec)]))
             if decoded is None:
                 return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
@@ -616,8 +615,8 @@ class ZarrChunkSource(ChunkSource):
             # its event loop, which serves every other read
             serializer, bytes_codecs = codecs
             for codec in reversed(bytes_codecs):
-                buf = codec._decode_sync(buf, spec)
-            decoded = serializer._decode_sync(buf, spec)
+                buf = zarr_private.decode_sync(codec, buf, spec)
+            decoded = zarr_private.decode_sync(serializer, buf, spec)
         return np.asarray(decoded.as_numpy_array()).reshape(self.chunk_shape)
 
     # -- stored bytes (whole-image passthrough) -------------------------------
@@ -663,7 +662,7 @@ class ZarrChunkSource(ChunkSource):
 
         store = self.store
         while isinstance(store, (TransformerStore, MeteredStore)):
-            store = store._store
+            store = zarr_private.wrapped_store(store)
         return str(store.root) if type(store) in (LocalStore, AtomicLocalStore) else None
 
     def stored_sizes(self) -> dict[Coords, int] | None:
@@ -717,7 +716,7 @@ class ZarrChunkSource(ChunkSource):
             if must_exist:
                 raise self._vanished(key)
             return None
-        return buf, self.array.metadata.get_chunk_spec(coords, self.array._async_array._config, proto)
+        return buf, self.array.metadata.get_chunk_spec(coords, zarr_private.array_config(self.array), proto)
 
     async def _fetch_inner_chunk(self, coords: Coords, must_exist: bool) -> tuple[Any, Any] | None:
         """One inner chunk's bytes and spec: the shard index (cached) and one ranged read."""
@@ -736,8 +735,8 @@ class ZarrChunkSource(ChunkSource):
         if buf is None or len(buf) != end - start:
             self._index_cache.pop((id(self), key))
             raise CorruptDataError(f"{key}: inner chunk {coords} lies outside the stored shard")
-        shard_spec = self.array.metadata.get_chunk_spec(shard, self.array._async_array._config, proto)
-        return buf, self.sharding._get_chunk_spec(shard_spec)
+        shard_spec = self.array.metadata.get_chunk_spec(shard, zarr_private.array_config(self.array), proto)
+        return buf, zarr_private.inner_chunk_spec(self.sharding, shard_spec)
 
     # -- writing ----------------------------------------------------------
     def _storage_coords(self, coords: Coords) -> Coords:
@@ -773,8 +772,8 @@ class ZarrChunkSource(ChunkSource):
     async def _write_stored_chunk(self, coords: Coords, full: np.ndarray) -> None:
         """Encode one whole chunk with the codec pipeline and store it (one set)."""
         proto = default_buffer_prototype()
-        async_array = self.array._async_array
-        spec = self.array.metadata.get_chunk_spec(coords, async_array._config, proto)
+        async_array = self.array.async_array
+        spec = self.array.metadata.get_chunk_spec(coords, zarr_private.array_config(self.array), proto)
         values = proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype))
         (encoded,) = await async_array.codec_pipeline.encode([(values, spec)])
         await self._set_chunk(coords, encoded)
@@ -789,11 +788,12 @@ class ZarrChunkSource(ChunkSource):
         """Encode with the codecs' synchronous methods (the mirror of reading)."""
         assert self._sync_codecs is not None
         proto = default_buffer_prototype()
-        spec = self.array.metadata.get_chunk_spec(coords, self.array._async_array._config, proto)
+        spec = self.array.metadata.get_chunk_spec(coords, zarr_private.array_config(self.array), proto)
         serializer, bytes_codecs = self._sync_codecs
-        encoded = serializer._encode_sync(proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype)), spec)
+        values = proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype))
+        encoded = zarr_private.encode_sync(serializer, values, spec)
         for codec in bytes_codecs:
-            encoded = codec._encode_sync(encoded, spec)
+            encoded = zarr_private.encode_sync(codec, encoded, spec)
         return encoded
 
     def delete_chunk(self, coords: Coords) -> None:
