@@ -11,6 +11,7 @@ import itertools
 import pytest
 from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding, V2ChunkKeyEncoding
 
+from zfuse.errors import NotAChunkKeyError
 from zfuse.ext.chunk_keys import ChunkKeyDecoder, decode_default_chunk_key
 from zfuse.ext.suffix import SuffixChunkKeyEncoding
 
@@ -70,8 +71,11 @@ def test_default_keys_decode_without_zarrs_bug() -> None:
     # zarr 3.1's DefaultChunkKeyEncoding.decode_chunk_key keeps the leading separator
     assert decode_default_chunk_key("c/1/2", "/") == (1, 2)
     assert decode_default_chunk_key("c", "/") == ()
-    with pytest.raises(ValueError, match="does not start with"):
+    with pytest.raises(NotAChunkKeyError, match="does not start with"):
         decode_default_chunk_key("1/2", "/")
+    with pytest.raises(NotAChunkKeyError, match="not integers"):
+        decode_default_chunk_key("c/1/x", "/")
+    assert issubclass(NotAChunkKeyError, ValueError)  # what zarr's decode_chunk_key raises
 
 
 def test_a_decoder_needs_a_way_to_encode() -> None:

@@ -35,7 +35,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import MemoryStore, StorePath, WrapperStore
 
-from zfuse.errors import MetadataError
+from zfuse.errors import ArgumentError, MetadataError
 from zfuse.ext import zarr_private
 from zfuse.ext.layers import StoreIO
 from zfuse.ext.stack import build_stack
@@ -69,7 +69,7 @@ def resolve_store(
 ) -> tuple[TransformerStore, str]:
     """(wrapped store, array/group path) for anything ``open_array`` accepts."""
     if mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        raise ArgumentError(f"mode must be one of {_MODES}, got {mode!r}")
     if isinstance(store, Path):
         store = str(store)
     if isinstance(store, TransformerStore):

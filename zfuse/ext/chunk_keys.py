@@ -37,7 +37,7 @@ from zarr.core.chunk_key_encodings import (
     parse_chunk_key_encoding,
 )
 
-from zfuse.errors import MetadataError
+from zfuse.errors import MetadataError, NotAChunkKeyError
 
 __all__ = [
     "METADATA_NAMES",
@@ -57,7 +57,7 @@ _CANONICAL_INT = "(0|[1-9][0-9]*)"
 
 
 def decode_default_chunk_key(chunk_key: str, separator: str) -> Coords:
-    """Decode a ``default`` encoding key such as ``c/1/2`` (ValueError if it is not one).
+    """Decode a ``default`` encoding key such as ``c/1/2`` (NotAChunkKeyError if it is not one).
 
     zarr-python 3.1.6's ``DefaultChunkKeyEncoding.decode_chunk_key`` splits ``chunk_key[1:]``,
     which keeps the leading separator and fails on ``int('')`` for every non-scalar key.
@@ -66,10 +66,15 @@ def decode_default_chunk_key(chunk_key: str, separator: str) -> Coords:
         return ()
     prefix = "c" + separator
     if not chunk_key.startswith(prefix):
-        raise ValueError(
+        raise NotAChunkKeyError(
             f"chunk key {chunk_key!r} does not start with {prefix!r} (default encoding)"
         )
-    return tuple(int(part) for part in chunk_key[len(prefix) :].split(separator))
+    try:
+        return tuple(int(part) for part in chunk_key[len(prefix) :].split(separator))
+    except ValueError:
+        raise NotAChunkKeyError(
+            f"chunk key {chunk_key!r}: coordinates are not integers (default encoding)"
+        ) from None
 
 
 def standard_layout(encoding: ChunkKeyEncoding | None) -> tuple[str, str] | None:

@@ -9,7 +9,8 @@ Spec: docs/specs/suffix-chunk-key-encoding.md. JSON form::
 Invariants:
 
 - ``encode_chunk_key(c) == base_encoding.encode_chunk_key(c) + suffix``.
-- ``decode_chunk_key(k)`` requires ``k`` to end with ``suffix`` (``ValueError`` otherwise)
+- ``decode_chunk_key(k)`` requires ``k`` to end with ``suffix`` (``NotAChunkKeyError``, a
+  ``ValueError``, otherwise)
   and returns ``base_encoding.decode_chunk_key(k[:-len(suffix)])``.
 - The base encoding is read from ``base_encoding`` or ``base-encoding`` (the seed uses
   both spellings) and defaults to ``{"name": "default"}``; it may be any registered
@@ -35,7 +36,7 @@ from zarr.core.chunk_key_encodings import (
 from zarr.core.common import JSON
 from zarr.registry import register_chunk_key_encoding
 
-from zfuse.errors import MetadataError
+from zfuse.errors import MetadataError, NotAChunkKeyError
 from zfuse.ext.chunk_keys import decode_default_chunk_key
 
 if TYPE_CHECKING:
@@ -137,7 +138,7 @@ class SuffixChunkKeyEncoding(ChunkKeyEncoding):
 
     def decode_chunk_key(self, chunk_key: str) -> tuple[int, ...]:
         if not chunk_key.endswith(self.suffix):
-            raise ValueError(
+            raise NotAChunkKeyError(
                 f"suffix chunk key encoding: chunk key {chunk_key!r} does not end with the "
                 f"expected suffix {self.suffix!r}"
             )
