@@ -205,8 +205,10 @@ class TestLegacyV3Store(StoreTests[LegacyV3Store, cpu.Buffer]):
     def _key_with_a_place(self, request: pytest.FixtureRequest) -> None:
         callspec = getattr(request.node, "callspec", None)
         key = callspec.params.get("key") if callspec is not None else None
-        if key in ("foo/0/0", "zarr.json"):
+        if key == "foo/0/0":
             pytest.skip(f"{key!r}: {_NO_PLACE}")
+        if key == "zarr.json":
+            pytest.skip("its arbitrary bytes are no v3 document, the only thing a zarr.json holds here")
 
     async def test_serializable_store(self, store: LegacyV3Store) -> None:
         new_store = pickle.loads(pickle.dumps(store))
