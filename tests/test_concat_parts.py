@@ -20,7 +20,7 @@ from zarr.storage import LocalStore, MemoryStore
 import zfuse
 from zfuse.errors import CorruptDataError, MetadataError
 from zfuse.ext.concat_parts import ConcatPartsIO, parse_concat_parts
-from zfuse.ext.transformers import StoreIO, slice_for_request
+from zfuse.ext.layers import StoreIO, slice_for_request
 from zfuse.testing import CountingStore, snapshot
 
 PROTO = default_buffer_prototype()

@@ -31,7 +31,8 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore, MemoryStore, StorePath
 
 from zfuse.errors import MetadataError
-from zfuse.ext.legacy_v3 import SHARDING_V1_URL, LegacyV3Store, wrap_if_legacy
+from zfuse.ext.legacy_v3 import LegacyV3Store, wrap_if_legacy
+from zfuse.ext.legacy_v3_metadata import SHARDING_V1_URL
 
 pytestmark = pytest.mark.filterwarnings(
     "ignore:Numcodecs codecs are not in the Zarr version 3 specification"
@@ -323,6 +324,23 @@ def test_byte_ranges_and_partial_values() -> None:
     assert sync(store.getsize("arr/c/1/0")) == len(whole)
     # Keys in the legacy spelling are not visible through the wrapper.
     assert get(store, "data/root/arr/c1/0") is None and get(store, "arr/c1/0") is None
+
+
+def test_suffix_longer_than_presented_metadata_gives_the_whole_document() -> None:
+    """A presented zarr.json is built by the wrapper, so the wrapper cuts its byte
+    ranges; a suffix longer than the document is the whole document, as zarr's own
+    stores answer (and as TransformerStore answers for its presented documents)."""
+    import zfuse
+
+    store = wrap(DATA / "sharded_2d")
+    meta = get(store, "arr/zarr.json") or b""
+    assert len(meta) > 0
+    assert get(store, "arr/zarr.json", SuffixByteRequest(len(meta) + 7)) == meta
+    assert get(store, "arr/zarr.json", SuffixByteRequest(5)) == meta[-5:]
+    assert get(store, "arr/zarr.json", SuffixByteRequest(0)) == b""
+    transformed = zfuse.open_array(str(DATA / "sharded_2d"), mode="r", path="arr").store_path.store
+    presented = get(transformed, "arr/zarr.json") or b""
+    assert get(transformed, "arr/zarr.json", SuffixByteRequest(len(presented) + 7)) == presented
 
 
 # ---------------------------------------------------------------------------

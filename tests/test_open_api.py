@@ -15,7 +15,7 @@ from zarr.core.sync import sync
 from zarr.storage import LocalStore, MemoryStore, StorePath
 
 import zfuse
-from zfuse.errors import MetadataError
+from zfuse.errors import ArgumentError, MetadataError
 from zfuse.ext.api import open_array, raw_array_metadata
 from zfuse.ext.transformers import TransformerStore
 from zfuse.testing import snapshot
@@ -106,6 +106,10 @@ def test_modes(tmp_path: Path) -> None:
     assert sorted(snapshot(Path(root))) == ["zarr.json"]
     w[...] = [1, 2, 3]
     assert sorted(snapshot(Path(root))) == ["c/0", "c/1", "c/2", "zarr.json"]
+    # an unknown mode is the caller's mistake, named as such (and still a ValueError)
+    with pytest.raises(ArgumentError, match="mode must be one of"):
+        zfuse.open_array(root, mode="x")
+    assert issubclass(ArgumentError, ValueError)
 
 
 def test_attribute_update_and_resize_keep_transformers(tmp_path: Path) -> None:

@@ -36,6 +36,15 @@ class SourceMismatchError(ZfuseError, ValueError):
     """Arrays given to a virtual concatenation do not agree (dtype, rank, other axes)."""
 
 
+class ArgumentError(ZfuseError, ValueError):
+    """A caller's argument the extensions cannot use: an unknown open mode, as many
+    names as sources, chunk data of the chunk's shape."""
+
+
+class NotAChunkKeyError(ZfuseError, ValueError):
+    """A key its chunk key encoding did not produce (``decode_chunk_key``; zarr expects ValueError)."""
+
+
 class ReadOnlyError(ZfuseError):
     """A change on a read-only mount (EROFS)."""
 

@@ -17,6 +17,18 @@ class Stats:
         self._gauges: dict[str, Callable[[], float]] = {}
         self.started = time.time()
 
+    def __getstate__(self) -> dict[str, Any]:
+        # zarr pickles stores (MeteredStore holds a Stats): the counts travel; the lock is
+        # recreated, and gauges stay behind, since they read this process's live caches.
+        with self._lock:
+            return {"counters": dict(self._counters), "started": self.started}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self._lock = threading.Lock()
+        self._counters = dict(state["counters"])
+        self._gauges = {}
+        self.started = state["started"]
+
     def count(self, name: str, amount: float = 1) -> None:
         with self._lock:
             self._counters[name] = self._counters.get(name, 0) + amount

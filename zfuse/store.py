@@ -164,6 +164,14 @@ class MeteredStore(WrapperStore[Store]):
     def _with_store(self, store: Store) -> MeteredStore:
         return type(self)(store, self.stats, self.timeout)
 
+    @classmethod
+    async def open(  # type: ignore[override]
+        cls, store_cls: type[Store], *args: Any, stats: Stats | None = None,
+        timeout: float | None = None, **kwargs: Any,  # noqa: ASYNC109 - bounds each request, not opening
+    ) -> MeteredStore:
+        """Open `store_cls(*args, **kwargs)` and meter it (zarr's WrapperStore.open, plus ours)."""
+        return cls(await store_cls.open(*args, **kwargs), stats, timeout)
+
     async def _bounded(self, coro: Any) -> Any:
         if self.timeout is None:
             return await coro

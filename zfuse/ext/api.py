@@ -34,10 +34,12 @@ from zarr.abc.store import Store
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 from zarr.storage import MemoryStore, StorePath, WrapperStore
-from zarr.storage._common import make_store_path
 
-from zfuse.errors import MetadataError
-from zfuse.ext.transformers import StoreIO, TransformerStore, build_stack
+from zfuse.errors import ArgumentError, MetadataError
+from zfuse.ext import zarr_private
+from zfuse.ext.layers import StoreIO
+from zfuse.ext.stack import build_stack
+from zfuse.ext.transformers import TransformerStore
 from zfuse.ext.validate import validate_array_metadata
 
 __all__ = ["open_array", "open_group", "raw_array_metadata", "resolve_store"]
@@ -67,7 +69,7 @@ def resolve_store(
 ) -> tuple[TransformerStore, str]:
     """(wrapped store, array/group path) for anything ``open_array`` accepts."""
     if mode not in _MODES:
-        raise ValueError(f"mode must be one of {_MODES}, got {mode!r}")
+        raise ArgumentError(f"mode must be one of {_MODES}, got {mode!r}")
     if isinstance(store, Path):
         store = str(store)
     if isinstance(store, TransformerStore):
@@ -78,7 +80,7 @@ def resolve_store(
     # "w"/"w-" resolve as "a": zarr.open_array does the overwrite itself (through the
     # wrapper, so part/shard objects go too); resolving must never delete anything.
     resolve_mode = mode if mode in ("r", "r+") else "a"
-    sp: StorePath = sync(make_store_path(store, mode=resolve_mode, storage_options=storage_options))
+    sp: StorePath = sync(zarr_private.make_store_path(store, mode=resolve_mode, storage_options=storage_options))
     raw = sync(_detect(sp.store))
     if isinstance(raw, TransformerStore):
         return raw, _join(sp.path, path)
@@ -92,7 +94,7 @@ async def _metadata_exists(store: Store, path: str) -> bool:
 def describe_location(store: Store, path: str) -> str:
     """The array's location for messages: the innermost store's URL plus the path."""
     while isinstance(store, WrapperStore):
-        store = store._store
+        store = zarr_private.wrapped_store(store)
     base = str(store).rstrip("/")
     return f"{base}/{path}" if path else base
 

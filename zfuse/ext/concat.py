@@ -48,7 +48,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from zfuse.errors import MetadataError, ReadOnlyArrayError, SourceMismatchError
+from zfuse.errors import ArgumentError, MetadataError, ReadOnlyArrayError, SourceMismatchError
 
 __all__ = [
     "ConcatArray",
@@ -423,7 +423,7 @@ class ConcatArray:
         region = self.chunk_region(coords)
         data = np.asarray(data, dtype=self.dtype)
         if data.shape != self.chunks:
-            raise ValueError(f"chunk data has shape {data.shape}, expected {self.chunks}")
+            raise ArgumentError(f"chunk data has shape {data.shape}, expected {self.chunks}")
         self[region] = data[tuple(slice(0, r.stop - r.start) for r in region)]
 
     @staticmethod
@@ -523,7 +523,7 @@ def concat(
     if not sources:
         raise SourceMismatchError("concat needs at least one source array")
     if names is not None and len(names) != len(sources):
-        raise ValueError(f"{len(names)} names given for {len(sources)} sources")
+        raise ArgumentError(f"{len(names)} names given for {len(sources)} sources")
     arrays: list[zarr.Array] = []
     labels: list[str] = []
     for i, given in enumerate(sources):

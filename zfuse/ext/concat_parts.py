@@ -42,7 +42,7 @@ from typing import Any
 from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 
 from zfuse.errors import CorruptDataError, MetadataError
-from zfuse.ext.transformers import ChunkIO, slice_for_request
+from zfuse.ext.layers import ChunkIO, slice_for_request
 
 __all__ = ["ConcatPartsConfig", "ConcatPartsIO", "Part", "parse_concat_parts"]
 

@@ -1,6 +1,6 @@
 """Sharding storage transformer, version 1.0 (spec: docs/specs/sharding-storage-transformer-v1.rst).
 
-Recognised (see :func:`zfuse.ext.transformers.transformer_kind`) by ``"extension"``
+Recognised (see :func:`zfuse.ext.stack.transformer_kind`) by ``"extension"``
 or ``"name"`` equal to ``https://purl.org/zarr/spec/storage_transformers/sharding/1.0``,
 or ``"name": "sharding"``; ``"type"`` (top level or in ``configuration``) must be
 ``"indexed"`` when given; ``configuration.chunks_per_shard`` lists one positive
@@ -45,7 +45,8 @@ from zarr.abc.store import ByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.core.chunk_key_encodings import ChunkKeyEncoding
 
 from zfuse.errors import CorruptDataError, MetadataError
-from zfuse.ext.transformers import ChunkIO, decode_chunk_key, slice_for_request
+from zfuse.ext.chunk_keys import ChunkKeyDecoder
+from zfuse.ext.layers import ChunkIO, slice_for_request
 
 __all__ = [
     "EMPTY",
@@ -216,6 +217,7 @@ class ShardingV1IO(ChunkIO):
         self.inner = inner
         self.cps = chunks_per_shard
         self.encoding = encoding
+        self._decode_key = ChunkKeyDecoder(len(self.cps), encoding=encoding)
         self.n = math.prod(chunks_per_shard)
         self.index_nbytes = 16 * self.n
         depth, layer = 0, inner
@@ -233,8 +235,7 @@ class ShardingV1IO(ChunkIO):
     # -- keys ------------------------------------------------------------------------
 
     def _decode(self, key: str) -> tuple[int, ...] | None:
-        coords = decode_chunk_key(self.encoding, key)
-        return coords if coords is not None and len(coords) == len(self.cps) else None
+        return self._decode_key(key)
 
     def locate(self, key: str) -> tuple[str, int]:
         """(shard key, position of the chunk in the shard's C-order index)."""

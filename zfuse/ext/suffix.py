@@ -9,7 +9,8 @@ Spec: docs/specs/suffix-chunk-key-encoding.md. JSON form::
 Invariants:
 
 - ``encode_chunk_key(c) == base_encoding.encode_chunk_key(c) + suffix``.
-- ``decode_chunk_key(k)`` requires ``k`` to end with ``suffix`` (``ValueError`` otherwise)
+- ``decode_chunk_key(k)`` requires ``k`` to end with ``suffix`` (``NotAChunkKeyError``, a
+  ``ValueError``, otherwise)
   and returns ``base_encoding.decode_chunk_key(k[:-len(suffix)])``.
 - The base encoding is read from ``base_encoding`` or ``base-encoding`` (the seed uses
   both spellings) and defaults to ``{"name": "default"}``; it may be any registered
@@ -35,7 +36,8 @@ from zarr.core.chunk_key_encodings import (
 from zarr.core.common import JSON
 from zarr.registry import register_chunk_key_encoding
 
-from zfuse.errors import MetadataError
+from zfuse.errors import MetadataError, NotAChunkKeyError
+from zfuse.ext.chunk_keys import decode_default_chunk_key
 
 if TYPE_CHECKING:
     from typing import Self
@@ -70,22 +72,6 @@ def parse_base_encoding(data: object) -> ChunkKeyEncoding:
         raise MetadataError(
             f"suffix chunk key encoding: invalid 'base_encoding' ({e}). Got {data!r}"
         ) from e
-
-
-def decode_default_chunk_key(chunk_key: str, separator: str) -> tuple[int, ...]:
-    """Decode a ``default`` encoding key such as ``c/1/2``.
-
-    zarr-python 3.1.6's ``DefaultChunkKeyEncoding.decode_chunk_key`` splits ``chunk_key[1:]``,
-    which keeps the leading separator and fails on ``int('')`` for every non-scalar key.
-    """
-    if chunk_key == "c":
-        return ()
-    prefix = "c" + separator
-    if not chunk_key.startswith(prefix):
-        raise ValueError(
-            f"chunk key {chunk_key!r} does not start with {prefix!r} (default encoding)"
-        )
-    return tuple(int(part) for part in chunk_key[len(prefix) :].split(separator))
 
 
 @dataclass(frozen=True)
@@ -152,7 +138,7 @@ class SuffixChunkKeyEncoding(ChunkKeyEncoding):
 
     def decode_chunk_key(self, chunk_key: str) -> tuple[int, ...]:
         if not chunk_key.endswith(self.suffix):
-            raise ValueError(
+            raise NotAChunkKeyError(
                 f"suffix chunk key encoding: chunk key {chunk_key!r} does not end with the "
                 f"expected suffix {self.suffix!r}"
             )

@@ -1,4 +1,4 @@
-"""Storage transformers for zarr-python 3: the store wrapper and the layer machinery.
+"""Storage transformers for zarr-python 3: the store wrapper.
 
 zarr-python refuses array metadata that carries ``storage_transformers``.  zfuse
 opens such arrays by wrapping the real store in :class:`TransformerStore`, which
@@ -20,10 +20,10 @@ Invariants
 * A key is a chunk key of array ``A`` iff it lies in ``A``'s directory, is not
   ``zarr.json`` and round-trips through ``A``'s chunk key encoding (parsed with
   zarr's ``parse_chunk_key_encoding``, so any registered encoding works) with
-  the array's rank.
-* Transformers stack in list order: ``storage_transformers[0]`` is nearest the
-  array, the last one nearest the store.  Each layer is a :class:`ChunkIO` whose
-  keys are relative to the array's directory (``"c/0/0"``).
+  the array's rank (:class:`~zfuse.ext.chunk_keys.ChunkKeyDecoder`).
+* Transformers stack in list order (``stack.py``); each layer is a
+  :class:`~zfuse.ext.layers.ChunkIO` whose keys are relative to the array's
+  directory (``"c/0/0"``).
 * Listing presents the logical view: under a transformed array the raw part /
   shard objects are hidden and the existing chunk keys are listed instead.
 * Unknown transformer names or types raise :class:`zfuse.errors.MetadataError`
@@ -35,261 +35,25 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from abc import ABC, abstractmethod
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from zarr.abc.store import (
-    ByteRequest,
-    OffsetByteRequest,
-    RangeByteRequest,
-    Store,
-    SuffixByteRequest,
-)
+from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
-from zarr.core.chunk_key_encodings import (
-    ChunkKeyEncoding,
-    DefaultChunkKeyEncoding,
-    parse_chunk_key_encoding,
-)
-from zarr.storage import WrapperStore
 
-from zfuse.errors import MetadataError
+from zfuse.ext.chunk_keys import METADATA_NAMES, ChunkKeyDecoder, chunk_key_encoding_of
+from zfuse.ext.layers import ChunkIO, StoreIO
+from zfuse.ext.mapped_store import MappedStore
+from zfuse.ext.stack import build_stack, is_transformed_array
 
 if TYPE_CHECKING:
     from typing import Self
 
-__all__ = [
-    "ChunkIO",
-    "StoreIO",
-    "TransformerStore",
-    "build_stack",
-    "chunk_key_encoding_of",
-    "decode_chunk_key",
-    "is_transformed_array",
-    "slice_for_request",
-]
+__all__ = ["TransformerStore"]
 
 METADATA_KEY = "zarr.json"
-# Keys that are never chunk keys, whatever the encoding says.
-_METADATA_NAMES = frozenset({"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"})
-
-
-# --------------------------------------------------------------------------- layers
-
-
-class ChunkIO(ABC):
-    """One level of a transformer stack: a key/value view keyed relative to one array.
-
-    ``get`` returns ``None`` for a missing key, like zarr's Store.get.  Byte ranges
-    follow zarr's ByteRequest semantics (a range running past the end returns the
-    remainder).
-    """
-
-    @abstractmethod
-    async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None: ...
-
-    @abstractmethod
-    async def set(self, key: str, value: bytes) -> None: ...
-
-    @abstractmethod
-    async def delete(self, key: str) -> None: ...
-
-    @abstractmethod
-    async def exists(self, key: str) -> bool: ...
-
-    @abstractmethod
-    async def getsize(self, key: str) -> int:
-        """Size of the value; FileNotFoundError when missing."""
-
-    @abstractmethod
-    async def list_keys(self) -> list[str]:
-        """Every key present at this level (relative to the array directory)."""
-
-    @abstractmethod
-    def full_key(self, key: str) -> str:
-        """The store key ``key`` corresponds to at the bottom of the stack (for messages/locks)."""
-
-    @property
-    @abstractmethod
-    def lock_namespace(self) -> str:
-        """Identifies the underlying storage, so per-key locks are shared by every wrapper of it."""
-
-
-class StoreIO(ChunkIO):
-    """The bottom of every stack: the wrapped zarr Store, under the array's directory."""
-
-    def __init__(self, store: Store, array_path: str) -> None:
-        self._store = store
-        self._prefix = f"{array_path}/" if array_path else ""
-
-    def full_key(self, key: str) -> str:
-        return self._prefix + key
-
-    @property
-    def lock_namespace(self) -> str:
-        return str(self._store)
-
-    async def get(self, key: str, byte_range: ByteRequest | None = None) -> bytes | None:
-        buf = await self._store.get(self._prefix + key, default_buffer_prototype(), byte_range)
-        return None if buf is None else buf.to_bytes()
-
-    async def set(self, key: str, value: bytes) -> None:
-        await self._store.set(
-            self._prefix + key, default_buffer_prototype().buffer.from_bytes(value)
-        )
-
-    async def delete(self, key: str) -> None:
-        await self._store.delete(self._prefix + key)
-
-    async def exists(self, key: str) -> bool:
-        return await self._store.exists(self._prefix + key)
-
-    async def getsize(self, key: str) -> int:
-        return await self._store.getsize(self._prefix + key)
-
-    async def list_keys(self) -> list[str]:
-        n = len(self._prefix)
-        return [
-            k[n:]
-            async for k in self._store.list_prefix(self._prefix)
-            if k[n:] not in _METADATA_NAMES
-        ]
-
-
-def slice_for_request(length: int, byte_range: ByteRequest | None) -> tuple[int, int]:
-    """[start, stop) that ``byte_range`` selects from a value of ``length`` bytes (clipped)."""
-    if byte_range is None:
-        return 0, length
-    if isinstance(byte_range, RangeByteRequest):
-        start, stop = byte_range.start, byte_range.end
-    elif isinstance(byte_range, OffsetByteRequest):
-        start, stop = byte_range.offset, length
-    elif isinstance(byte_range, SuffixByteRequest):
-        start, stop = length - byte_range.suffix, length
-    else:  # pragma: no cover - zarr defines only the three
-        raise TypeError(f"unexpected byte range {byte_range!r}")
-    start = min(max(start, 0), length)
-    return start, max(start, min(stop, length))
-
-
-# --------------------------------------------------------------------------- stack building
-
-SHARDING_V1_URIS = frozenset(
-    {
-        "https://purl.org/zarr/spec/storage_transformers/sharding/1.0",
-        # the seed's own (draft) spelling of the URI
-        "http://purl.org/zarr/spec/storage-transformers/sharding/1.0",
-    }
-)
-CONCAT_PARTS_NAME = "concat-parts"
-
-
-def transformer_kind(doc: object, index: int) -> str:
-    """``"sharding_v1"`` or ``"concat-parts"``; MetadataError for anything else."""
-    field = f"storage_transformers[{index}]"
-    if not isinstance(doc, dict):
-        raise MetadataError(f"{field} must be an object, got {doc!r}")
-    name = doc.get("name", doc.get("extension"))
-    if doc.get("extension") in SHARDING_V1_URIS or name in SHARDING_V1_URIS or name == "sharding":
-        return "sharding_v1"
-    if name == CONCAT_PARTS_NAME:
-        return "concat-parts"
-    raise MetadataError(
-        f"{field}: unknown storage transformer {name!r} "
-        f"(zfuse knows 'concat-parts' and sharding v1 "
-        f"'https://purl.org/zarr/spec/storage_transformers/sharding/1.0' / 'sharding')"
-    )
-
-
-def decode_chunk_key(encoding: ChunkKeyEncoding, key: str) -> tuple[int, ...] | None:
-    """Chunk coordinates of ``key`` under ``encoding``, or None if it is not one of its keys.
-
-    A key counts only if it round-trips (encode(decode(key)) == key).  zarr 3.1.6's
-    DefaultChunkKeyEncoding.decode_chunk_key fails on every non-scalar key (it keeps the
-    leading separator), so the default encoding is decoded here.
-    """
-    try:
-        if isinstance(encoding, DefaultChunkKeyEncoding):
-            if key == "c":
-                coords: tuple[int, ...] = ()
-            elif key.startswith("c" + encoding.separator):
-                coords = tuple(int(c) for c in key[2:].split(encoding.separator))
-            else:
-                return None
-        else:
-            coords = tuple(int(c) for c in encoding.decode_chunk_key(key))
-    except Exception:  # any decoding failure simply means "not a chunk key"
-        return None
-    if any(c < 0 for c in coords) or encoding.encode_chunk_key(coords) != key:
-        return None
-    return coords
-
-
-def chunk_key_encoding_of(metadata: dict[str, Any]) -> ChunkKeyEncoding:
-    """The array's chunk key encoding (MetadataError if zarr cannot parse it)."""
-    try:
-        return parse_chunk_key_encoding(metadata.get("chunk_key_encoding", {"name": "default"}))
-    except Exception as e:  # zarr raises ValueError/TypeError/KeyError variously
-        raise MetadataError(f"chunk_key_encoding: {e}") from e
-
-
-def build_stack(
-    transformers: list[dict[str, Any]],
-    metadata: dict[str, Any],
-    base: ChunkIO,
-    *,
-    for_writing: bool = False,
-) -> ChunkIO:
-    """Wrap ``base`` in one layer per transformer; the returned layer is nearest the array.
-
-    Raises MetadataError for unknown/ill-configured transformers.  With
-    ``for_writing`` also refuses configurations that can only be read (a
-    concat-parts list with more than one unsized part).
-    """
-    # Imported here: the layer modules import ChunkIO from this module.
-    from zfuse.ext.concat_parts import ConcatPartsIO, parse_concat_parts
-    from zfuse.ext.sharding_v1 import ShardingV1IO, parse_sharding_v1
-
-    if not isinstance(transformers, list | tuple):
-        raise MetadataError(f"storage_transformers must be a list, got {transformers!r}")
-    shape = metadata.get("shape")
-    if not isinstance(shape, list | tuple):
-        raise MetadataError(f"shape must be a list, got {shape!r}")
-    rank = len(shape)
-    kinds = [transformer_kind(t, i) for i, t in enumerate(transformers)]
-    # concat-parts turns a chunk key into part keys that are no longer chunk keys, so a
-    # sharding layer below it (later in the list) would have nothing it can decode.
-    for i, kind in enumerate(kinds):
-        if kind == "sharding_v1" and "concat-parts" in kinds[:i]:
-            raise MetadataError(
-                f"storage_transformers[{i}]: sharding v1 cannot sit below concat-parts "
-                f"(storage_transformers[{kinds.index('concat-parts')}]); list sharding first"
-            )
-    encoding = chunk_key_encoding_of(metadata) if "sharding_v1" in kinds else None
-    io = base
-    for i in reversed(range(len(transformers))):
-        doc, kind = transformers[i], kinds[i]
-        if kind == "concat-parts":
-            cfg = parse_concat_parts(doc, field=f"storage_transformers[{i}]")
-            if for_writing:
-                cfg.check_writable()
-            io = ConcatPartsIO(io, cfg)
-        else:
-            assert encoding is not None
-            cps = parse_sharding_v1(doc, rank, field=f"storage_transformers[{i}]")
-            io = ShardingV1IO(io, cps, encoding)
-    return io
-
-
-def is_transformed_array(doc: object) -> bool:
-    return (
-        isinstance(doc, dict)
-        and doc.get("node_type") == "array"
-        and bool(doc.get("storage_transformers"))
-    )
-
+_METADATA_NAMES = METADATA_NAMES
 
 # --------------------------------------------------------------------------- registry
 
@@ -298,15 +62,18 @@ def is_transformed_array(doc: object) -> bool:
 class _ArrayEntry:
     path: str
     metadata: dict[str, Any]  # as stored, storage_transformers included
-    encoding: ChunkKeyEncoding | None
-    rank: int
+    decode_key: ChunkKeyDecoder | None  # None: a plain array, no chunk key is routed
     stack: ChunkIO | None  # None: a plain array, nothing to route
 
     def is_chunk_key(self, rel: str) -> bool:
-        if self.encoding is None or rel in _METADATA_NAMES:
+        if self.decode_key is None or rel in _METADATA_NAMES:
             return False
-        coords = decode_chunk_key(self.encoding, rel)
-        return coords is not None and len(coords) == self.rank
+        return self.decode_key(rel) is not None
+
+
+def _transformed_entry(path: str, doc: dict[str, Any], stack: ChunkIO) -> _ArrayEntry:
+    decoder = ChunkKeyDecoder(len(doc["shape"]), encoding=chunk_key_encoding_of(doc))
+    return _ArrayEntry(path, doc, decoder, stack)
 
 
 class _NotArray:
@@ -366,18 +133,7 @@ def _dumps(doc: dict[str, Any]) -> bytes:
 # --------------------------------------------------------------------------- the wrapper
 
 
-class GetManyThroughGet:
-    """WrapperStore sends `_get_many` straight to the wrapped store; a wrapper that
-    rewrites keys or values in `get` must route it through its own `get`."""
-
-    async def _get_many(
-        self, requests: Iterable[tuple[str, BufferPrototype, ByteRequest | None]]
-    ) -> AsyncGenerator[tuple[str, Buffer | None], None]:
-        for key, prototype, byte_range in requests:
-            yield key, await self.get(key, prototype, byte_range)  # type: ignore[attr-defined]
-
-
-class TransformerStore(GetManyThroughGet, WrapperStore[Store]):
+class TransformerStore(MappedStore):
     """A Store presenting arrays with ``storage_transformers`` to zarr-python.
 
     Use :func:`zfuse.ext.api.open_array` rather than constructing this directly.
@@ -424,9 +180,9 @@ class TransformerStore(GetManyThroughGet, WrapperStore[Store]):
                 self._register_consolidated(path, doc)
         elif doc.get("storage_transformers"):
             stack = build_stack(list(doc["storage_transformers"]), doc, StoreIO(self._store, path))
-            node = _ArrayEntry(path, doc, chunk_key_encoding_of(doc), len(doc["shape"]), stack)
+            node = _transformed_entry(path, doc, stack)
         else:
-            node = _ArrayEntry(path, doc, None, len(doc.get("shape") or ()), None)
+            node = _ArrayEntry(path, doc, None, None)
         self._registry.put(path, node)
         return node
 
@@ -438,7 +194,7 @@ class TransformerStore(GetManyThroughGet, WrapperStore[Store]):
                 stack = build_stack(
                     list(sub["storage_transformers"]), sub, StoreIO(self._store, path)
                 )
-                entry = _ArrayEntry(path, sub, chunk_key_encoding_of(sub), len(sub["shape"]), stack)
+                entry = _transformed_entry(path, sub, stack)
                 self._registry.put(path, entry)
 
     async def _load(self, path: str) -> _ArrayEntry | _NotArray:
@@ -574,8 +330,7 @@ class TransformerStore(GetManyThroughGet, WrapperStore[Store]):
             is_transformed_array(doc) or _has_transformed_consolidated(doc)
         ):
             raw = _dumps(self._present(doc))
-        start, stop = slice_for_request(len(raw), byte_range)
-        return prototype.buffer.from_bytes(raw[start:stop])
+        return self._ranged(raw, prototype, byte_range)
 
     async def get_partial_values(
         self,
@@ -632,10 +387,6 @@ class TransformerStore(GetManyThroughGet, WrapperStore[Store]):
         await self._store.set(key, value)
         await self._register(path, doc)
 
-    async def set_if_not_exists(self, key: str, value: Buffer) -> None:
-        if not await self.exists(key):
-            await self.set(key, value)
-
     async def _set_many(self, values: Iterable[tuple[str, Buffer]]) -> None:
         await asyncio.gather(*(self.set(k, v) for k, v in values))
 
@@ -667,9 +418,6 @@ class TransformerStore(GetManyThroughGet, WrapperStore[Store]):
     async def clear(self) -> None:
         await self._store.clear()
         self._registry.purge("")
-
-    def list(self) -> AsyncIterator[str]:
-        return self.list_prefix("")
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[str]:
         raw = [k async for k in self._store.list_prefix(prefix)]
@@ -706,19 +454,11 @@ class TransformerStore(GetManyThroughGet, WrapperStore[Store]):
                         yield key
 
     async def list_dir(self, prefix: str) -> AsyncIterator[str]:
-        norm = prefix.strip("/")
         entry = await self._container(prefix)
-        if entry is None:
-            async for key in self._store.list_dir(prefix):
-                yield key
-            return
-        base = norm + "/" if norm else ""
-        seen: set[str] = set()
-        async for key in self.list_prefix(base):
-            child = key[len(base) :].split("/", 1)[0]
-            if child not in seen:
-                seen.add(child)
-                yield child
+        # Outside any transformed array the wrapped store's own list_dir is exact (and cheaper).
+        listing = self._store.list_dir(prefix) if entry is None else super().list_dir(prefix)
+        async for key in listing:
+            yield key
 
 
 def _consolidated_entries(doc: dict[str, Any]) -> list[tuple[str, Any]]:

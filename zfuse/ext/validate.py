@@ -178,7 +178,7 @@ def _check_codecs(codecs: object, field: str, problems: list[str]) -> None:
 def _check_transformers(doc: dict[str, Any], problems: list[str]) -> None:
     from zfuse.ext.concat_parts import parse_concat_parts
     from zfuse.ext.sharding_v1 import parse_sharding_v1
-    from zfuse.ext.transformers import transformer_kind
+    from zfuse.ext.stack import transformer_kind
 
     transformers = doc.get("storage_transformers")
     if transformers is None:
@@ -258,7 +258,7 @@ def validate_array_metadata(doc: object, where: str) -> None:
     if "codecs" in doc:
         _check_codecs(doc["codecs"], "codecs", problems)
     if "chunk_key_encoding" in doc:
-        from zfuse.ext.transformers import chunk_key_encoding_of
+        from zfuse.ext.chunk_keys import chunk_key_encoding_of
 
         try:
             chunk_key_encoding_of(doc)

@@ -13,7 +13,9 @@ import itertools
 from typing import Any
 
 import numpy as np
+from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding
 
+from zfuse.ext.chunk_keys import ChunkKeyDecoder
 from zfuse.ext.concat import ConcatArray
 from zfuse.view.source import ChunkSource, Coords, ZarrChunkSource
 
@@ -26,18 +28,14 @@ class ConcatChunkSource(ChunkSource):
         self.dtype = np.dtype(array.dtype)
         self.chunk_shape = tuple(array.chunks)
         self.fill_value = array.fill_value
+        self._key_decoder = ChunkKeyDecoder(len(self.shape), encoding=DefaultChunkKeyEncoding())
         self.parts = [ZarrChunkSource(src, name=n) for src, n in zip(array.sources, array.names, strict=True)]
 
     def chunk_key(self, coords: Coords) -> str:
         return "/".join(("c", *map(str, coords)))
 
     def decode_key(self, key: str) -> Coords | None:
-        rank = len(self.shape)
-        parts = key.split("/")
-        if parts[0] != "c" or len(parts) != rank + 1 or not all(p.isdigit() for p in parts[1:]):
-            return None
-        coords = tuple(int(p) for p in parts[1:])
-        return coords if self.chunk_key(coords) == key else None
+        return self._key_decoder(key)
 
     def list_chunks(self) -> list[Coords]:
         axis = self.array.axis

@@ -30,6 +30,8 @@ import zarr
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
+from zfuse.ext import zarr_private
+
 log = logging.getLogger("zfuse.view")
 
 # names in a group's listing that are metadata objects, never members
@@ -106,7 +108,7 @@ def group_members(group: zarr.Group) -> list[tuple[str, Member]]:
     Names that are not nodes (stray files, directories without metadata) are
     left out, as zarr-python leaves them out.
     """
-    return sync(_members(group._async_group))
+    return sync(_members(zarr_private.async_group(group)))
 
 
 async def _members(group: Any) -> list[tuple[str, Member]]:
@@ -182,8 +184,7 @@ def check_codecs(array: Any) -> None:
     pending = list(metadata.codecs)
     while pending:
         codec = pending.pop()
-        if hasattr(type(codec), "_codec"):
-            codec._codec  # noqa: B018 - the load is the check
+        zarr_private.load_numcodecs_codec(codec)
         pending += list(getattr(codec, "codecs", ()) or ()) + list(getattr(codec, "index_codecs", ()) or ())
 
 
@@ -394,8 +395,7 @@ def _bad_codec(doc: dict[str, Any], fmt: int) -> str | None:
             return _codec_problem(str(name), "Unknown codec" if isinstance(exc, KeyError) else _short(exc))
         try:
             codec = cls.from_dict(config) if isinstance(config, dict) else cls()  # type: ignore[attr-defined]
-            if hasattr(cls, "_codec"):
-                codec._codec  # noqa: B018 - numcodecs codecs load lazily: load it now
+            zarr_private.load_numcodecs_codec(codec)  # numcodecs codecs load lazily: load it now
         except Exception as exc:
             return _codec_problem(str(name), _short(exc))
         if isinstance(config, dict):

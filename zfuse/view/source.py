@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import re
 import threading
 import warnings
 from abc import ABC, abstractmethod
@@ -29,15 +28,17 @@ import zarr
 from zarr.abc.store import RangeByteRequest
 from zarr.codecs.sharding import ShardingCodec
 from zarr.core.buffer import default_buffer_prototype
+from zarr.core.chunk_key_encodings import V2ChunkKeyEncoding
 from zarr.core.sync import sync
 from zarr.storage import StorePath
 
 from zfuse.errors import CorruptDataError
+from zfuse.ext import zarr_private
+from zfuse.ext.chunk_keys import ChunkKeyDecoder, standard_layout
 from zfuse.view.caches import BoundedLRU
 
 log = logging.getLogger("zfuse.view")
 Coords = tuple[int, ...]
-_INT_RE = re.compile(r"\d+")
 LIST_PAGE = 1000  # names taken from a store listing at a time (S3 returns 1000 per LIST page)
 DEFAULT_INDEX_CACHE_BYTES = 64 * 1024 * 1024
 DirPage = list[tuple[str, Coords | None]]  # (key name, chunk coords) or (directory name, None)
@@ -90,20 +91,13 @@ class ChunkSource(ABC):
     def decode_key(self, key: str) -> Coords | None:
         """The chunk a key names (any rank, in or out of the grid), or None.
 
-        Works for any chunk key encoding: candidate coordinates are the key's
-        integers, accepted only if encoding them gives the key back.
+        Works for any chunk key encoding: accepted only if encoding the
+        coordinates gives the key back (`zfuse.ext.chunk_keys.ChunkKeyDecoder`).
         """
-        rank = len(self.shape)
-        if rank == 0:
-            return () if key == self.chunk_key(()) else None
-        ints = _INT_RE.findall(key)
-        for candidate in (ints[-rank:], ints[:rank]):
-            if len(candidate) != rank:
-                continue
-            coords = tuple(int(i) for i in candidate)
-            if self.chunk_key(coords) == key:
-                return coords
-        return None
+        decoder = getattr(self, "_key_decoder", None)
+        if decoder is None:
+            decoder = self._key_decoder = ChunkKeyDecoder(len(self.shape), encode=self.chunk_key)
+        return decoder(key)
 
     @abstractmethod
     def list_chunks(self) -> Iterable[Coords]:
@@ -347,29 +341,19 @@ class ZarrChunkSource(ChunkSource):
                 codecs
                 and isinstance(codecs[0], ArrayBytesCodec)
                 and all(isinstance(c, BytesBytesCodec) for c in codecs[1:])
-                and all(hasattr(c, "_decode_sync") for c in codecs)
+                and all(zarr_private.can_decode_sync(c) for c in codecs)
             ):
                 self._sync_codecs = (codecs[0], codecs[1:])
         # whole-chunk writes encode in the worker thread too when every codec can
         self._sync_encode = self._sync_codecs is not None and self.sharding is None and all(
-            hasattr(c, "_encode_sync") for c in meta.codecs
+            zarr_private.can_encode_sync(c) for c in meta.codecs
         )
-        self._standard_re: re.Pattern[str] | None = None
-        # (key head, separator) for the default and v2 encodings: fast key decoding
-        self._standard: tuple[str, str] | None = None
-        if self.zarr_format == 2:
-            self._standard = ("", meta.dimension_separator)
-        else:
-            cke = meta.chunk_key_encoding.to_dict()
-            sep = (cke.get("configuration") or {}).get("separator", "/" if cke["name"] == "default" else ".")
-            if cke["name"] == "default":
-                self._standard = ("c" + sep, sep)
-            elif cke["name"] == "v2":
-                self._standard = ("", sep)
-        if self._standard is not None and self.shape:
-            head, sep = self._standard
-            number = "(0|[1-9][0-9]*)"
-            self._standard_re = re.compile(re.escape(head) + re.escape(sep).join([number] * len(self.shape)))
+        encoding = (
+            V2ChunkKeyEncoding(separator=meta.dimension_separator) if self.zarr_format == 2 else meta.chunk_key_encoding
+        )
+        # (key head, separator) for the default and v2 encodings: fast key encoding
+        self._standard: tuple[str, str] | None = standard_layout(encoding)
+        self._key_decoder = ChunkKeyDecoder(len(self.shape), encoding=encoding, encode=self.chunk_key)
 
     @property
     def grid_shape(self) -> tuple[int, ...]:
@@ -396,21 +380,7 @@ class ZarrChunkSource(ChunkSource):
         return self._encode_storage_key(coords)
 
     def decode_key(self, key: str) -> Coords | None:
-        fast = self._fast_decode(key, len(self.shape)) if self.shape else None
-        if fast is not None:
-            return fast if fast != () else None
-        return super().decode_key(key)
-
-    def _fast_decode(self, key: str, rank: int) -> Coords | None:
-        """The standard encodings by one compiled regex (only canonical integers):
-        listing 100,000 keys is dominated by key decoding otherwise. () = not a
-        chunk key; None = not a standard encoding, use the general path."""
-        if self._standard_re is None:
-            return None
-        match = self._standard_re.fullmatch(key)
-        if match is None:
-            return ()
-        return tuple(map(int, match.groups()))
+        return self._key_decoder(key)
 
     def key_encoding_dict(self) -> dict[str, Any]:
         meta = self.array.metadata
@@ -438,9 +408,7 @@ class ZarrChunkSource(ChunkSource):
             warnings.simplefilter("ignore")
             if self.zarr_format == 2:
                 try:
-                    from zarr.metadata.migrate_v3 import _convert_array_metadata
-
-                    return _convert_array_metadata(meta).to_dict()
+                    return zarr_private.convert_v2_metadata_to_v3(meta).to_dict()
                 except Exception:
                     pass
             return meta.to_dict()
@@ -608,8 +576,8 @@ class ZarrChunkSource(ChunkSource):
             return cached
         assert self.sharding is not None
         try:
-            index = await self.sharding._load_shard_index_maybe(
-                StorePath(self.store, key), self.chunks_per_shard
+            index = await zarr_private.load_shard_index(
+                self.sharding, StorePath(self.store, key), self.chunks_per_shard
             )
         except Exception as e:  # a bad index checksum or a short object
             raise CorruptDataError(f"{key}: unreadable shard index: {e}") from e
@@ -639,7 +607,7 @@ class ZarrChunkSource(ChunkSource):
         buf, spec = fetched
         codecs = self._sync_codecs
         if codecs is None:
-            pipeline = (self.sharding or self.array._async_array).codec_pipeline
+            pipeline = (self.sharding or self.array.async_array).codec_pipeline
             (decoded,) = sync(pipeline.decode([(buf, spec)]))
             if decoded is None:
                 return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
@@ -649,8 +617,8 @@ class ZarrChunkSource(ChunkSource):
             # its event loop, which serves every other read
             serializer, bytes_codecs = codecs
             for codec in reversed(bytes_codecs):
-                buf = codec._decode_sync(buf, spec)
-            decoded = serializer._decode_sync(buf, spec)
+                buf = zarr_private.decode_sync(codec, buf, spec)
+            decoded = zarr_private.decode_sync(serializer, buf, spec)
         return np.asarray(decoded.as_numpy_array()).reshape(self.chunk_shape)
 
     # -- stored bytes (whole-image passthrough) -------------------------------
@@ -696,7 +664,7 @@ class ZarrChunkSource(ChunkSource):
 
         store = self.store
         while isinstance(store, (TransformerStore, MeteredStore)):
-            store = store._store
+            store = zarr_private.wrapped_store(store)
         return str(store.root) if type(store) in (LocalStore, AtomicLocalStore) else None
 
     def stored_sizes(self) -> dict[Coords, int] | None:
@@ -756,7 +724,7 @@ class ZarrChunkSource(ChunkSource):
 
             store = self.store
             while isinstance(store, TransformerStore):  # passes keys through unless transformers
-                store = store._store
+                store = zarr_private.wrapped_store(store)
             local = isinstance(store, MeteredStore) and store.local_root is not None
             found = store if local and not self._has_transformers() else None
             self._local = found
@@ -797,9 +765,9 @@ class ZarrChunkSource(ChunkSource):
         if spec is None:
             proto = default_buffer_prototype()
             first = tuple(0 for _ in self.shape)
-            spec = self.array.metadata.get_chunk_spec(first, self.array._async_array._config, proto)
+            spec = self.array.metadata.get_chunk_spec(first, zarr_private.array_config(self.array), proto)
             if self.sharding is not None:
-                spec = self.sharding._get_chunk_spec(spec)
+                spec = zarr_private.inner_chunk_spec(self.sharding, spec)
             self._spec = spec
         return spec
 
@@ -817,7 +785,7 @@ class ZarrChunkSource(ChunkSource):
             if must_exist:
                 raise self._vanished(key)
             return None
-        return buf, self.array.metadata.get_chunk_spec(coords, self.array._async_array._config, proto)
+        return buf, self.array.metadata.get_chunk_spec(coords, zarr_private.array_config(self.array), proto)
 
     async def _fetch_inner_chunk(self, coords: Coords, must_exist: bool) -> tuple[Any, Any] | None:
         """One inner chunk's bytes and spec: the shard index (cached) and one ranged read."""
@@ -836,8 +804,8 @@ class ZarrChunkSource(ChunkSource):
         if buf is None or len(buf) != end - start:
             self._index_cache.pop((id(self), key))
             raise CorruptDataError(f"{key}: inner chunk {coords} lies outside the stored shard")
-        shard_spec = self.array.metadata.get_chunk_spec(shard, self.array._async_array._config, proto)
-        return buf, self.sharding._get_chunk_spec(shard_spec)
+        shard_spec = self.array.metadata.get_chunk_spec(shard, zarr_private.array_config(self.array), proto)
+        return buf, zarr_private.inner_chunk_spec(self.sharding, shard_spec)
 
     # -- writing ----------------------------------------------------------
     def _storage_coords(self, coords: Coords) -> Coords:
@@ -873,8 +841,8 @@ class ZarrChunkSource(ChunkSource):
     async def _write_stored_chunk(self, coords: Coords, full: np.ndarray) -> None:
         """Encode one whole chunk with the codec pipeline and store it (one set)."""
         proto = default_buffer_prototype()
-        async_array = self.array._async_array
-        spec = self.array.metadata.get_chunk_spec(coords, async_array._config, proto)
+        async_array = self.array.async_array
+        spec = self.array.metadata.get_chunk_spec(coords, zarr_private.array_config(self.array), proto)
         values = proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype))
         (encoded,) = await async_array.codec_pipeline.encode([(values, spec)])
         await self._set_chunk(coords, encoded)
@@ -889,11 +857,12 @@ class ZarrChunkSource(ChunkSource):
         """Encode with the codecs' synchronous methods (the mirror of reading)."""
         assert self._sync_codecs is not None
         proto = default_buffer_prototype()
-        spec = self.array.metadata.get_chunk_spec(coords, self.array._async_array._config, proto)
+        spec = self.array.metadata.get_chunk_spec(coords, zarr_private.array_config(self.array), proto)
         serializer, bytes_codecs = self._sync_codecs
-        encoded = serializer._encode_sync(proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype)), spec)
+        values = proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype))
+        encoded = zarr_private.encode_sync(serializer, values, spec)
         for codec in bytes_codecs:
-            encoded = codec._encode_sync(encoded, spec)
+            encoded = zarr_private.encode_sync(codec, encoded, spec)
         return encoded
 
     def delete_chunk(self, coords: Coords) -> None:
