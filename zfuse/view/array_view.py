@@ -387,12 +387,27 @@ class ArrayView:
                 return build_header(self.layout, coords, shape=shape, origin=origin)
         return build_header(self.layout, coords, origin=origin)
 
-    def pixel_bytes(self, coords: Coords) -> bytes:
+    def pixel_bytes(self, coords: Coords) -> memoryview:
         """The chunk's values as stored after the header (decoded once, then cached)."""
+        assert self.layout is not None
+        return self.file_bytes(coords)[self.layout.header_size :]
+
+    def cached_pixels(self, coords: Coords) -> memoryview | None:
+        """`pixel_bytes` if the chunk is decoded already (no I/O), else None."""
+        assert self.layout is not None
+        data = self.cache.peek((id(self), coords))
+        return None if data is None else memoryview(data).toreadonly()[self.layout.header_size :]
+
+    def file_bytes(self, coords: Coords) -> memoryview:
+        """The whole chunk file, header and values, read-only (decoded once, then cached).
+
+        The cache holds each file as one buffer, so a read of any range is a
+        slice of it: no bytes are copied between decoding and the FUSE reply.
+        """
         key = (id(self), coords)
         data = self.cache.get(key)
         if data is not None:
-            return data
+            return memoryview(data).toreadonly()
         # Single flight: the kernel reads one file in several concurrent
         # requests; only the first decodes, the others wait for it.
         with self._lock:
@@ -400,16 +415,17 @@ class ArrayView:
         with flight:
             data = self.cache.get(key)
             if data is not None:
-                return data
+                return memoryview(data).toreadonly()
             try:
                 data = self._decode(coords)
             finally:
                 with self._lock:
                     self._inflight.pop(coords, None)
             self.cache.put(key, data)
-            return data
+            return memoryview(data).toreadonly()
 
     def _decode(self, coords: Coords) -> bytes:
+        assert self.layout is not None
         started = time.perf_counter()
         # a chunk we listed must still be there; with --all-chunks missing is fill
         must_exist = not self.options.all_chunks and self.known(coords) is True
@@ -419,9 +435,9 @@ class ArrayView:
         if self.options.crop_edges:
             region = self.source.chunk_region(coords)
             values = values[tuple(slice(0, r.stop - r.start) for r in region)]
-        return to_pixel_bytes(self.layout.to_file_order(values), self.source.dtype)
+        return chunk_file(self.header(coords), self.layout.to_file_order(values), self.source.dtype)
 
-    def read_cached(self, coords: Coords, offset: int, size: int) -> bytes | None:
+    def read_cached(self, coords: Coords, offset: int, size: int) -> bytes | memoryview | None:
         """Like `read` but only from memory; None when the chunk must be decoded."""
         assert self.layout is not None
         hsize = self.layout.header_size
@@ -430,26 +446,18 @@ class ArrayView:
             return b""
         if end <= hsize:
             return self.header(coords)[offset:end]
-        pixels = self.cache.peek((id(self), coords))
-        if pixels is None:
-            return None
-        head = self.header(coords)[offset:hsize] if offset < hsize else b""
-        return head + pixels[max(offset - hsize, 0) : end - hsize]
+        data = self.cache.peek((id(self), coords))
+        return None if data is None else memoryview(data).toreadonly()[offset:end]
 
-    def read(self, coords: Coords, offset: int, size: int) -> bytes:
+    def read(self, coords: Coords, offset: int, size: int) -> bytes | memoryview:
         """Bytes [offset, offset+size) of the chunk file (may decode: worker thread)."""
         assert self.layout is not None
-        hsize = self.layout.header_size
         end = min(offset + size, self.file_size(coords))
         if offset >= end:
             return b""
-        out = []
-        if offset < hsize:
-            out.append(self.header(coords)[offset : min(end, hsize)])
-        if end > hsize:
-            pixels = self.pixel_bytes(coords)
-            out.append(pixels[max(offset - hsize, 0) : end - hsize])
-        return b"".join(out) if len(out) > 1 else out[0]
+        if end <= self.layout.header_size:
+            return self.header(coords)[offset:end]
+        return self.file_bytes(coords)[offset:end]
 
     def forget(self, coords: Coords) -> None:
         self.cache.drop((id(self), coords))
@@ -500,8 +508,12 @@ class ArrayView:
         return json.dumps(meta, indent=2).encode()
 
 
-def to_pixel_bytes(values: np.ndarray, dtype: np.dtype) -> bytes:
-    """C-order little-endian bytes, as the `bytes` codec and the TIFF header say."""
-    if dtype.kind == "b":
-        return np.ascontiguousarray(values, dtype=np.uint8).tobytes()
-    return np.ascontiguousarray(values, dtype=dtype.newbyteorder("<")).tobytes()
+def chunk_file(header: bytes, values: np.ndarray, dtype: np.dtype) -> bytes:
+    """A chunk file: `header`, then `values` in C order, little-endian (booleans as
+    one byte), as the `bytes` codec and the TIFF header say. Built in one buffer
+    with one copy of the values (no intermediate bytes object)."""
+    out = bytearray(len(header) + values.size * (1 if dtype.kind == "b" else dtype.itemsize))
+    out[: len(header)] = header
+    stored = np.dtype(np.uint8) if dtype.kind == "b" else dtype.newbyteorder("<")
+    np.frombuffer(out, dtype=stored, offset=len(header)).reshape(values.shape)[...] = values
+    return out  # type: ignore[return-value]  # a bytearray, handed out as read-only views

@@ -718,7 +718,7 @@ class WholeImage:
         if coords is None:
             return None
         arr = lv.array
-        return arr.cache.peek((id(arr), coords))
+        return arr.cached_pixels(coords)
 
     def _tile(self, level: int, plane: int, tile: int) -> bytes:
         """A tile's stored bytes (passthrough stream, or decoded pixels) (blocking)."""
@@ -823,11 +823,11 @@ class WholeImage:
         assert data is not None
         return data
 
-    def _read(self, offset: int, size: int, *, blocking: bool) -> bytes | None:
+    def _read(self, offset: int, size: int, *, blocking: bool) -> bytes | memoryview | None:
         end = min(offset + size, self.size)
         if offset >= end:
             return b""
-        parts: list[bytes] = []
+        parts: list[bytes | memoryview] = []
         pos = offset
         if pos < self.data_start:
             header = self._header if not blocking else self.header()
@@ -852,8 +852,10 @@ class WholeImage:
             data = self._tile(level, plane, tile) if blocking else self._tile_from_memory(level, plane, tile)
             if data is None:
                 return None
-            piece = data[within : stop - pos + within]
-            parts.append(piece + bytes(stop - pos - len(piece)))  # rest of the slot
+            piece = data[within : stop - pos + within]  # a view of a cached chunk: no copy
+            parts.append(piece)
+            if len(piece) < stop - pos:
+                parts.append(bytes(stop - pos - len(piece)))  # rest of the slot
             pos = stop
         return b"".join(parts) if len(parts) != 1 else parts[0]
 
