@@ -600,3 +600,18 @@ def test_mount_config_defaults_match_the_view() -> None:
     config = MountConfig(sources=[], mountpoint="")
     assert config.listing_cache_names == ViewOptions.listing_cache_names
     assert config.index_cache_bytes == ViewOptions.shard_index_cache_bytes
+
+
+def test_read_only_opens_need_no_flush(v3) -> None:
+    """A read-only open's close has nothing to commit: its reply tells the kernel to skip
+    FLUSH (where pyfuse3 passes it on); a writable open keeps FLUSH, its commit point."""
+    src, data, fs, k = v3
+    ino = k.walk(CHUNK)
+    for flags, noflush in ((os.O_RDONLY, True), (os.O_WRONLY, False), (os.O_RDWR, False)):
+        reply = k.call(fs.open, ino, flags, WRITER)
+        assert reply.noflush is noflush, flags
+        k.close(reply.fh)
+    meta = k.call(fs.open, k.walk("zarr.json"), os.O_RDONLY, OTHER)
+    assert meta.noflush
+    fs.release(meta.fh)
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), chunk00(data))

@@ -71,8 +71,16 @@ def _entry_attributes(attrs: Attributes) -> pyfuse3.EntryAttributes:
     return out
 
 
+# pyfuse3 3.5 does not pass libfuse's `noflush` open flag on; a pyfuse3 with
+# docs/pyfuse3-noflush.patch applied does (measured in benchmarks/README.md)
+HAS_NOFLUSH = hasattr(pyfuse3.FileInfo(), "noflush")
+
+
 def _file_info(reply: OpenReply) -> pyfuse3.FileInfo:
-    return pyfuse3.FileInfo(fh=reply.fh, keep_cache=reply.keep_cache, direct_io=reply.direct_io)
+    info = pyfuse3.FileInfo(fh=reply.fh, keep_cache=reply.keep_cache, direct_io=reply.direct_io)
+    if reply.noflush and HAS_NOFLUSH:
+        info.noflush = True
+    return info
 
 
 def _fuse_errors(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:

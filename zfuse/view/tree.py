@@ -19,6 +19,7 @@ Invariants:
 
 from __future__ import annotations
 
+import enum
 import json
 import logging
 import threading
@@ -88,6 +89,15 @@ class Entry(NamedTuple):
     reader: Any = None  # Node.IMAGE files: an object with size, read_cached(off, n), read(off, n)
 
 
+
+
+class NeedsIO(enum.Enum):
+    """`View.entry(..., memory_only=True)`: the answer needs store I/O."""
+
+    NEEDS_IO = "needs store I/O"
+
+
+NEEDS_IO = NeedsIO.NEEDS_IO
 
 @dataclass
 class _Node:
@@ -159,9 +169,11 @@ class View:
             return False
         return arr.needs_io(rest, listing=listing)
 
-    def entry(self, path: tuple[str, ...]) -> Entry | None:
+    def entry(self, path: tuple[str, ...], *, memory_only: bool = False) -> Entry | None | NeedsIO:
         """What is at `path`. A chunk file not known yet costs one existence check
-        (store I/O: worker thread, unless `needs_io(path)` is False); nothing lists."""
+        (store I/O: worker thread, unless `needs_io(path)` is False); nothing lists.
+        With `memory_only`, such a file gives `NEEDS_IO` instead: a caller on an event
+        loop answers everything else without a thread hop, in one pass."""
         node, rest = self._split(path)
         if not rest:
             return Entry(Node(node.kind), array=node.array)
@@ -178,7 +190,10 @@ class View:
             return None
         coords = arr.coords_of(rest)
         if coords is not None:
-            if not arr.exists(coords):
+            exists = arr.known(coords) if memory_only else arr.exists(coords)
+            if exists is None:
+                return NEEDS_IO
+            if not exists:
                 return None
             return Entry(Node.CHUNK, size=arr.file_size(coords), array=arr, coords=coords)
         # A directory some chunk key of the grid would live in exists even when
