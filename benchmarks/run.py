@@ -2,7 +2,8 @@
 
     python -m benchmarks.run [--only NAME ...] [--quick] [--reps N] [--no-drop-caches]
 
-NAME is one of: read (cold + warm), ls, rss, write, concat, s3, replace, stress, big, wholeimage. Results are
+NAME is one of: read (cold + warm), ls, rss, write, concat, s3, replace, stress, big, wholeimage,
+parallel. Results are
 printed as a table and written to benchmarks/results.json. Timings never go
 in pass/fail tests; this is where they live (see benchmarks/README.md).
 """
@@ -35,6 +36,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "stress": ("benchmarks.replace", "bench_stress"),
     "big": ("benchmarks.big", "bench_big"),
     "wholeimage": ("benchmarks.wholeimage", "bench_wholeimage"),
+    "parallel": ("benchmarks.parallel", "bench_parallel"),
 }
 
 

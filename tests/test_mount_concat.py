@@ -111,8 +111,10 @@ def test_saved_description_mounts_and_opens(tmp_path: Path, mount) -> None:
     assert desc["axis"] == 1 and len(desc["sources"]) == 2
     import zfuse
 
-    arr = zfuse.open_array(str(out))
+    arr = zfuse.load_concat(str(out))
     np.testing.assert_array_equal(arr[...], np.concatenate([d1, d2], axis=1))
+    with pytest.raises(ValueError, match="load_concat"):  # open_array opens Zarr stores only
+        zfuse.open_array(str(out))
     m = mount(out)
     np.testing.assert_array_equal(zarr.open_array(str(m.path))[...], np.concatenate([d1, d2], axis=1))
     info = subprocess.run([sys.executable, "-m", "zfuse.cli", "info", str(out)],

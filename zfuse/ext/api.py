@@ -129,11 +129,12 @@ def open_array(
     array with (ignored when an existing array is opened).
     """
     if isinstance(store, (str, Path)) and path is None and Path(store).is_file():
-        # a saved virtual concatenation (zfuse concat OUT SRC...): a ConcatArray
-        from zfuse.ext.concat import is_concat_description, load_concat
-
-        if is_concat_description(store):
-            return load_concat(store, mode=mode)  # type: ignore[return-value]
+        # a Zarr store is a directory or a URL; a file is most likely a saved virtual
+        # concatenation, which is no zarr.Array and has its own opener
+        raise ArgumentError(
+            f"{store} is a file, not a Zarr store; a concatenation saved by `zfuse concat` "
+            "opens with zfuse.load_concat(path)"
+        )
     transformers = create_kwargs.pop("storage_transformers", None)
     wrapped, array_path = resolve_store(store, mode, path=path, storage_options=storage_options)
     creating = mode in ("w", "w-") or (

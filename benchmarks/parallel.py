@@ -1,0 +1,71 @@
+"""Issue 11: 8 reader processes at once against one, on one mount (cold, zstd).
+
+Each side: a fresh mount, page cache dropped, the chunk files split into
+contiguous runs (one per process), every process started and waiting before
+the clock starts, then released at once; the time is until the last exits.
+Aggregate throughput of 8 processes over that of 1 says whether the daemon's
+single request loop limits decoding (on N cores the ceiling is about N).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+from benchmarks.arrays import Spec, build, chunk_paths
+from benchmarks.common import Config, Result, drop_caches, median, mounted
+
+READER = (
+    "import sys\n"
+    "sys.stdin.read(1)\n"  # wait for the start signal
+    "n = 0\n"
+    "for p in sys.argv[1:]:\n"
+    "    with open(p, 'rb') as f:\n"
+    "        n += len(f.read())\n"
+    "print(n)\n"
+)
+
+
+def read_in_processes(paths: list[str], processes: int) -> tuple[float, int]:
+    """Seconds until `processes` readers (contiguous shares of `paths`) have all read theirs."""
+    share = -(-len(paths) // processes)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", READER, *paths[i * share:(i + 1) * share]],
+                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for i in range(processes)
+    ]
+    time.sleep(0.3)  # interpreters started (not timed; the start signal begins the clock)
+    t0 = time.perf_counter()
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("x")
+        p.stdin.close()
+    nbytes = sum(int(p.communicate()[0]) for p in procs)
+    elapsed = time.perf_counter() - t0
+    if any(p.returncode for p in procs):
+        raise RuntimeError("a reader process failed")
+    return elapsed, nbytes
+
+
+def bench_parallel(cfg: Config) -> list[Result]:
+    n = 4096 if cfg.quick else 8192
+    spec = Spec(f"zstd{n}", (n, n), (512, 512))
+    store = build(cfg, spec)
+    one, many, nbytes = [], [], 0
+    for _ in range(cfg.reps):
+        for count, runs in ((1, one), (8, many)):
+            with mounted([store]) as m:
+                paths = chunk_paths(m.path, spec.coords())
+                drop_caches(cfg)
+                t, nbytes = read_in_processes(paths, count)
+                runs.append(t)
+    t1, t8 = median(one), median(many)
+    cfg.log(f"  8 readers: {t8:.3f} s, 1 reader: {t1:.3f} s ({t1 / t8:.2f}x aggregate)")
+    return [Result(
+        name=f"parallel8_{spec.name}",
+        what=f"cold read of {len(spec.coords())} zstd chunk files by 8 processes at once vs 1 (same mount)",
+        zfuse_s=t8, ref_s=t1, ref_name="1 reader process, same files", nbytes=nbytes, ref_nbytes=nbytes,
+        ratio=t1 / t8, goal="report", met=None,
+        extra={"eight_runs_s": many, "one_runs_s": one},
+    )]
