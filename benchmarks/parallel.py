@@ -41,9 +41,10 @@ def read_in_processes(paths: list[str], processes: int) -> tuple[float, int]:
         assert p.stdin is not None
         p.stdin.write("x")
         p.stdin.close()
-    nbytes = sum(int(p.communicate()[0]) for p in procs)
+    outputs = [p.stdout.read() for p in procs if p.stdout is not None]
     elapsed = time.perf_counter() - t0
-    if any(p.returncode for p in procs):
+    nbytes = sum(int(out) for out in outputs)
+    if any(p.wait() for p in procs):
         raise RuntimeError("a reader process failed")
     return elapsed, nbytes
 
