@@ -32,6 +32,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import struct
 import threading
 import time
@@ -548,13 +549,29 @@ class WholeImage:
             n = self.planes * lv.tiles
             mode = None
             level_counts = np.full(n, lv.tile_bytes, dtype=np.uint64)
-            if lv.passthrough is not None:
+            if lv.passthrough is not None and self._unchecked_sizes(lv):
+                # Every well-formed stored chunk is exactly one tile: no size to look up
+                # (a chunk file of another size is served decoded, see _stored_piece).
+                mode = COMPRESSION_NONE
+            elif lv.passthrough is not None:
                 stored = self._stored_counts(lv)
                 if stored is not None:
                     level_counts, mode = stored, lv.passthrough[0]
             counts.append(level_counts)
             modes.append(mode)
         return counts, modes
+
+    @staticmethod
+    def _chunk_file(lv: _Level, coords: tuple[int, ...]) -> str | None:
+        """The local file of a stored chunk, when the store is a directory of whole chunks."""
+        stored_path = getattr(lv.array.source, "stored_chunk_path", None)
+        return stored_path(coords) if stored_path is not None else None
+
+    def _unchecked_sizes(self, lv: _Level) -> bool:
+        """Uncompressed passthrough from local chunk files without checksums: the byte
+        counts are the tile size, known without looking at the store."""
+        return (lv.passthrough == (COMPRESSION_NONE, 0)
+                and self._chunk_file(lv, (0,) * len(lv.array.source.shape)) is not None)
 
     def _stored_counts(self, lv: _Level) -> np.ndarray | None:
         """Byte counts of a passthrough level from the stored sizes, or None (decoded)."""
@@ -754,6 +771,53 @@ class WholeImage:
                     self._inflight.pop(key, None)
             return data
 
+    def _stored_piece(self, level: int, plane: int, tile: int, within: int, length: int) -> bytes | None:
+        """Bytes [within, within+length) of a passthrough tile read straight from its
+        stored chunk file (blocking), or None when the level has no such file.
+
+        A local store's chunk file *is* the tile's stream (no checksum to strip), so a
+        read takes just the range asked for: no whole-chunk fetch through zarr's event
+        loop and store threads, no copies, nothing kept (the OS page cache keeps it)."""
+        lv = self.levels[level]
+        if lv.passthrough is None or lv.passthrough[1]:
+            return None
+        assert self._modes is not None and self._counts is not None  # _read built the header
+        mode = self._modes[level]
+        if mode is None:
+            return None
+        coords = self._tile_chunk(lv, plane, tile)
+        path = self._chunk_file(lv, coords)
+        if path is None:
+            return None
+        expected = int(self._counts[level][plane * lv.tiles + tile])
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # nothing stored: the fill value
+            fill = self._fill_stream(lv, mode)
+            size, data = len(fill), fill[within : within + length]
+        else:
+            try:
+                size = os.fstat(fd).st_size
+                want = max(0, min(length, size - within))
+                data = os.pread(fd, want, within) if want else b""
+            finally:
+                os.close(fd)
+            if len(data) != want:
+                size = within + len(data)  # it shrank while we read: stale, below
+        if size != expected and mode == COMPRESSION_NONE and expected == lv.tile_bytes:
+            # Not a tile's worth of raw values (the header did not look): the decoder
+            # reads it, or says what is wrong with it, as for any decoded tile.
+            return self._assemble(lv, plane, tile)[within : within + length]
+        if size != expected:
+            why = (f"{self.label}: chunk {coords} of {lv.array.source.name or 'the array'} changed in "
+                   f"the store since this file was opened ({size} bytes, header says "
+                   f"{expected}); reopen the file")
+            self.invalidate(why)
+            raise StaleImageError(why)
+        if within == 0:
+            self.stats.count("tiles_passed_through")
+        return data
+
     def _passthrough_tile(self, lv: _Level, level: int, plane: int, tile: int, mode: int) -> bytes:
         assert lv.passthrough is not None and self._counts is not None
         coords = self._tile_chunk(lv, plane, tile)
@@ -848,10 +912,12 @@ class WholeImage:
                 if not blocking:
                     return None  # the header decides whether this level passes through
                 self.header()
-            data = self._tile(level, plane, tile) if blocking else self._tile_from_memory(level, plane, tile)
-            if data is None:
-                return None
-            piece = data[within : stop - pos + within]
+            piece = self._stored_piece(level, plane, tile, within, stop - pos) if blocking else None
+            if piece is None:
+                data = self._tile(level, plane, tile) if blocking else self._tile_from_memory(level, plane, tile)
+                if data is None:
+                    return None
+                piece = data[within : stop - pos + within]
             parts.append(piece + bytes(stop - pos - len(piece)))  # rest of the slot
             pos = stop
         return b"".join(parts) if len(parts) != 1 else parts[0]
