@@ -367,6 +367,43 @@ def test_straddling_reads_sharded_v2_zlib(tmp_path: Path, mount) -> None:
                     assert fh.read(n) == whole[at : at + n], (f, at, n)
 
 
+def test_uncompressed_passthrough_missing_and_bad_chunk_files(tmp_path: Path, mount) -> None:
+    """[image-2] [image-4] uncompressed tiles read from the chunk files: a missing chunk reads
+    as the fill value, a chunk file of the wrong size fails its own tile (EIO, logged with
+    the chunk) and nothing else; the file is not invalidated."""
+    a = zarr.create_array(str(tmp_path / "a.zarr"), shape=(2, 128, 192), chunks=(1, 64, 64), dtype="uint16",
+                          fill_value=7, compressors=None)
+    a[...] = expect = stores.values(a.shape, "uint16")
+    (tmp_path / "a.zarr" / "c" / "0" / "1" / "1").unlink()
+    expect[0, 64:128, 64:128] = 7
+    bad = tmp_path / "a.zarr" / "c" / "1" / "0" / "2"
+    bad.write_bytes(bad.read_bytes()[:100])
+    m = mount(tmp_path / "a.zarr", "-o", "ro")
+    img = in_process_image(tmp_path / "a.zarr", ("image.ome.tif",))
+    assert img.modes() == ["passthrough (none)"]
+    lv = img.levels[0]
+    fd = os.open(m.path / "image.ome.tif", os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no kernel read-ahead into the bad tile
+        assert lv.tile_bytes % 4096 == 0 and img.slot_offset(0, 0, 0) % 4096 == 0  # whole pages
+        for attempt in range(2):  # the bad tile does not spoil the file
+            for plane in range(2):
+                for tile in range(lv.tiles):
+                    ty, tx = divmod(tile, lv.tiles_across)
+                    at = img.slot_offset(0, plane, tile)
+                    if (plane, ty, tx) == (1, 0, 2):
+                        with pytest.raises(OSError) as e:
+                            os.pread(fd, 4096, at)
+                        assert e.value.errno == errno.EIO
+                        continue
+                    got = np.frombuffer(os.pread(fd, lv.tile_bytes, at), dtype="<u2").reshape(64, 64)
+                    np.testing.assert_array_equal(got, expect[plane, ty * 64 : ty * 64 + 64, tx * 64 : tx * 64 + 64],
+                                                  err_msg=f"attempt {attempt} plane {plane} tile {tile}")
+    finally:
+        os.close(fd)
+    assert "chunk (1, 0, 2)" in m.log() and "not the 8192" in m.log(), m.log()[-2000:]
+
+
 def test_concatenation(tmp_path: Path, mount) -> None:
     """[image-2] a --concat mount has its whole-image file (tiles across the boundary)."""
     a = stores.v3(tmp_path / "a.zarr", shape=(20, 30), chunks=(8, 16))

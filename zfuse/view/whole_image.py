@@ -45,7 +45,7 @@ from xml.sax.saxutils import quoteattr
 
 import numpy as np
 
-from zfuse.errors import CorruptDataError
+from zfuse.errors import CorruptDataError, ZfuseError
 from zfuse.stats import Stats
 from zfuse.view.tiff import tiff_unsupported_reason
 
@@ -806,8 +806,15 @@ class WholeImage:
                 size = within + len(data)  # it shrank while we read: stale, below
         if size != expected and mode == COMPRESSION_NONE and expected == lv.tile_bytes:
             # Not a tile's worth of raw values (the header did not look): the decoder
-            # reads it, or says what is wrong with it, as for any decoded tile.
-            return self._assemble(lv, plane, tile)[within : within + length]
+            # reads it, as for any decoded tile, or this tile fails, naming the chunk.
+            try:
+                return self._assemble(lv, plane, tile)[within : within + length]
+            except ZfuseError:
+                raise
+            except Exception as e:
+                raise CorruptDataError(
+                    f"{self.label}: chunk {coords} of {lv.array.source.name or 'the array'} ({path}) has "
+                    f"{size} bytes, not the {lv.tile_bytes} of its uncompressed values: {e}") from e
         if size != expected:
             why = (f"{self.label}: chunk {coords} of {lv.array.source.name or 'the array'} changed in "
                    f"the store since this file was opened ({size} bytes, header says "
