@@ -6,8 +6,10 @@ ImageConverter), GDAL (gdal_translate) and libvips (pyvips).
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
+import mmap
 import os
 import shutil
 import signal
@@ -36,7 +38,7 @@ from zfuse.view.whole_image import (
 import stores
 from conftest import REQUIRE_FUSE
 from readers import bf_convert, bf_image_info, fetch_bioformats_jar, gdal_region, vips_region
-from tools import requires
+from tools import requires, wait_until
 
 pytestmark = pytest.mark.mount
 
@@ -402,6 +404,56 @@ def test_uncompressed_passthrough_missing_and_bad_chunk_files(tmp_path: Path, mo
     finally:
         os.close(fd)
     assert "chunk (1, 0, 2)" in m.log() and "not the 8192" in m.log(), m.log()[-2000:]
+
+
+@pytest.mark.parametrize("compressors", [None, [ZstdCodec(level=1)]], ids=["passthrough", "decoded"])
+def test_reading_a_tile_reads_ahead_the_chunk_files_right_and_below(tmp_path: Path, mount, compressors) -> None:
+    """[image-3] reading a tile asks the OS to read the chunk files of the tiles right,
+    below and below right of it (a region reader needs them next), and no others; the
+    values read are unchanged."""
+    a = zarr.create_array(str(tmp_path / "a.zarr"), shape=(256, 256), chunks=(64, 64), dtype="uint16",
+                          fill_value=0, compressors=compressors)
+    a[...] = expect = stores.values(a.shape, "uint16")
+    m = mount(tmp_path / "a.zarr", "-o", "ro")
+    img = in_process_image(tmp_path / "a.zarr", ("image.ome.tif",))
+    files = {(i, j): tmp_path / "a.zarr" / "c" / str(i) / str(j) for i in range(4) for j in range(4)}
+
+    def cached(path: Path) -> bool:
+        """Whether the file's first page is in the page cache (mincore: looks, reads nothing)."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+            vec = (ctypes.c_ubyte * 1)()
+            try:
+                assert libc.mincore(addr, 4096, vec) == 0, os.strerror(ctypes.get_errno())
+            finally:
+                libc.munmap(addr, 4096)
+            return bool(vec[0] & 1)
+        finally:
+            os.close(fd)
+
+    for path in files.values():  # out of the page cache (clean pages: dropped at once)
+        fd = os.open(path, os.O_RDONLY)
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    assert not [k for k, p in files.items() if cached(p)]
+    fd = os.open(m.path / "image.ome.tif", os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no kernel read-ahead of this file
+        got = np.frombuffer(os.pread(fd, img.levels[0].tile_bytes, img.slot_offset(0, 0, 5)), dtype="<u2")
+    finally:
+        os.close(fd)
+    np.testing.assert_array_equal(got.reshape(64, 64), expect[64:128, 64:128])  # tile (1, 1)
+    wanted = {(1, 1), (1, 2), (2, 1), (2, 2)}
+    wait_until(lambda: all(cached(files[k]) for k in wanted), what="the neighbours' chunk files read ahead")
+    assert not [k for k, p in files.items() if k not in wanted and cached(p)]
 
 
 def test_concatenation(tmp_path: Path, mount) -> None:

@@ -68,6 +68,9 @@ _ALIGN = 16
 _HEADER_GAP = 4 << 20
 _TRAILER = 64 * 1024
 _TILE_CACHE_BYTES = 64 * 1024**2
+# Chunk files of tiles up to this size are read ahead (three neighbours): bigger
+# tiles would make the disk read more than a small region needs.
+_READ_AHEAD_MAX_TILE = 8 * 1024**2
 
 # TIFF field types and compressions
 _SHORT, _LONG, _ASCII, _LONG8 = 3, 4, 2, 16
@@ -417,6 +420,7 @@ class WholeImage:
         self._tiles_lock = threading.Lock()
         self._fills: dict[tuple[int, int], bytes] = {}
         self._inflight: dict[tuple[int, int, int], threading.Lock] = {}
+        self._advised: set[tuple[int, int, int]] = set()  # tiles whose chunk file was read ahead
 
     # -- layout -------------------------------------------------------------------
     def _entries(self, level: int, first: bool) -> list[int]:
@@ -748,6 +752,7 @@ class WholeImage:
         if mode is None:
             coords = self._direct_chunk(lv, plane, tile)
             if coords is not None:
+                self._read_ahead(level, plane, tile)
                 data = lv.array.pixel_bytes(coords)  # the chunk cache holds it (single flight)
                 if len(data) == lv.tile_bytes:
                     return data
@@ -771,6 +776,34 @@ class WholeImage:
                     self._inflight.pop(key, None)
             return data
 
+    def _read_ahead(self, level: int, plane: int, tile: int) -> None:
+        """Ask the OS to start reading the chunk files of the tiles a region reader needs
+        next: right, below and below right (the kernel's read-ahead of this file only
+        follows rows). Local chunk files only; the disk works while the reader does
+        (posix_fadvise WILLNEED: no thread, no decoding, nothing kept here)."""
+        key = (level, plane, tile)
+        lv = self.levels[level]
+        if key in self._advised or lv.tile_bytes > _READ_AHEAD_MAX_TILE:
+            return
+        if len(self._advised) > 65536:
+            self._advised.clear()
+        self._advised.add(key)
+        ty, tx = divmod(tile, lv.tiles_across)
+        for ny, nx in ((ty, tx + 1), (ty + 1, tx), (ty + 1, tx + 1)):
+            if ny >= lv.tiles_down or nx >= lv.tiles_across:
+                continue
+            path = self._chunk_file(lv, self._tile_chunk(lv, plane, ny * lv.tiles_across + nx))
+            if path is None:
+                return
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue  # not stored (fill value), or unreadable: the read will say
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            finally:
+                os.close(fd)
+
     def _stored_piece(self, level: int, plane: int, tile: int, within: int, length: int) -> bytes | None:
         """Bytes [within, within+length) of a passthrough tile read straight from its
         stored chunk file (blocking), or None when the level has no such file.
@@ -789,6 +822,8 @@ class WholeImage:
         path = self._chunk_file(lv, coords)
         if path is None:
             return None
+        if within == 0:
+            self._read_ahead(level, plane, tile)
         expected = int(self._counts[level][plane * lv.tiles + tile])
         try:
             fd = os.open(path, os.O_RDONLY)
