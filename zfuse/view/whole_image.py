@@ -752,7 +752,6 @@ class WholeImage:
         if mode is None:
             coords = self._direct_chunk(lv, plane, tile)
             if coords is not None:
-                self._read_ahead(level, plane, tile)
                 data = lv.array.pixel_bytes(coords)  # the chunk cache holds it (single flight)
                 if len(data) == lv.tile_bytes:
                     return data
@@ -785,6 +784,8 @@ class WholeImage:
         lv = self.levels[level]
         if key in self._advised or lv.tile_bytes > _READ_AHEAD_MAX_TILE:
             return
+        if (lv.tile_h, lv.tile_w) != (lv.chunk_h, lv.chunk_w) or any(n != 1 for n in lv.chunk_lead):
+            return  # tiles assembled from several chunks: no file per tile
         if len(self._advised) > 65536:
             self._advised.clear()
         self._advised.add(key)
@@ -822,8 +823,6 @@ class WholeImage:
         path = self._chunk_file(lv, coords)
         if path is None:
             return None
-        if within == 0:
-            self._read_ahead(level, plane, tile)
         expected = int(self._counts[level][plane * lv.tiles + tile])
         try:
             fd = os.open(path, os.O_RDONLY)
@@ -933,6 +932,7 @@ class WholeImage:
         if offset >= end:
             return b""
         parts: list[bytes] = []
+        touched: list[tuple[int, int, int]] = []  # tiles read from the store
         pos = offset
         if pos < self.data_start:
             header = self._header if not blocking else self.header()
@@ -955,6 +955,8 @@ class WholeImage:
                     return None  # the header decides whether this level passes through
                 self.header()
             piece = self._stored_piece(level, plane, tile, within, stop - pos) if blocking else None
+            if blocking:
+                touched.append((level, plane, tile))
             if piece is None:
                 data = self._tile(level, plane, tile) if blocking else self._tile_from_memory(level, plane, tile)
                 if data is None:
@@ -962,7 +964,10 @@ class WholeImage:
                 piece = data[within : stop - pos + within]
             parts.append(piece + bytes(stop - pos - len(piece)))  # rest of the slot
             pos = stop
-        return b"".join(parts) if len(parts) != 1 else parts[0]
+        data = b"".join(parts) if len(parts) != 1 else parts[0]
+        for key in touched:  # after these reads: the disk serves them first
+            self._read_ahead(*key)
+        return data
 
 
 _SERIALS = itertools.count(1)
