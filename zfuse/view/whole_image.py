@@ -37,7 +37,7 @@ import struct
 import threading
 import time
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -779,7 +779,7 @@ class WholeImage:
         """Ask the OS to start reading the chunk files of the tiles a region reader needs
         next: right, below and below right (the kernel's read-ahead of this file only
         follows rows). Local chunk files only; the disk works while the reader does
-        (posix_fadvise WILLNEED: no thread, no decoding, nothing kept here)."""
+        (posix_fadvise WILLNEED in a background thread: nothing decoded or kept here)."""
         key = (level, plane, tile)
         lv = self.levels[level]
         if key in self._advised or lv.tile_bytes > _READ_AHEAD_MAX_TILE:
@@ -790,20 +790,14 @@ class WholeImage:
             self._advised.clear()
         self._advised.add(key)
         ty, tx = divmod(tile, lv.tiles_across)
+        paths = []
         for ny, nx in ((ty, tx + 1), (ty + 1, tx), (ty + 1, tx + 1)):
-            if ny >= lv.tiles_down or nx >= lv.tiles_across:
-                continue
-            path = self._chunk_file(lv, self._tile_chunk(lv, plane, ny * lv.tiles_across + nx))
-            if path is None:
-                return
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue  # not stored (fill value), or unreadable: the read will say
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-            finally:
-                os.close(fd)
+            if ny < lv.tiles_down and nx < lv.tiles_across:
+                path = self._chunk_file(lv, self._tile_chunk(lv, plane, ny * lv.tiles_across + nx))
+                if path is None:
+                    return
+                paths.append(path)
+        _ADVISOR.will_need(paths)
 
     def _stored_piece(self, level: int, plane: int, tile: int, within: int, length: int) -> bytes | None:
         """Bytes [within, within+length) of a passthrough tile read straight from its
@@ -971,6 +965,49 @@ class WholeImage:
 
 
 _SERIALS = itertools.count(1)
+
+
+class _Advisor:
+    """One background thread that asks the OS to read files ahead (posix_fadvise
+    WILLNEED). Opening a file and mapping its blocks may wait on the disk (cold
+    inodes): a request being answered should not. Only the latest requests are kept
+    (a reader that moved on does not need the old ones)."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self._pending: deque[list[str]] = deque(maxlen=keep)
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def will_need(self, paths: list[str]) -> None:
+        if not paths:
+            return
+        with self._wake:
+            self._pending.append(paths)
+            if self._thread is None or not self._thread.is_alive():  # started on first use (after any fork)
+                self._thread = threading.Thread(target=self._run, name="zfuse-read-ahead", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._pending:
+                    self._wake.wait()
+                paths = self._pending.popleft()
+            for path in paths:
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except OSError:
+                    continue  # not stored (fill value), or unreadable: the read will say
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+
+
+_ADVISOR = _Advisor()
 
 
 def _setter(values: dict[int, tuple[int, int, bytes]]) -> Any:
