@@ -500,7 +500,7 @@ def test_reload_and_writes_invalidate(tmp_path: Path, mount) -> None:
     with EIO (reopen)."""
     root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
     arrays = {}
-    for name, codecs in (("zlib", [Zlib3(level=1)]), ("zstd", [ZstdCodec(level=1)])):
+    for name, codecs in (("zlib", [Zlib3(level=1)]), ("zstd", [ZstdCodec(level=1)]), ("raw", None)):
         a = root.create_array(name, shape=(40, 64), chunks=(16, 32), dtype="uint16", fill_value=0,
                               compressors=codecs)
         a[...] = stores.values(a.shape, "uint16")
@@ -526,9 +526,10 @@ def test_reload_and_writes_invalidate(tmp_path: Path, mount) -> None:
                 break
         else:
             pytest.fail("the reload never showed the new chunk")
-    held["zstd"].seek(0)  # decoded tiles: same layout, the open file reads the new store
-    with tifffile.TiffFile(held["zstd"]) as tf:
-        np.testing.assert_array_equal(tf.asarray(), arrays["zstd"][...])
+    for name in ("zstd", "raw"):  # decoded tiles, uncompressed tiles: same layout, the open file reads the new store
+        held[name].seek(0)
+        with tifffile.TiffFile(held[name]) as tf:
+            np.testing.assert_array_equal(tf.asarray(), arrays[name][...])
     held["zlib"].seek(0)  # passthrough: the byte counts changed
     with pytest.raises(OSError) as e:
         held["zlib"].read()
