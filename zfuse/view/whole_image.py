@@ -23,7 +23,11 @@ Layout (little endian; classic TIFF, BigTIFF when the file passes 4 GiB - 1):
 - Passthrough tiles (`passthrough_compression`): the stored chunk stream as
   is, when a TIFF compression reads it. The slot is the codec's worst-case
   size; the header's byte counts come from the stored sizes (a local store's
-  file sizes or a shard index), looked up when the header is first read.
+  file sizes or a shard index), looked up when the header is first read
+  (uncompressed chunks in local files: the tile size, nothing looked up).
+  A local chunk file is read by range, straight from the file.
+- Reading a tile that is one local chunk file asks the OS to read ahead the
+  files of the tiles right, below and below right (a region reader's next).
 """
 
 from __future__ import annotations
