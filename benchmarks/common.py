@@ -178,9 +178,10 @@ _COUNTER = [0]
 @contextlib.contextmanager
 def mounted(
     sources: Sequence[str | os.PathLike], *args: str, env: dict[str, str] | None = None,
-    timeout: float = 120,
+    timeout: float = 120, code: Path | None = None,
 ) -> Iterator[Mount]:
-    """A fresh `zfuse mount -f` daemon (its pid is the daemon's), always unmounted."""
+    """A fresh `zfuse mount -f` daemon (its pid is the daemon's), always unmounted;
+    the daemon is the zfuse of `code` (default: CODE)."""
     _COUNTER[0] += 1
     mnt = tmp_dir() / f"mnt{_COUNTER[0]}"
     mnt.mkdir(parents=True, exist_ok=True)
@@ -189,7 +190,7 @@ def mounted(
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
             cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env={**os.environ, **(env or {})}, cwd=str(CODE),
+            env={**os.environ, **(env or {})}, cwd=str(code or CODE),
         )
     m = Mount(proc, mnt, log_path)
     try:
