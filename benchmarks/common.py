@@ -144,13 +144,13 @@ _COUNTER = [0]
 @contextlib.contextmanager
 def mounted(
     sources: Sequence[str | os.PathLike], *args: str, env: dict[str, str] | None = None,
-    timeout: float = 120,
+    timeout: float = 120, code: Path | None = None,
 ) -> Iterator[Mount]:
-    """A fresh `zfuse mount -f` daemon of the code in CODE (its pid is the daemon's), always
-    unmounted; zfuse.testing.MountError if it does not come up."""
+    """A fresh `zfuse mount -f` daemon of the code in `code` (default: CODE; its pid is
+    the daemon's), always unmounted; zfuse.testing.MountError if it does not come up."""
     _COUNTER[0] += 1
-    m = start_mount(sources, tmp_dir() / f"mnt{_COUNTER[0]}", *args, timeout=timeout, env=env or {}, cwd=CODE,
-                    unmount_timeout=20, log_tail=3000)
+    m = start_mount(sources, tmp_dir() / f"mnt{_COUNTER[0]}", *args, timeout=timeout, env=env or {},
+                    cwd=code or CODE, unmount_timeout=20, log_tail=3000)
     try:
         yield m
     finally:

@@ -2,7 +2,10 @@
 
 1. Random 512x512 regions read through `image.ome.tif` with tifffile (`aszarr`,
    through zarr) on a fresh mount, against zarr-python reading the same
-   regions from the store in-process. Goal: >= 0.8x.
+   regions from the store in-process. Goal: >= 0.8x. Also reported: the same
+   reads from a plain local copy of the file (what the reader itself costs),
+   the daemon's CPU time, and with ZFUSE_BENCH_OTHER_CODE=CHECKOUT the daemon
+   of another checkout in the same repetitions (a before/after figure).
 2. Bio-Formats `ImageInfo -nopix` on the `pyramid.ome.tif` of a 64 GiB
    (sparse) OME-Zarr: wall time of the command (JVM start included), and no
    chunk decoded. Goal: < 2 s.
@@ -11,7 +14,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -30,10 +35,14 @@ from benchmarks.common import (
     median,
     mounted,
     timed,
+    tmp_dir,
 )
 from zfuse.testing import fetch_bioformats_jar
 
 REGION = 512
+# Another checkout whose daemon reads the same regions in the same repetitions
+# (interleaved, so a busy machine weighs on both alike): a "before" figure.
+OTHER_CODE = os.environ.get("ZFUSE_BENCH_OTHER_CODE")
 
 
 def regions(n: int, count: int, seed: int = 14) -> list[tuple[int, int]]:
@@ -55,23 +64,46 @@ def read_in_process(path: Path, where: list[tuple[int, int]]) -> int:
     return sum(int(arr[y : y + REGION, x : x + REGION].sum(dtype=np.uint64)) for y, x in where)
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def bench_regions(cfg: Config) -> list[Result]:
     n = 2048 if cfg.quick else 4096
     out = []
     for spec in (Spec(f"zstd{n}", (n, n), (512, 512)), Spec(f"raw{n}", (n, n), (512, 512), zstd=False)):
         path = build(cfg, spec)
         where = regions(n, 16 if cfg.quick else 48)
-        z_t, r_t = [], []
+        # the reader's own floor: the same file as a plain local file, read the same way
+        plain = tmp_dir() / f"{spec.name}.ome.tif"
+        with mounted([path], "-o", "ro") as m:
+            shutil.copyfile(m.path / "image.ome.tif", plain)
+        z_t, r_t, p_t, o_t, cpu = [], [], [], [], []
         for _ in range(cfg.reps):
             with mounted([path], "-o", "ro") as m:
                 drop_caches(cfg)
+                before = cpu_seconds(m.pid)
                 t, z_sum = timed(lambda m=m, where=where: read_through_mount(m.path / "image.ome.tif", where))
+                cpu.append(cpu_seconds(m.pid) - before)
                 z_t.append(t)
+            if OTHER_CODE:
+                with mounted([path], "-o", "ro", code=Path(OTHER_CODE)) as m:
+                    drop_caches(cfg)
+                    t, o_sum = timed(lambda m=m, where=where: read_through_mount(m.path / "image.ome.tif", where))
+                    o_t.append(t)
+                if o_sum != z_sum:
+                    raise AssertionError(f"{spec.name}: the other checkout's daemon read other values")
             drop_caches(cfg)
             t, r_sum = timed(lambda path=path, where=where: read_in_process(path, where))
             r_t.append(t)
-            if z_sum != r_sum:
+            drop_caches(cfg)
+            t, p_sum = timed(lambda plain=plain, where=where: read_through_mount(plain, where))
+            p_t.append(t)
+            if not z_sum == r_sum == p_sum:
                 raise AssertionError(f"{spec.name}: regions through the mount differ from zarr-python")
+        plain.unlink()
         nbytes = len(where) * REGION * REGION * 2
         zs, rs = median(z_t), median(r_t)
         ratio = rs / zs
@@ -81,7 +113,10 @@ def bench_regions(cfg: Config) -> list[Result]:
                  f"({'zstd chunks, decoded tiles' if spec.zstd else 'raw chunks, passthrough'}), cold mount",
             zfuse_s=zs, ref_s=rs, ref_name="zarr-python in-process", nbytes=nbytes, ref_nbytes=nbytes,
             ratio=ratio, goal=">= 0.8x", met=ratio >= 0.8,
-            extra={"zfuse_runs": z_t, "ref_runs": r_t},
+            extra={"zfuse_runs": z_t, "ref_runs": r_t, "daemon_cpu_s": cpu, "plain_file_runs": p_t,
+                   "plain_file_ratio": rs / median(p_t),
+                   **({"other_code": OTHER_CODE, "other_runs": o_t, "other_ratio": rs / median(o_t)}
+                      if OTHER_CODE else {})},
         ))
     return out
 

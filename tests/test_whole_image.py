@@ -6,8 +6,10 @@ ImageConverter), GDAL (gdal_translate) and libvips (pyvips).
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import json
+import mmap
 import os
 import shutil
 import signal
@@ -26,7 +28,7 @@ from zarr.codecs.numcodecs import Zlib as Zlib3
 from zfuse.daemon import MountConfig
 from zfuse.open_view import make_view
 from zfuse.stats import Stats
-from zfuse.testing import fetch_bioformats_jar, snapshot
+from zfuse.testing import fetch_bioformats_jar, snapshot, wait_until
 from zfuse.view.whole_image import (
     COMPRESSION_DEFLATE,
     COMPRESSION_NONE,
@@ -369,6 +371,93 @@ def test_straddling_reads_sharded_v2_zlib(tmp_path: Path, mount) -> None:
                     assert fh.read(n) == whole[at : at + n], (f, at, n)
 
 
+def test_uncompressed_passthrough_missing_and_bad_chunk_files(tmp_path: Path, mount) -> None:
+    """[image-2] [image-4] uncompressed tiles read from the chunk files: a missing chunk reads
+    as the fill value, a chunk file of the wrong size fails its own tile (EIO, logged with
+    the chunk) and nothing else; the file is not invalidated."""
+    a = zarr.create_array(str(tmp_path / "a.zarr"), shape=(2, 128, 192), chunks=(1, 64, 64), dtype="uint16",
+                          fill_value=7, compressors=None)
+    a[...] = expect = stores.values(a.shape, "uint16")
+    (tmp_path / "a.zarr" / "c" / "0" / "1" / "1").unlink()
+    expect[0, 64:128, 64:128] = 7
+    bad = tmp_path / "a.zarr" / "c" / "1" / "0" / "2"
+    bad.write_bytes(bad.read_bytes()[:100])
+    m = mount(tmp_path / "a.zarr", "-o", "ro")
+    img = in_process_image(tmp_path / "a.zarr", ("image.ome.tif",))
+    assert img.modes() == ["passthrough (none)"]
+    lv = img.levels[0]
+    fd = os.open(m.path / "image.ome.tif", os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no kernel read-ahead into the bad tile
+        assert lv.tile_bytes % 4096 == 0 and img.slot_offset(0, 0, 0) % 4096 == 0  # whole pages
+        for attempt in range(2):  # the bad tile does not spoil the file
+            for plane in range(2):
+                for tile in range(lv.tiles):
+                    ty, tx = divmod(tile, lv.tiles_across)
+                    at = img.slot_offset(0, plane, tile)
+                    if (plane, ty, tx) == (1, 0, 2):
+                        with pytest.raises(OSError) as e:
+                            os.pread(fd, 4096, at)
+                        assert e.value.errno == errno.EIO
+                        continue
+                    got = np.frombuffer(os.pread(fd, lv.tile_bytes, at), dtype="<u2").reshape(64, 64)
+                    np.testing.assert_array_equal(got, expect[plane, ty * 64 : ty * 64 + 64, tx * 64 : tx * 64 + 64],
+                                                  err_msg=f"attempt {attempt} plane {plane} tile {tile}")
+    finally:
+        os.close(fd)
+    assert "chunk (1, 0, 2)" in m.log() and "not the 8192" in m.log(), m.log()[-2000:]
+
+
+@pytest.mark.parametrize("compressors", [None, [ZstdCodec(level=1)]], ids=["passthrough", "decoded"])
+def test_reading_a_tile_reads_ahead_the_chunk_files_right_and_below(tmp_path: Path, mount, compressors) -> None:
+    """[image-3] reading a tile asks the OS to read the chunk files of the tiles right,
+    below and below right of it (a region reader needs them next), and no others; the
+    values read are unchanged."""
+    a = zarr.create_array(str(tmp_path / "a.zarr"), shape=(256, 256), chunks=(64, 64), dtype="uint16",
+                          fill_value=0, compressors=compressors)
+    a[...] = expect = stores.values(a.shape, "uint16")
+    m = mount(tmp_path / "a.zarr", "-o", "ro")
+    img = in_process_image(tmp_path / "a.zarr", ("image.ome.tif",))
+    files = {(i, j): tmp_path / "a.zarr" / "c" / str(i) / str(j) for i in range(4) for j in range(4)}
+
+    def cached(path: Path) -> bool:
+        """Whether the file's first page is in the page cache (mincore: looks, reads nothing)."""
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+            vec = (ctypes.c_ubyte * 1)()
+            try:
+                assert libc.mincore(addr, 4096, vec) == 0, os.strerror(ctypes.get_errno())
+            finally:
+                libc.munmap(addr, 4096)
+            return bool(vec[0] & 1)
+        finally:
+            os.close(fd)
+
+    for path in files.values():  # out of the page cache (clean pages: dropped at once)
+        fd = os.open(path, os.O_RDONLY)
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    assert not [k for k, p in files.items() if cached(p)]
+    fd = os.open(m.path / "image.ome.tif", os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no kernel read-ahead of this file
+        got = np.frombuffer(os.pread(fd, img.levels[0].tile_bytes, img.slot_offset(0, 0, 5)), dtype="<u2")
+    finally:
+        os.close(fd)
+    np.testing.assert_array_equal(got.reshape(64, 64), expect[64:128, 64:128])  # tile (1, 1)
+    wanted = {(1, 1), (1, 2), (2, 1), (2, 2)}
+    wait_until(lambda: all(cached(files[k]) for k in wanted), what="the neighbours' chunk files read ahead")
+    assert not [k for k, p in files.items() if k not in wanted and cached(p)]
+
+
 def test_concatenation(tmp_path: Path, mount) -> None:
     """[image-2] a --concat mount has its whole-image file (tiles across the boundary)."""
     a = stores.v3(tmp_path / "a.zarr", shape=(20, 30), chunks=(8, 16))
@@ -413,7 +502,7 @@ def test_reload_and_writes_invalidate(tmp_path: Path, mount) -> None:
     with EIO (reopen)."""
     root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
     arrays = {}
-    for name, codecs in (("zlib", [Zlib3(level=1)]), ("zstd", [ZstdCodec(level=1)])):
+    for name, codecs in (("zlib", [Zlib3(level=1)]), ("zstd", [ZstdCodec(level=1)]), ("raw", None)):
         a = root.create_array(name, shape=(40, 64), chunks=(16, 32), dtype="uint16", fill_value=0,
                               compressors=codecs)
         a[...] = stores.values(a.shape, "uint16")
@@ -439,9 +528,10 @@ def test_reload_and_writes_invalidate(tmp_path: Path, mount) -> None:
                 break
         else:
             pytest.fail("the reload never showed the new chunk")
-    held["zstd"].seek(0)  # decoded tiles: same layout, the open file reads the new store
-    with tifffile.TiffFile(held["zstd"]) as tf:
-        np.testing.assert_array_equal(tf.asarray(), arrays["zstd"][...])
+    for name in ("zstd", "raw"):  # decoded tiles, uncompressed tiles: same layout, the open file reads the new store
+        held[name].seek(0)
+        with tifffile.TiffFile(held[name]) as tf:
+            np.testing.assert_array_equal(tf.asarray(), arrays[name][...])
     held["zlib"].seek(0)  # passthrough: the byte counts changed
     with pytest.raises(OSError) as e:
         held["zlib"].read()

@@ -697,6 +697,19 @@ class ZarrChunkSource(ChunkSource):
                 continue
         return out
 
+    def stored_chunk_path(self, coords: Coords) -> str | None:
+        """The local file that holds chunk `coords` as stored (it may not exist), when the
+        store is a local directory and a chunk is one whole object (not sharded, no
+        transformers); None otherwise. No I/O: readers of stored bytes can then read
+        just the range they need instead of the whole object through zarr."""
+        root = getattr(self, "_chunk_root", False)
+        if root is False:
+            direct = self.sharding is None and not self._has_transformers()
+            root = self._chunk_root = self._local_root() if direct else None
+        if root is None:
+            return None
+        return os.path.join(root, self.prefix + self._encode_storage_key(coords))
+
     def read_stored(self, coords: Coords) -> bytes | None:
         """Chunk `coords` as stored (an inner chunk's bytes for sharded arrays), not
         decoded; None when nothing is stored."""

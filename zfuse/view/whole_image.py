@@ -23,7 +23,11 @@ Layout (little endian; classic TIFF, BigTIFF when the file passes 4 GiB - 1):
 - Passthrough tiles (`passthrough_compression`): the stored chunk stream as
   is, when a TIFF compression reads it. The slot is the codec's worst-case
   size; the header's byte counts come from the stored sizes (a local store's
-  file sizes or a shard index), looked up when the header is first read.
+  file sizes or a shard index), looked up when the header is first read
+  (uncompressed chunks in local files: the tile size, nothing looked up).
+  A local chunk file is read by range, straight from the file.
+- Reading a tile that is one local chunk file asks the OS to read ahead the
+  files of the tiles right, below and below right (a region reader's next).
 """
 
 from __future__ import annotations
@@ -32,11 +36,12 @@ import itertools
 import json
 import logging
 import math
+import os
 import struct
 import threading
 import time
 import zlib
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -44,7 +49,7 @@ from xml.sax.saxutils import quoteattr
 
 import numpy as np
 
-from zfuse.errors import CorruptDataError
+from zfuse.errors import CorruptDataError, ZfuseError
 from zfuse.stats import Stats
 from zfuse.view.tiff import tiff_unsupported_reason
 from zfuse.view.tiff_meta import ome_axes  # the chunk files' reading of OME-Zarr axes
@@ -68,6 +73,9 @@ _ALIGN = 16
 _HEADER_GAP = 4 << 20
 _TRAILER = 64 * 1024
 _TILE_CACHE_BYTES = 64 * 1024**2
+# Chunk files of tiles up to this size are read ahead (three neighbours): bigger
+# tiles would make the disk read more than a small region needs.
+_READ_AHEAD_MAX_TILE = 8 * 1024**2
 
 # TIFF field types and compressions
 _SHORT, _LONG, _ASCII, _LONG8 = 3, 4, 2, 16
@@ -417,6 +425,7 @@ class WholeImage:
         self._tiles_lock = threading.Lock()
         self._fills: dict[tuple[int, int], bytes] = {}
         self._inflight: dict[tuple[int, int, int], threading.Lock] = {}
+        self._advised: set[tuple[int, int, int]] = set()  # tiles whose chunk file was read ahead
 
     # -- layout -------------------------------------------------------------------
     def _entries(self, level: int, first: bool) -> list[int]:
@@ -549,13 +558,29 @@ class WholeImage:
             n = self.planes * lv.tiles
             mode = None
             level_counts = np.full(n, lv.tile_bytes, dtype=np.uint64)
-            if lv.passthrough is not None:
+            if lv.passthrough is not None and self._unchecked_sizes(lv):
+                # Every well-formed stored chunk is exactly one tile: no size to look up
+                # (a chunk file of another size is served decoded, see _stored_piece).
+                mode = COMPRESSION_NONE
+            elif lv.passthrough is not None:
                 stored = self._stored_counts(lv)
                 if stored is not None:
                     level_counts, mode = stored, lv.passthrough[0]
             counts.append(level_counts)
             modes.append(mode)
         return counts, modes
+
+    @staticmethod
+    def _chunk_file(lv: _Level, coords: tuple[int, ...]) -> str | None:
+        """The local file of a stored chunk, when the store is a directory of whole chunks."""
+        stored_path = getattr(lv.array.source, "stored_chunk_path", None)
+        return stored_path(coords) if stored_path is not None else None
+
+    def _unchecked_sizes(self, lv: _Level) -> bool:
+        """Uncompressed passthrough from local chunk files without checksums: the byte
+        counts are the tile size, known without looking at the store."""
+        return (lv.passthrough == (COMPRESSION_NONE, 0)
+                and self._chunk_file(lv, (0,) * len(lv.array.source.shape)) is not None)
 
     def _stored_counts(self, lv: _Level) -> np.ndarray | None:
         """Byte counts of a passthrough level from the stored sizes, or None (decoded)."""
@@ -755,6 +780,84 @@ class WholeImage:
                     self._inflight.pop(key, None)
             return data
 
+    def _read_ahead(self, level: int, plane: int, tile: int) -> None:
+        """Ask the OS to start reading the chunk files of the tiles a region reader needs
+        next: right, below and below right (the kernel's read-ahead of this file only
+        follows rows). Local chunk files only; the disk works while the reader does
+        (posix_fadvise WILLNEED in a background thread: nothing decoded or kept here)."""
+        key = (level, plane, tile)
+        lv = self.levels[level]
+        if key in self._advised or lv.tile_bytes > _READ_AHEAD_MAX_TILE:
+            return
+        if (lv.tile_h, lv.tile_w) != (lv.chunk_h, lv.chunk_w) or any(n != 1 for n in lv.chunk_lead):
+            return  # tiles assembled from several chunks: no file per tile
+        if len(self._advised) > 65536:
+            self._advised.clear()
+        self._advised.add(key)
+        ty, tx = divmod(tile, lv.tiles_across)
+        paths = []
+        for ny, nx in ((ty, tx + 1), (ty + 1, tx), (ty + 1, tx + 1)):
+            if ny < lv.tiles_down and nx < lv.tiles_across:
+                path = self._chunk_file(lv, self._tile_chunk(lv, plane, ny * lv.tiles_across + nx))
+                if path is None:
+                    return
+                paths.append(path)
+        _ADVISOR.will_need(paths)
+
+    def _stored_piece(self, level: int, plane: int, tile: int, within: int, length: int) -> bytes | None:
+        """Bytes [within, within+length) of a passthrough tile read straight from its
+        stored chunk file (blocking), or None when the level has no such file.
+
+        A local store's chunk file *is* the tile's stream (no checksum to strip), so a
+        read takes just the range asked for: no whole-chunk fetch through zarr's event
+        loop and store threads, no copies, nothing kept (the OS page cache keeps it)."""
+        lv = self.levels[level]
+        if lv.passthrough is None or lv.passthrough[1]:
+            return None
+        assert self._modes is not None and self._counts is not None  # _read built the header
+        mode = self._modes[level]
+        if mode is None:
+            return None
+        coords = self._tile_chunk(lv, plane, tile)
+        path = self._chunk_file(lv, coords)
+        if path is None:
+            return None
+        expected = int(self._counts[level][plane * lv.tiles + tile])
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:  # nothing stored: the fill value
+            fill = self._fill_stream(lv, mode)
+            size, data = len(fill), fill[within : within + length]
+        else:
+            try:
+                size = os.fstat(fd).st_size
+                want = max(0, min(length, size - within))
+                data = os.pread(fd, want, within) if want else b""
+            finally:
+                os.close(fd)
+            if len(data) != want:
+                size = within + len(data)  # it shrank while we read: stale, below
+        if size != expected and mode == COMPRESSION_NONE and expected == lv.tile_bytes:
+            # Not a tile's worth of raw values (the header did not look): the decoder
+            # reads it, as for any decoded tile, or this tile fails, naming the chunk.
+            try:
+                return self._assemble(lv, plane, tile)[within : within + length]
+            except ZfuseError:
+                raise
+            except Exception as e:
+                raise CorruptDataError(
+                    f"{self.label}: chunk {coords} of {lv.array.source.name or 'the array'} ({path}) has "
+                    f"{size} bytes, not the {lv.tile_bytes} of its uncompressed values: {e}") from e
+        if size != expected:
+            why = (f"{self.label}: chunk {coords} of {lv.array.source.name or 'the array'} changed in "
+                   f"the store since this file was opened ({size} bytes, header says "
+                   f"{expected}); reopen the file")
+            self.invalidate(why)
+            raise StaleImageError(why)
+        if within == 0:
+            self.stats.count("tiles_passed_through")
+        return data
+
     def _passthrough_tile(self, lv: _Level, level: int, plane: int, tile: int, mode: int) -> bytes:
         assert lv.passthrough is not None and self._counts is not None
         coords = self._tile_chunk(lv, plane, tile)
@@ -828,6 +931,7 @@ class WholeImage:
         if offset >= end:
             return b""
         parts: list[bytes | memoryview] = []
+        touched: list[tuple[int, int, int]] = []  # tiles read from the store
         pos = offset
         if pos < self.data_start:
             header = self._header if not blocking else self.header()
@@ -849,18 +953,68 @@ class WholeImage:
                 if not blocking:
                     return None  # the header decides whether this level passes through
                 self.header()
-            data = self._tile(level, plane, tile) if blocking else self._tile_from_memory(level, plane, tile)
-            if data is None:
-                return None
-            piece = data[within : stop - pos + within]  # a view of a cached chunk: no copy
+            piece = self._stored_piece(level, plane, tile, within, stop - pos) if blocking else None
+            if blocking:
+                touched.append((level, plane, tile))
+            if piece is None:
+                data = self._tile(level, plane, tile) if blocking else self._tile_from_memory(level, plane, tile)
+                if data is None:
+                    return None
+                piece = data[within : stop - pos + within]  # a view of a cached chunk: no copy
             parts.append(piece)
             if len(piece) < stop - pos:
                 parts.append(bytes(stop - pos - len(piece)))  # rest of the slot
             pos = stop
-        return b"".join(parts) if len(parts) != 1 else parts[0]
+        data = b"".join(parts) if len(parts) != 1 else parts[0]
+        for key in touched:  # after these reads: the disk serves them first
+            self._read_ahead(*key)
+        return data
 
 
 _SERIALS = itertools.count(1)
+
+
+class _Advisor:
+    """One background thread that asks the OS to read files ahead (posix_fadvise
+    WILLNEED). Opening a file and mapping its blocks may wait on the disk (cold
+    inodes): a request being answered should not. Only the latest requests are kept
+    (a reader that moved on does not need the old ones)."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self._pending: deque[list[str]] = deque(maxlen=keep)
+        self._wake = threading.Condition()
+        self._thread: threading.Thread | None = None
+
+    def will_need(self, paths: list[str]) -> None:
+        if not paths:
+            return
+        with self._wake:
+            self._pending.append(paths)
+            if self._thread is None or not self._thread.is_alive():  # started on first use (after any fork)
+                self._thread = threading.Thread(target=self._run, name="zfuse-read-ahead", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._wake:
+                while not self._pending:
+                    self._wake.wait()
+                paths = self._pending.popleft()
+            for path in paths:
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except OSError:
+                    continue  # not stored (fill value), or unreadable: the read will say
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
+
+
+_ADVISOR = _Advisor()
 
 
 def _setter(values: dict[int, tuple[int, int, bytes]]) -> Any:
