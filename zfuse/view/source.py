@@ -862,7 +862,11 @@ class ZarrChunkSource(ChunkSource):
             try:
                 if self.sharding is None and self._direct and self._sync_encode:
                     encoded = self._encode_in_this_thread(coords, self.full_chunk(clipped))
-                    sync(self._set_chunk(coords, encoded))  # store I/O on zarr's event loop
+                    local = self._local_store()
+                    if local is not None and local.local_writer:
+                        self._set_chunk_local(local, coords, encoded)  # in this worker thread
+                    else:
+                        sync(self._set_chunk(coords, encoded))  # store I/O on zarr's event loop
                 elif self.sharding is None and self._direct:
                     sync(self._write_stored_chunk(coords, self.full_chunk(clipped)))
                 else:
@@ -884,6 +888,13 @@ class ZarrChunkSource(ChunkSource):
         if encoded is None:  # cannot happen with write_empty_chunks semantics; be safe
             raise CorruptDataError(f"{key}: the codecs produced no bytes")
         await self.store.set(key, encoded)
+
+    def _set_chunk_local(self, local: Any, coords: Coords, encoded: Any) -> None:
+        """`_set_chunk` on a local store, without zarr's event loop (the mirror of `_fetch_local`)."""
+        key = self.prefix + self._encode_storage_key(coords)
+        if encoded is None:
+            raise CorruptDataError(f"{key}: the codecs produced no bytes")
+        local.set_local(key, encoded)
 
     def _encode_in_this_thread(self, coords: Coords, full: np.ndarray) -> Any:
         """Encode with the codecs' synchronous methods (the mirror of reading)."""
