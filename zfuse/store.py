@@ -213,6 +213,13 @@ class MeteredStore(WrapperStore[Store]):
             self.stats.count(f"store_bytes_{kind}", len(result))
         return result
 
+    def exists_local(self, key: str) -> bool:
+        """`exists` of a local store, synchronously, counted the same way (as `get_local`)."""
+        root = self.local_root
+        assert root is not None
+        self.stats.count("store_exists")
+        return os.path.isfile(os.path.join(root, key))
+
     async def get_partial_values(
         self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
     ) -> list[Buffer | None]:

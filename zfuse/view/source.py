@@ -588,8 +588,15 @@ class ZarrChunkSource(ChunkSource):
         if not self.in_grid(coords):
             return False
         if self.sharding is None:
-            return bool(sync(self.store.exists(self.prefix + self._encode_storage_key(coords))))
-        index = sync(self._shard_index(self._storage_coords(coords)))
+            key = self.prefix + self._encode_storage_key(coords)
+            local = self._local_store()
+            if local is not None:  # in this worker thread, as `_fetch_local` reads
+                return local.exists_local(key)
+            return bool(sync(self.store.exists(key)))
+        shard = self._storage_coords(coords)
+        index = self._index_cache.get((id(self), self.prefix + self._encode_storage_key(shard)))
+        if index is None:  # not cached: read (and cache) it on zarr's event loop
+            index = sync(self._shard_index(shard))
         return index is not None and index.get_chunk_slice(coords) is not None
 
     async def _load_indexes(self, shard_coords: Sequence[Coords]) -> list[Any]:
