@@ -63,10 +63,12 @@ class AtomicLocalStore(LocalStore):
         path = Path(self.root) / key
         await asyncio.to_thread(_atomic_write, path, value.as_buffer_like(), self.durable)
 
-    def set_sync(self, key: str, value: Buffer) -> None:
-        """`set`, in the calling thread (zfuse's worker threads write chunks this way)."""
+    def set_sync(self, key: str, value: Buffer | list[Any]) -> None:
+        """`set`, in the calling thread (zfuse's worker threads write chunks this way);
+        `value` may be a list of bytes-like parts, stored one after another."""
         self._check_writable()
-        _atomic_write(Path(self.root) / key, value.as_buffer_like(), self.durable)
+        data = value if isinstance(value, list) else value.as_buffer_like()
+        _atomic_write(Path(self.root) / key, data, self.durable)
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[str]:  # type: ignore[override]
         await self._ensure_open()
@@ -128,8 +130,9 @@ def _walk_keys(root: str, prefix: str) -> list[str]:
 
 
 def _atomic_write(path: Path, data: Any, durable: bool = True) -> None:
-    """Write `data` (any bytes-like object) to `path` through a temporary file in the same
-    directory and a rename; `durable`: fdatasync before the rename."""
+    """Write `data` (a bytes-like object, or a list of them written one after another) to
+    `path` through a temporary file in the same directory and a rename; `durable`:
+    fdatasync before the rename."""
     try:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     except FileNotFoundError:  # a new key directory (the common case needs no mkdir)
@@ -137,9 +140,10 @@ def _atomic_write(path: Path, data: Any, durable: bool = True) -> None:
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         try:
-            view = memoryview(data).cast("B")
-            while view:
-                view = view[os.write(fd, view):]
+            for part in data if isinstance(data, list) else [data]:
+                view = memoryview(part).cast("B")
+                while view:
+                    view = view[os.write(fd, view):]
             if durable:
                 os.fdatasync(fd)  # data (and its size) on disk before the rename
         finally:
@@ -238,13 +242,15 @@ class MeteredStore(WrapperStore[Store]):
         """Whether `set_local` can write: this wraps zfuse's own local store directly."""
         return type(self._store) is AtomicLocalStore and not self._store.read_only
 
-    def set_local(self, key: str, value: Buffer) -> None:
+    def set_local(self, key: str, value: Buffer | list[Any]) -> None:
         """`set` of zfuse's local store, synchronously, counted the same way: the
         calling worker thread writes the file itself, instead of hopping onto zarr's
-        event loop and from there to its executor (the mirror of `get_local`)."""
+        event loop and from there to its executor (the mirror of `get_local`).
+        `value` may be a list of bytes-like parts (a shard: no joined copy)."""
         assert isinstance(self._store, AtomicLocalStore)
         self.stats.count("store_set")
-        self.stats.count("store_bytes_written", len(value))
+        size = sum(memoryview(v).nbytes for v in value) if isinstance(value, list) else len(value)
+        self.stats.count("store_bytes_written", size)
         self._store.set_sync(key, value)
 
     async def set(self, key: str, value: Buffer) -> None:

@@ -866,8 +866,11 @@ class ZarrChunkSource(ChunkSource):
         region = self.chunk_region(coords)
         clipped = data[tuple(slice(0, r.stop - r.start) for r in region)]
         with self._lock_for(coords):
+            new_index = None
             try:
-                if self.sharding is None and self._direct and self._sync_encode:
+                if self.sharding is not None and self._direct and self._local_shard_writes():
+                    new_index = self._write_inner_chunk_local(coords, self.full_chunk(clipped))
+                elif self.sharding is None and self._direct and self._sync_encode:
                     encoded = self._encode_in_this_thread(coords, self.full_chunk(clipped))
                     local = self._local_store()
                     if local is not None and local.local_writer:
@@ -880,6 +883,91 @@ class ZarrChunkSource(ChunkSource):
                     self._writer[region] = clipped  # zarr rewrites the shard
             finally:
                 self._forget_index(coords)
+                if new_index is not None:  # the shard just written: no need to read it back
+                    key, index = new_index
+                    self._index_cache.put((id(self), key), index, index.offsets_and_lengths.nbytes + 256)
+
+    def _local_shard_writes(self) -> bool:
+        """Whether an inner chunk can be written into its shard in this worker thread:
+        a local store, and inner and index codecs that all encode and decode synchronously."""
+        found = getattr(self, "_shard_writes", None)
+        if found is None:
+            from zarr.abc.codec import ArrayBytesCodec, BytesBytesCodec
+
+            local = self._local_store()
+            codecs = [*self.sharding.codecs, *self.sharding.index_codecs]
+            found = (
+                local is not None and local.local_writer and self._sync_codecs is not None
+                and len(self.array.metadata.codecs) == 1  # no codec over the whole shard
+                and all(hasattr(c, "_encode_sync") and hasattr(c, "_decode_sync") for c in codecs)
+                and isinstance(self.sharding.index_codecs[0], ArrayBytesCodec)
+                and all(isinstance(c, BytesBytesCodec) for c in self.sharding.index_codecs[1:])
+            )
+            self._shard_writes = found
+        return found
+
+    def _write_inner_chunk_local(self, coords: Coords, full: np.ndarray) -> tuple[str, Any]:
+        """Store inner chunk `coords` into its shard, in this worker thread: read the shard,
+        encode the chunk, lay the shard out again as zarr does (inner chunks in Morton
+        order, then the index, or the index first) and replace it atomically. zarr's own
+        partial shard write does the same with several thread switches per step.
+        Returns the shard's key and new index (for the index cache)."""
+        from zarr.codecs.sharding import MAX_UINT_64, ShardingCodecIndexLocation, _ShardIndex
+        from zarr.core.indexing import morton_order_iter
+
+        sharding, local = self.sharding, self._local_store()
+        cps = tuple(self.chunks_per_shard)
+        key = self.prefix + self._encode_storage_key(self._storage_coords(coords))
+        index_spec = sharding._get_index_chunk_spec(cps)
+        index_size = sharding._shard_index_size(cps)
+        index_first = sharding.index_location == ShardingCodecIndexLocation.start
+        proto = default_buffer_prototype()
+        stored = local.get_local(key)
+        parts: dict[tuple[int, ...], memoryview] = {}
+        if stored is not None:
+            if len(stored) < index_size:
+                raise CorruptDataError(f"{key}: shard of {len(stored)} bytes is shorter than its index")
+            raw = stored[:index_size] if index_first else stored[len(stored) - index_size:]
+            buf = proto.buffer.from_bytes(raw)
+            try:
+                for codec in reversed(sharding.index_codecs[1:]):
+                    buf = codec._decode_sync(buf, index_spec)
+                old = sharding.index_codecs[0]._decode_sync(buf, index_spec).as_numpy_array()
+            except Exception as e:  # a bad checksum: never overwrite what cannot be read
+                raise CorruptDataError(f"{key}: unreadable shard index: {e}") from e
+            data = memoryview(stored)
+            for local_coords in np.argwhere(old[..., 0] != MAX_UINT_64):
+                at = tuple(int(v) for v in local_coords)
+                start, length = (int(v) for v in old[at])
+                if start + length > len(stored):
+                    raise CorruptDataError(f"{key}: inner chunk {at} lies outside the stored shard")
+                parts[at] = data[start : start + length]
+        spec = self._chunk_spec(coords)
+        serializer, bytes_codecs = self._sync_codecs
+        encoded = serializer._encode_sync(proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype)), spec)
+        for codec in bytes_codecs:
+            encoded = codec._encode_sync(encoded, spec)
+        parts[tuple(c % n for c, n in zip(coords, cps, strict=True))] = memoryview(encoded.as_numpy_array()).cast("B")
+        index = _ShardIndex(np.full((*cps, 2), MAX_UINT_64, dtype=np.uint64))
+        ordered = []
+        at = index_size if index_first else 0
+        for local_coords in morton_order_iter(cps):
+            part = parts.get(local_coords)
+            if part is None or len(part) == 0:
+                continue
+            index.offsets_and_lengths[local_coords] = (at, len(part))
+            ordered.append(part)
+            at += len(part)
+        index_buf = sharding.index_codecs[0]._encode_sync(proto.nd_buffer.from_numpy_array(index.offsets_and_lengths), index_spec)
+        for codec in sharding.index_codecs[1:]:
+            index_buf = codec._encode_sync(index_buf, index_spec)
+        index_bytes = index_buf.as_numpy_array().tobytes()
+        if index_first:
+            ordered.insert(0, index_bytes)
+        else:
+            ordered.append(index_bytes)
+        local.set_local(key, ordered)
+        return key, index
 
     async def _write_stored_chunk(self, coords: Coords, full: np.ndarray) -> None:
         """Encode one whole chunk with the codec pipeline and store it (one set)."""
