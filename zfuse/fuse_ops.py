@@ -65,7 +65,7 @@ def _entry_attributes(attrs: Attributes) -> pyfuse3.EntryAttributes:
     out.st_uid = attrs.uid
     out.st_gid = attrs.gid
     out.st_atime_ns = out.st_mtime_ns = out.st_ctime_ns = attrs.mtime_ns
-    out.st_blksize = 1 << 20  # cp and cat size their buffers by it: one request per MiB (max_write)
+    out.st_blksize = 131072
     out.st_blocks = (attrs.size + 511) >> 9
     out.attr_timeout = out.entry_timeout = attrs.timeout
     return out
