@@ -454,3 +454,86 @@ def test_ome_tczyx_chunk_takes_pages_in_imagej_order() -> None:
     cut = tiff_bytes(np.ascontiguousarray(crop.transpose(0, 2, 1, 3, 4)).reshape(-1, 5, 6))
     got = decode(cut, chunk_shape=chunk.shape, dtype="u2", cropped_shape=crop.shape, layout=layout)
     np.testing.assert_array_equal(got, crop)
+
+
+# ------------------------------------------------- plain images (no tifffile parse)
+
+PLAIN_DTYPES = ["u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f2", "f4", "f8"]
+
+
+def _tifffile_pixels(data: bytes) -> np.ndarray:
+    with tifffile.TiffFile(io.BytesIO(data)) as tif:
+        return tif.pages[0].asarray()
+
+
+@pytest.mark.parametrize("dtype", PLAIN_DTYPES)
+def test_plain_image_is_decoded_without_tifffile_and_agrees(dtype: str) -> None:
+    """One uncompressed grayscale page (what tifffile and libtiff write for a 2-D
+    chunk) is read straight from its strips: the same values tifffile decodes,
+    in either byte order, one strip or many, full or cropped edge chunk."""
+    from zfuse.view.tiff_input import _plain_image
+
+    a = sample((40, 50), dtype)
+    for kw in ({}, {"byteorder": ">"}, {"rowsperstrip": 7}, {"rowsperstrip": 7, "byteorder": ">"},
+               {"description": "a note"}, {"metadata": {"axes": "YX"}}):
+        data = tiff_bytes(a, **kw)
+        fast = _plain_image(memoryview(data), [(40, 50)], np.dtype(dtype), None)
+        assert fast is not None, kw
+        np.testing.assert_array_equal(fast, _tifffile_pixels(data))
+        assert fast.dtype == np.dtype(dtype) and fast.flags.writeable
+        assert_decodes(data, a)
+        assert_decodes(data, a[None])  # a (1, Y, X) chunk: one page
+    crop = sample((40, 13), dtype)
+    got = decode(tiff_bytes(crop), chunk_shape=(40, 50), dtype=dtype, cropped_shape=(40, 13))
+    np.testing.assert_array_equal(got, crop)
+    layout = plan_layout((40, 50), dtype)
+    assert_decodes(tiff_bytes(a), a, layout=layout)
+
+
+def test_plain_image_refuses_what_it_does_not_know() -> None:
+    """Anything but the plainest page goes to the full parse (which decides)."""
+    from zfuse.view.tiff_input import _plain_image
+
+    a = sample((40, 50), "u2")
+    others = {
+        "deflate": tiff_bytes(a, compression="zlib"),
+        "tiled": tiff_bytes(a, tile=(16, 16)),
+        "bigtiff": tiff_bytes(a, bigtiff=True),
+        "imagej": tiff_bytes(a, imagej=True, photometric=None, metadata={}),
+        "miniswhite": tiff_bytes(a, photometric="miniswhite"),
+        "two pages": tiff_bytes(np.stack([a, a])),
+        "other dtype": tiff_bytes(a.astype("i2")),
+        "other shape": tiff_bytes(a[:, :49]),
+        "extra tag": tiff_bytes(a, extratags=[(700, "B", 3, b"xmp", True)]),
+        "not a tiff": b"\x89PNG\r\n\x1a\n" + bytes(100),
+    }
+    for name, data in others.items():
+        assert _plain_image(memoryview(data), [(40, 50)], np.dtype("u2"), None) is None, name
+    assert_invalid(others["other dtype"], "int16", chunk_shape=(40, 50))
+    assert_invalid(others["other shape"], "shape", chunk_shape=(40, 50))
+    np.testing.assert_array_equal(decode(others["miniswhite"], chunk_shape=(40, 50), dtype="u2"), a)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(cut=st.integers(0, 400), flip=st.integers(0, 400), value=st.integers(0, 255),
+       strips=st.sampled_from([None, 7]), big_endian=st.booleans())
+def test_plain_image_mangled_never_differs_from_tifffile(
+    cut: int, flip: int, value: int, strips: int | None, big_endian: bool
+) -> None:
+    """A corrupted plain page is read without tifffile only if tifffile reads the
+    same values from it; otherwise the full parse decides (array or InvalidTiffError)."""
+    from zfuse.view.tiff_input import _plain_image
+
+    a = sample((20, 30), "u2")
+    base = tiff_bytes(a, rowsperstrip=strips, byteorder=">" if big_endian else "<")
+    data = bytearray(base[: max(8, len(base) - cut)])
+    data[flip % min(len(data), 400)] = value  # the header and IFD, where a flip changes meaning
+    fast = _plain_image(memoryview(data), [(20, 30)], np.dtype("u2"), None)
+    if fast is not None:
+        np.testing.assert_array_equal(fast, _tifffile_pixels(bytes(data)))
+    try:
+        got = decode(bytes(data), chunk_shape=(20, 30), dtype="u2")
+    except InvalidTiffError:
+        assert fast is None
+        return
+    assert got.shape == (20, 30) and got.dtype == np.uint16

@@ -61,7 +61,14 @@ class AtomicLocalStore(LocalStore):
         await self._ensure_open()
         self._check_writable()
         path = Path(self.root) / key
-        await asyncio.to_thread(_atomic_write, path, value.to_bytes(), self.durable)
+        await asyncio.to_thread(_atomic_write, path, value.as_buffer_like(), self.durable)
+
+    def set_sync(self, key: str, value: Buffer | list[Any]) -> None:
+        """`set`, in the calling thread (zfuse's worker threads write chunks this way);
+        `value` may be a list of bytes-like parts, stored one after another."""
+        self._check_writable()
+        data = value if isinstance(value, list) else value.as_buffer_like()
+        _atomic_write(Path(self.root) / key, data, self.durable)
 
     async def list_prefix(self, prefix: str) -> AsyncIterator[str]:  # type: ignore[override]
         await self._ensure_open()
@@ -122,15 +129,25 @@ def _walk_keys(root: str, prefix: str) -> list[str]:
     return keys
 
 
-def _atomic_write(path: Path, data: bytes, durable: bool = True) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+def _atomic_write(path: Path, data: Any, durable: bool = True) -> None:
+    """Write `data` (a bytes-like object, or a list of them written one after another) to
+    `path` through a temporary file in the same directory and a rename; `durable`:
+    fdatasync before the rename."""
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    except FileNotFoundError:  # a new key directory (the common case needs no mkdir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        try:
+            for part in data if isinstance(data, list) else [data]:
+                view = memoryview(part).cast("B")
+                while view:
+                    view = view[os.write(fd, view):]
             if durable:
-                os.fdatasync(f.fileno())  # data (and its size) on disk before the rename
+                os.fdatasync(fd)  # data (and its size) on disk before the rename
+        finally:
+            os.close(fd)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -208,6 +225,13 @@ class MeteredStore(WrapperStore[Store]):
             self.stats.count(f"store_bytes_{kind}", len(result))
         return result
 
+    def exists_local(self, key: str) -> bool:
+        """`exists` of a local store, synchronously, counted the same way (as `get_local`)."""
+        root = self.local_root
+        assert root is not None
+        self.stats.count("store_exists")
+        return os.path.isfile(os.path.join(root, key))
+
     async def get_partial_values(
         self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]
     ) -> list[Buffer | None]:
@@ -220,6 +244,22 @@ class MeteredStore(WrapperStore[Store]):
     async def exists(self, key: str) -> bool:
         self.stats.count("store_exists")
         return await self._bounded(self._store.exists(key))
+
+    @property
+    def local_writer(self) -> bool:
+        """Whether `set_local` can write: this wraps zfuse's own local store directly."""
+        return type(self._store) is AtomicLocalStore and not self._store.read_only
+
+    def set_local(self, key: str, value: Buffer | list[Any]) -> None:
+        """`set` of zfuse's local store, synchronously, counted the same way: the
+        calling worker thread writes the file itself, instead of hopping onto zarr's
+        event loop and from there to its executor (the mirror of `get_local`).
+        `value` may be a list of bytes-like parts (a shard: no joined copy)."""
+        assert isinstance(self._store, AtomicLocalStore)
+        self.stats.count("store_set")
+        size = sum(memoryview(v).nbytes for v in value) if isinstance(value, list) else len(value)
+        self.stats.count("store_bytes_written", size)
+        self._store.set_sync(key, value)
 
     async def set(self, key: str, value: Buffer) -> None:
         self.stats.count("store_set")

@@ -556,8 +556,15 @@ class ZarrChunkSource(ChunkSource):
         if not self.in_grid(coords):
             return False
         if self.sharding is None:
-            return bool(sync(self.store.exists(self.prefix + self._encode_storage_key(coords))))
-        index = sync(self._shard_index(self._storage_coords(coords)))
+            key = self.prefix + self._encode_storage_key(coords)
+            local = self._local_store()
+            if local is not None:  # in this worker thread, as `_fetch_local` reads
+                return local.exists_local(key)
+            return bool(sync(self.store.exists(key)))
+        shard = self._storage_coords(coords)
+        index = self._index_cache.get((id(self), self.prefix + self._encode_storage_key(shard)))
+        if index is None:  # not cached: read (and cache) it on zarr's event loop
+            index = sync(self._shard_index(shard))
         return index is not None and index.get_chunk_slice(coords) is not None
 
     async def _load_indexes(self, shard_coords: Sequence[Coords]) -> list[Any]:
@@ -840,16 +847,108 @@ class ZarrChunkSource(ChunkSource):
         region = self.chunk_region(coords)
         clipped = data[tuple(slice(0, r.stop - r.start) for r in region)]
         with self._lock_for(coords):
+            new_index = None
             try:
-                if self.sharding is None and self._direct and self._sync_encode:
+                if self.sharding is not None and self._direct and self._local_shard_writes():
+                    new_index = self._write_inner_chunk_local(coords, self.full_chunk(clipped))
+                elif self.sharding is None and self._direct and self._sync_encode:
                     encoded = self._encode_in_this_thread(coords, self.full_chunk(clipped))
-                    sync(self._set_chunk(coords, encoded))  # store I/O on zarr's event loop
+                    local = self._local_store()
+                    if local is not None and local.local_writer:
+                        self._set_chunk_local(local, coords, encoded)  # in this worker thread
+                    else:
+                        sync(self._set_chunk(coords, encoded))  # store I/O on zarr's event loop
                 elif self.sharding is None and self._direct:
                     sync(self._write_stored_chunk(coords, self.full_chunk(clipped)))
                 else:
                     self._writer[region] = clipped  # zarr rewrites the shard
             finally:
                 self._forget_index(coords)
+                if new_index is not None:  # the shard just written: no need to read it back
+                    key, index = new_index
+                    self._index_cache.put((id(self), key), index, index.offsets_and_lengths.nbytes + 256)
+
+    def _local_shard_writes(self) -> bool:
+        """Whether an inner chunk can be written into its shard in this worker thread:
+        a local store, and inner and index codecs that all encode and decode synchronously."""
+        found = getattr(self, "_shard_writes", None)
+        if found is None:
+            from zarr.abc.codec import ArrayBytesCodec, BytesBytesCodec
+
+            local = self._local_store()
+            codecs = [*self.sharding.codecs, *self.sharding.index_codecs]
+            found = (
+                local is not None and local.local_writer and self._sync_codecs is not None
+                and len(self.array.metadata.codecs) == 1  # no codec over the whole shard
+                and all(hasattr(c, "_encode_sync") and hasattr(c, "_decode_sync") for c in codecs)
+                and isinstance(self.sharding.index_codecs[0], ArrayBytesCodec)
+                and all(isinstance(c, BytesBytesCodec) for c in self.sharding.index_codecs[1:])
+            )
+            self._shard_writes = found
+        return found
+
+    def _write_inner_chunk_local(self, coords: Coords, full: np.ndarray) -> tuple[str, Any]:
+        """Store inner chunk `coords` into its shard, in this worker thread: read the shard,
+        encode the chunk, lay the shard out again as zarr does (inner chunks in Morton
+        order, then the index, or the index first) and replace it atomically. zarr's own
+        partial shard write does the same with several thread switches per step.
+        Returns the shard's key and new index (for the index cache)."""
+        from zarr.codecs.sharding import MAX_UINT_64, ShardingCodecIndexLocation, _ShardIndex
+        from zarr.core.indexing import morton_order_iter
+
+        sharding, local = self.sharding, self._local_store()
+        cps = tuple(self.chunks_per_shard)
+        key = self.prefix + self._encode_storage_key(self._storage_coords(coords))
+        index_spec = sharding._get_index_chunk_spec(cps)
+        index_size = sharding._shard_index_size(cps)
+        index_first = sharding.index_location == ShardingCodecIndexLocation.start
+        proto = default_buffer_prototype()
+        stored = local.get_local(key)
+        parts: dict[tuple[int, ...], memoryview] = {}
+        if stored is not None:
+            if len(stored) < index_size:
+                raise CorruptDataError(f"{key}: shard of {len(stored)} bytes is shorter than its index")
+            raw = stored[:index_size] if index_first else stored[len(stored) - index_size:]
+            buf = proto.buffer.from_bytes(raw)
+            try:
+                for codec in reversed(sharding.index_codecs[1:]):
+                    buf = codec._decode_sync(buf, index_spec)
+                old = sharding.index_codecs[0]._decode_sync(buf, index_spec).as_numpy_array()
+            except Exception as e:  # a bad checksum: never overwrite what cannot be read
+                raise CorruptDataError(f"{key}: unreadable shard index: {e}") from e
+            data = memoryview(stored)
+            for local_coords in np.argwhere(old[..., 0] != MAX_UINT_64):
+                at = tuple(int(v) for v in local_coords)
+                start, length = (int(v) for v in old[at])
+                if start + length > len(stored):
+                    raise CorruptDataError(f"{key}: inner chunk {at} lies outside the stored shard")
+                parts[at] = data[start : start + length]
+        spec = self._chunk_spec(coords)
+        serializer, bytes_codecs = self._sync_codecs
+        encoded = serializer._encode_sync(proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype)), spec)
+        for codec in bytes_codecs:
+            encoded = codec._encode_sync(encoded, spec)
+        parts[tuple(c % n for c, n in zip(coords, cps, strict=True))] = memoryview(encoded.as_numpy_array()).cast("B")
+        index = _ShardIndex(np.full((*cps, 2), MAX_UINT_64, dtype=np.uint64))
+        ordered = []
+        at = index_size if index_first else 0
+        for local_coords in morton_order_iter(cps):
+            part = parts.get(local_coords)
+            if part is None or len(part) == 0:
+                continue
+            index.offsets_and_lengths[local_coords] = (at, len(part))
+            ordered.append(part)
+            at += len(part)
+        index_buf = sharding.index_codecs[0]._encode_sync(proto.nd_buffer.from_numpy_array(index.offsets_and_lengths), index_spec)
+        for codec in sharding.index_codecs[1:]:
+            index_buf = codec._encode_sync(index_buf, index_spec)
+        index_bytes = index_buf.as_numpy_array().tobytes()
+        if index_first:
+            ordered.insert(0, index_bytes)
+        else:
+            ordered.append(index_bytes)
+        local.set_local(key, ordered)
+        return key, index
 
     async def _write_stored_chunk(self, coords: Coords, full: np.ndarray) -> None:
         """Encode one whole chunk with the codec pipeline and store it (one set)."""
@@ -865,6 +964,13 @@ class ZarrChunkSource(ChunkSource):
         if encoded is None:  # cannot happen with write_empty_chunks semantics; be safe
             raise CorruptDataError(f"{key}: the codecs produced no bytes")
         await self.store.set(key, encoded)
+
+    def _set_chunk_local(self, local: Any, coords: Coords, encoded: Any) -> None:
+        """`_set_chunk` on a local store, without zarr's event loop (the mirror of `_fetch_local`)."""
+        key = self.prefix + self._encode_storage_key(coords)
+        if encoded is None:
+            raise CorruptDataError(f"{key}: the codecs produced no bytes")
+        local.set_local(key, encoded)
 
     def _encode_in_this_thread(self, coords: Coords, full: np.ndarray) -> Any:
         """Encode with the codecs' synchronous methods (the mirror of reading)."""

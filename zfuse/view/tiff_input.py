@@ -23,6 +23,10 @@ Invariants:
   tifffile when the caller passes the `layout`: the header must equal, byte
   for byte, the header zfuse would generate for the position it records, and
   the length must be exact. Anything else takes the full parse.
+- The plainest TIFF (one classic IFD, one uncompressed grayscale page of the
+  chunk's dtype and shape in contiguous strips, only tags that do not change
+  the pixels: `_plain_image`) is read from its strips without tifffile; it
+  gives the values tifffile would. Anything else takes the full parse.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import struct
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -145,6 +150,10 @@ def decode_tiff(
         if fast is not None:
             return fast
 
+    plain = _plain_image(view, shapes, want, layout)
+    if plain is not None:
+        return plain
+
     with _tifffile_warnings() as warnings:
         try:
             tif = tifffile.TiffFile(io.BytesIO(view))
@@ -200,6 +209,113 @@ def _own_layout(
     if want.kind == "b":
         return _to_bool(raw.view(np.uint8))
     return raw.astype(want)  # copies: the result never aliases the caller's buffer
+
+
+# Tags a plain image may carry: they describe the pixels (checked below) or are
+# metadata that no decoder looks at. Any other tag sends the file to tifffile.
+_PLAIN_TAGS = frozenset({
+    254,  # NewSubfileType (must be 0)
+    256, 257, 258, 259, 262,  # width, length, bits per sample, compression, photometric
+    269, 270, 271, 272,  # DocumentName, ImageDescription (not ImageJ's), Make, Model
+    273, 277, 278, 279,  # strip offsets, samples per pixel, rows per strip, strip byte counts
+    282, 283, 284, 285, 296,  # resolutions, planar configuration, PageName, resolution unit
+    305, 306, 315, 339,  # Software, DateTime, Artist, SampleFormat
+})
+_SAMPLE_FORMATS = {"u": 1, "i": 2, "f": 3}
+_INT_TYPES = {3: "H", 4: "I"}  # SHORT, LONG
+
+
+def _plain_image(
+    view: memoryview, shapes: list[tuple[int, ...]], want: np.dtype, layout: TiffLayout | None
+) -> np.ndarray | None:
+    """The chunk if `view` is the plainest TIFF there is, else None (full parse).
+
+    Plain: classic TIFF, one IFD, one uncompressed grayscale (BlackIsZero) sample
+    of exactly `want`'s kind and size, one plane of one of `shapes`, strips that
+    follow each other and hold exactly the image, and no tag outside
+    `_PLAIN_TAGS` (no ImageJ description: its stacks and calibrations need the
+    full parse). That is what tifffile, libtiff and most tools write for an
+    uncompressed 2-D image; the pixels are then the bytes as they lie, so
+    tifffile's parse (most of a commit's cost for such a file) is skipped.
+    """
+    fmt = _SAMPLE_FORMATS.get(want.kind)
+    if fmt is None or len(view) < 8:
+        return None
+    head = bytes(view[:4])
+    if head == b"II*\0":
+        bo = "<"
+    elif head == b"MM\0*":
+        bo = ">"
+    else:
+        return None
+    size = len(view)
+    try:
+        (ifd,) = struct.unpack_from(bo + "I", view, 4)
+        (count,) = struct.unpack_from(bo + "H", view, ifd)
+        if ifd + 2 + 12 * count + 4 > size:
+            return None
+        tags: dict[int, list[int]] = {}
+        description = b""
+        for i in range(count):
+            at = ifd + 2 + 12 * i
+            tag, typ, n = struct.unpack_from(bo + "HHI", view, at)
+            if tag not in _PLAIN_TAGS:
+                return None
+            if tag == 270:
+                if typ != 2:
+                    return None
+                start = at + 8 if n <= 4 else struct.unpack_from(bo + "I", view, at + 8)[0]
+                if start + n > size:
+                    return None
+                description = bytes(view[start : start + min(n, 4096)])
+                continue
+            int_fmt = _INT_TYPES.get(typ)
+            if int_fmt is None or tag in (269, 282, 283, 285, 305, 306, 315, 271, 272):
+                continue  # text and rational metadata: not looked at
+            width = struct.calcsize(int_fmt) * n
+            start = at + 8 if width <= 4 else struct.unpack_from(bo + "I", view, at + 8)[0]
+            if n > 1_000_000 or start + width > size:
+                return None
+            tags[tag] = list(struct.unpack_from(f"{bo}{n}{int_fmt}", view, start))
+        (next_ifd,) = struct.unpack_from(bo + "I", view, ifd + 2 + 12 * count)
+    except struct.error:
+        return None
+    if next_ifd != 0 or b"ImageJ=" in description:
+        return None
+
+    def one(tag: int, default: int | None = None) -> int | None:
+        values = tags.get(tag)
+        if values is None:
+            return default
+        return values[0] if len(values) == 1 else None
+
+    if (one(254, 0), one(259), one(262), one(277, 1), one(284, 1)) != (0, 1, 1, 1, 1):
+        return None
+    if one(258) != want.itemsize * 8 or one(339, 1) != fmt:
+        return None
+    rows, cols = one(257), one(256)
+    for shape in shapes:
+        if _geometry(shape) == (1, rows, cols):
+            break
+    else:
+        return None
+    offsets, counts = tags.get(273), tags.get(279)
+    if not offsets or counts is None or len(offsets) != len(counts):
+        return None
+    row_bytes = cols * want.itemsize
+    per_strip = min(one(278, rows) or 0, rows) * row_bytes  # RowsPerStrip; default: all rows
+    start = offsets[0]
+    at = start
+    for offset, n in zip(offsets, counts, strict=True):
+        if offset != at or n != min(per_strip, start + rows * row_bytes - at):
+            return None
+        at += n
+    if per_strip == 0 or at - start != rows * row_bytes or at > size:
+        return None
+    pixels = np.frombuffer(view, dtype=want.newbyteorder(bo), count=rows * cols, offset=start)
+    pixels = pixels.reshape(1, rows, cols)
+    arr = layout.from_file_order(pixels, shape) if layout is not None else pixels.reshape(shape)
+    return arr.astype(want)  # copies: the result never aliases the caller's buffer
 
 
 def _to_bool(arr: np.ndarray) -> np.ndarray:

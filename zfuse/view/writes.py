@@ -85,6 +85,9 @@ class Released(Enum):
     VANISHED = 2  # a never-stored file is gone: drop the directory entry
     PENDING = 3  # kept as an incomplete file: its size is the buffer's
     REVERTED = 4  # a refused replacement is dropped: the path reads the stored chunk again
+    # stored by a flush or fsync and unchanged since: the caller dropped cached data
+    # when that commit returned, so there is nothing more to drop (a `cp` is this)
+    FLUSHED = 5
 
 
 @dataclass
@@ -371,7 +374,8 @@ class Writes:
 
     async def flush(self, state: FileState) -> bool:
         """close() of a descriptor open for writing: commit if complete; pending if
-        incomplete; InvalidTiffError if complete but not this chunk. True: committed."""
+        incomplete; InvalidTiffError if complete but not this chunk. True: committed
+        (the caller drops the kernel's cached data of the path; release relies on it)."""
         if not state.dirty or state.scratch or state.phase is Phase.DETACHED:
             return False
         buffer = state.buffer if state.buffer is not None else bytearray()
@@ -432,6 +436,8 @@ class Writes:
         if state.dirty and not state.committed:
             # refused at close: the file goes, the stored chunk (if any) stays
             return self._reinstate(state.path)
+        if state.committed and not state.dirty:
+            return Released.FLUSHED
         if state.committed or self.stored(state):
             return Released.COMMITTED
         return Released.VANISHED
