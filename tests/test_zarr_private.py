@@ -88,6 +88,23 @@ def test_shard_index_and_inner_chunk_spec() -> None:
         assert tuple(inner.shape) == (2, 4)
 
 
+def test_shard_layout_helpers() -> None:
+    """What writing an inner chunk into a local shard uses: the index spec and size,
+    a fresh index, and zarr's Morton order of inner chunks."""
+    a = _sharded()
+    sharding = a.metadata.codecs[0]
+    with pinned("ShardingCodec._get_index_chunk_spec / _shard_index_size(chunks_per_shard)"):
+        spec = zarr_private.shard_index_spec(sharding, (2, 2))
+        assert tuple(spec.shape) == (2, 2, 2)
+        assert zarr_private.shard_index_size(sharding, (2, 2)) == 2 * 2 * 16 + 4  # + crc32c
+    with pinned("zarr.codecs.sharding._ShardIndex(offsets_and_lengths)"):
+        index = zarr_private.new_shard_index(np.full((2, 2, 2), 2**64 - 1, dtype=np.uint64))
+        assert index.get_chunk_slice((0, 1)) is None
+    with pinned("zarr.core.indexing.morton_order_iter(chunks_per_shard)"):
+        assert [tuple(int(i) for i in c) for c in zarr_private.morton_order((2, 2))] == [
+            (0, 0), (1, 0), (0, 1), (1, 1)]
+
+
 def test_convert_v2_metadata_to_v3() -> None:
     a = zarr.create_array(MemoryStore(), shape=(4,), chunks=(2,), dtype="i4", zarr_format=2)
     with pinned("zarr.metadata.migrate_v3._convert_array_metadata"):

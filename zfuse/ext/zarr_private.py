@@ -43,6 +43,10 @@ __all__ = [
     "load_numcodecs_codec",
     "load_shard_index",
     "make_store_path",
+    "morton_order",
+    "new_shard_index",
+    "shard_index_size",
+    "shard_index_spec",
     "wrapped_store",
 ]
 
@@ -121,3 +125,28 @@ def load_numcodecs_codec(codec: Any) -> None:
     cannot work fails now, not on the first chunk; other codecs are left alone."""
     if hasattr(type(codec), "_codec"):
         codec._codec  # noqa: B018 - the load is the check
+
+
+def shard_index_spec(sharding: ShardingCodec, chunks_per_shard: tuple[int, ...]) -> ArraySpec:
+    """The spec the shard index is encoded with (``_get_index_chunk_spec``)."""
+    return sharding._get_index_chunk_spec(chunks_per_shard)
+
+
+def shard_index_size(sharding: ShardingCodec, chunks_per_shard: tuple[int, ...]) -> int:
+    """The encoded shard index's size in bytes (``_shard_index_size``)."""
+    return sharding._shard_index_size(chunks_per_shard)  # type: ignore[no-any-return]
+
+
+def new_shard_index(offsets_and_lengths: Any) -> Any:
+    """A shard index over an (..., 2) uint64 array (``sharding._ShardIndex``)."""
+    from zarr.codecs.sharding import _ShardIndex
+
+    return _ShardIndex(offsets_and_lengths)
+
+
+def morton_order(chunks_per_shard: tuple[int, ...]) -> Any:
+    """Inner-chunk positions in the order zarr lays them out in a shard
+    (``zarr.core.indexing.morton_order_iter``, not exported)."""
+    from zarr.core.indexing import morton_order_iter
+
+    return morton_order_iter(chunks_per_shard)

@@ -880,7 +880,7 @@ class ZarrChunkSource(ChunkSource):
             found = (
                 local is not None and local.local_writer and self._sync_codecs is not None
                 and len(self.array.metadata.codecs) == 1  # no codec over the whole shard
-                and all(hasattr(c, "_encode_sync") and hasattr(c, "_decode_sync") for c in codecs)
+                and all(zarr_private.can_encode_sync(c) and zarr_private.can_decode_sync(c) for c in codecs)
                 and isinstance(self.sharding.index_codecs[0], ArrayBytesCodec)
                 and all(isinstance(c, BytesBytesCodec) for c in self.sharding.index_codecs[1:])
             )
@@ -893,14 +893,13 @@ class ZarrChunkSource(ChunkSource):
         order, then the index, or the index first) and replace it atomically. zarr's own
         partial shard write does the same with several thread switches per step.
         Returns the shard's key and new index (for the index cache)."""
-        from zarr.codecs.sharding import MAX_UINT_64, ShardingCodecIndexLocation, _ShardIndex
-        from zarr.core.indexing import morton_order_iter
+        from zarr.codecs.sharding import MAX_UINT_64, ShardingCodecIndexLocation
 
         sharding, local = self.sharding, self._local_store()
         cps = tuple(self.chunks_per_shard)
         key = self.prefix + self._encode_storage_key(self._storage_coords(coords))
-        index_spec = sharding._get_index_chunk_spec(cps)
-        index_size = sharding._shard_index_size(cps)
+        index_spec = zarr_private.shard_index_spec(sharding, cps)
+        index_size = zarr_private.shard_index_size(sharding, cps)
         index_first = sharding.index_location == ShardingCodecIndexLocation.start
         proto = default_buffer_prototype()
         stored = local.get_local(key)
@@ -912,8 +911,8 @@ class ZarrChunkSource(ChunkSource):
             buf = proto.buffer.from_bytes(raw)
             try:
                 for codec in reversed(sharding.index_codecs[1:]):
-                    buf = codec._decode_sync(buf, index_spec)
-                old = sharding.index_codecs[0]._decode_sync(buf, index_spec).as_numpy_array()
+                    buf = zarr_private.decode_sync(codec, buf, index_spec)
+                old = zarr_private.decode_sync(sharding.index_codecs[0], buf, index_spec).as_numpy_array()
             except Exception as e:  # a bad checksum: never overwrite what cannot be read
                 raise CorruptDataError(f"{key}: unreadable shard index: {e}") from e
             data = memoryview(stored)
@@ -925,23 +924,25 @@ class ZarrChunkSource(ChunkSource):
                 parts[at] = data[start : start + length]
         spec = self._chunk_spec(coords)
         serializer, bytes_codecs = self._sync_codecs
-        encoded = serializer._encode_sync(proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype)), spec)
+        encoded = zarr_private.encode_sync(
+            serializer, proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype)), spec)
         for codec in bytes_codecs:
-            encoded = codec._encode_sync(encoded, spec)
+            encoded = zarr_private.encode_sync(codec, encoded, spec)
         parts[tuple(c % n for c, n in zip(coords, cps, strict=True))] = memoryview(encoded.as_numpy_array()).cast("B")
-        index = _ShardIndex(np.full((*cps, 2), MAX_UINT_64, dtype=np.uint64))
+        index = zarr_private.new_shard_index(np.full((*cps, 2), MAX_UINT_64, dtype=np.uint64))
         ordered = []
         at = index_size if index_first else 0
-        for local_coords in morton_order_iter(cps):
+        for local_coords in zarr_private.morton_order(cps):
             part = parts.get(local_coords)
             if part is None or len(part) == 0:
                 continue
             index.offsets_and_lengths[local_coords] = (at, len(part))
             ordered.append(part)
             at += len(part)
-        index_buf = sharding.index_codecs[0]._encode_sync(proto.nd_buffer.from_numpy_array(index.offsets_and_lengths), index_spec)
+        index_buf = zarr_private.encode_sync(
+            sharding.index_codecs[0], proto.nd_buffer.from_numpy_array(index.offsets_and_lengths), index_spec)
         for codec in sharding.index_codecs[1:]:
-            index_buf = codec._encode_sync(index_buf, index_spec)
+            index_buf = zarr_private.encode_sync(codec, index_buf, index_spec)
         index_bytes = index_buf.as_numpy_array().tobytes()
         if index_first:
             ordered.insert(0, index_bytes)
