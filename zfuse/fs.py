@@ -87,7 +87,7 @@ class Kernel(Protocol):
     def invalidate_entry(self, parent_ino: int, name: str) -> None: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class Attributes:
     ino: int
     mode: int
@@ -109,7 +109,7 @@ class OpenReply:
     direct_io: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class Inode:
     ino: int
     path: Path
@@ -281,8 +281,16 @@ class FileSystem:
         self._next_fh = 1
         self._reading_ahead: set[Any] = set()
         self._journal_problems(view)
-        self._dir_modes = {True: stat_mod.S_IFDIR | 0o755, False: stat_mod.S_IFDIR | 0o555}
-        self._file_modes = {True: stat_mod.S_IFREG | 0o644, False: stat_mod.S_IFREG | 0o444}
+        # each node kind's mode, and the kinds whose attributes the kernel must not cache
+        # (live counters): `attributes` runs once per entry of every listing
+        read_only_nodes = (Node.ZFUSE_DIR, Node.ZFUSE_FILE, Node.META, Node.IMAGE)
+        self._modes = {
+            node: (stat_mod.S_IFDIR if node.is_dir else stat_mod.S_IFREG)
+            | (0o555 if node.is_dir else 0o444)
+            | (0 if read_only or node in read_only_nodes else 0o200)
+            for node in Node
+        }
+        self._live_nodes = frozenset((Node.ZFUSE_DIR, Node.ZFUSE_FILE))
 
     # -- errors -------------------------------------------------------------
     def fail(self, exc: BaseException, op: str, path: Path | None) -> FsError:
@@ -410,14 +418,13 @@ class FileSystem:
         if ino is None:
             ino = self._inode(path).ino
         node = entry.node
-        writable = not self.read_only and node not in (Node.ZFUSE_DIR, Node.ZFUSE_FILE, Node.META, Node.IMAGE)
-        mode = (self._dir_modes if node.is_dir else self._file_modes)[writable]
-        mtime = (self.writes.mtime_ns(path) if self.writes.touched else None) or self.started_ns
+        writes = self.writes
+        mtime = (writes.mtime_ns(path) if writes.touched else None) or self.started_ns
         # never cached: live counters, files being written, and names only the daemon
         # holds (scratch, placeholders), which a rename or release can take away
-        live = node in (Node.ZFUSE_DIR, Node.ZFUSE_FILE) or (node is Node.CHUNK and entry.coords is None) \
-            or path in self.writes.states
-        return Attributes(ino, mode, entry.size, mtime, self.uid, self.gid, 0 if live else ATTR_TIMEOUT)
+        live = node in self._live_nodes or (node is Node.CHUNK and entry.coords is None) \
+            or (writes.states and path in writes.states)
+        return Attributes(ino, self._modes[node], entry.size, mtime, self.uid, self.gid, 0 if live else ATTR_TIMEOUT)
 
     # -- lookup and attributes ---------------------------------------------
     @operation(_by_child)
@@ -511,15 +518,18 @@ class FileSystem:
                 continue
             if not batch:
                 return
+            # hot: once per entry of every listing; inodes looked up and counted inline
+            base, writes, ino_of, inodes = handle.path, self.writes, self._ino_of, self.inodes
             for name, entry in batch:
-                path = (*handle.path, name)
+                path = (*base, name)
                 i += 1
-                if self.writes.removed and self.writes.is_removed(path):
+                if writes.removed and writes.is_removed(path):
                     continue  # unlinked, its store deletion still pending
-                attrs = self.attributes(path, entry)
-                if not accept(name, attrs, i):
+                ino = ino_of.get(path)
+                inode = self._inode(path) if ino is None else inodes[ino]
+                if not accept(name, self.attributes(path, entry, inode.ino), i):
                     return
-                self.remember(attrs.ino)
+                inode.lookups += 1  # the kernel holds a reference per readdirplus entry
 
     def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)

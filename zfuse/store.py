@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -199,6 +199,31 @@ class MeteredStore(WrapperStore[Store]):
         if result is not None:
             self.stats.count(f"store_bytes_{kind}", len(result))
         return result
+
+    def list_dir_local(self, prefix: str, page: int) -> Iterator[list[str]]:
+        """`list_dir` of a local store in the calling worker thread, `page` names at a
+        time, counted the same way: `list_dir` would hop onto zarr's event loop and
+        from there to its executor for the scandir and again for each batch, four
+        thread switches per directory (1000 of them in `ls -lR` of 100,000 chunks)."""
+        root = self.local_root
+        assert root is not None
+        self.stats.count("store_list")
+        keys = 0
+        try:
+            try:
+                entries = os.scandir(os.path.join(root, prefix) if prefix else root)
+            except (FileNotFoundError, NotADirectoryError):
+                return
+            with entries:
+                while True:
+                    names = _next_names(entries, page)
+                    keys += len(names)
+                    if names:
+                        yield names
+                    if len(names) < page:
+                        return
+        finally:
+            self.stats.count("store_list_keys", keys)
 
     async def get_partial_values(
         self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]

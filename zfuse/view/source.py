@@ -526,14 +526,23 @@ class ZarrChunkSource(ChunkSource):
         head = "".join(p + "/" for p in store_parts)
         depth = len(parts)
         leaf = depth == len(origin) - 1
-        for names in _pages(self.store.list_dir(self.prefix + head)):
-            names = [name.rstrip("/") for name in names]  # http(s) listings mark directories "name/"
+        local = self._local_store()
+        pages = local.list_dir_local(self.prefix + head, LIST_PAGE) if local is not None else \
+            _pages(self.store.list_dir(self.prefix + head))
+        for names in pages:
+            if local is None:
+                names = [name.rstrip("/") for name in names]  # http(s) listings mark directories "name/"
             if not leaf:
                 yield self._subdirs(depth, names, per_object)
             elif self.sharding is None:
-                yield self._stored_chunks(head, names)
+                yield self._stored_chunks(head, names, fixed)
             else:
                 yield self._inner_chunks(head, names, fixed)
+
+    def _leaf_names_are_ints(self) -> bool:
+        """Whether a chunk file's name in its directory is its last coordinate alone
+        (``/``-separated default and v2 keys): listings then decode names with int()."""
+        return self._standard is not None and self._standard[1] == "/"
 
     def _subdirs(self, depth: int, names: list[str], per_object: tuple[int, ...]) -> DirPage:
         origin, axis_at = self.key_layout()
@@ -548,8 +557,16 @@ class ZarrChunkSource(ChunkSource):
                 out.extend((str(i), None) for i in range(first, min(first + span, grid)))
         return out
 
-    def _stored_chunks(self, head: str, names: list[str]) -> DirPage:
+    def _stored_chunks(self, head: str, names: list[str], fixed: Coords) -> DirPage:
         out: DirPage = []
+        if self._leaf_names_are_ints():
+            last = self._grid[-1]
+            for name in names:
+                if _canonical_int(name):
+                    i = int(name)
+                    if i < last:
+                        out.append((name, (*fixed, i)))
+            return out
         for name in names:
             coords = self.decode_key(head + name)
             if coords is not None and self.in_grid(coords):
@@ -566,7 +583,13 @@ class ZarrChunkSource(ChunkSource):
         out: DirPage = []
         n = len(fixed)
         limit = np.array(self._grid[n:])
-        for shard, index in zip(shards, sync(self._load_indexes(shards)), strict=True):
+        # indexes already cached (the ten directories one shard covers read it once)
+        # need no trip through zarr's event loop
+        indexes = [self._index_cache.get((id(self), self.prefix + self._encode_storage_key(s))) for s in shards]
+        if any(index is None for index in indexes):
+            indexes = sync(self._load_indexes(shards))
+        int_names = self._leaf_names_are_ints()
+        for shard, index in zip(shards, indexes, strict=True):
             if index is None:
                 continue
             base = np.array(shard) * np.array(self.chunks_per_shard)
@@ -579,7 +602,7 @@ class ZarrChunkSource(ChunkSource):
             found = found[(found < limit).all(axis=1)]
             for rest in found.tolist():
                 coords = (*fixed, *rest)
-                out.append((self.chunk_key(coords).rsplit("/", 1)[-1], coords))
+                out.append((str(rest[-1]) if int_names else self.chunk_key(coords).rsplit("/", 1)[-1], coords))
         return out
 
     def chunk_exists(self, coords: Coords) -> bool:
