@@ -526,7 +526,7 @@ class ZarrChunkSource(ChunkSource):
         head = "".join(p + "/" for p in store_parts)
         depth = len(parts)
         leaf = depth == len(origin) - 1
-        local = self._local_store()
+        local = self._listing_store()
         pages = local.list_dir_local(self.prefix + head, LIST_PAGE) if local is not None else \
             _pages(self.store.list_dir(self.prefix + head))
         for names in pages:
@@ -694,6 +694,23 @@ class ZarrChunkSource(ChunkSource):
             return out
         codecs = self.sharding.codecs if self.sharding is not None else meta.codecs
         return [c.to_dict() for c in codecs]
+
+    def _listing_store(self) -> Any:
+        """`_local_store()` for listings, decided from memory only (`ls` reads nothing
+        but the listing: not even ``zarr.json`` again); None when that is not known."""
+        if self.zarr_format != 2 and getattr(self, "_transformers", None) is None:
+            from zfuse.ext.transformers import TransformerStore
+
+            store, doc = self.store, None
+            while isinstance(store, TransformerStore) and doc is None:
+                # the stored zarr.json, as the wrapper recorded it when the array was opened
+                node = store._registry.get(self.array.store_path.path)
+                doc = getattr(node, "metadata", None)
+                store = store._store
+            if not isinstance(doc, dict):
+                return None
+            self._transformers = bool(doc.get("storage_transformers"))
+        return self._local_store()
 
     def _has_transformers(self) -> bool:
         if self.zarr_format == 2:

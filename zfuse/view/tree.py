@@ -207,15 +207,16 @@ class View:
         arr = node.array
         if arr is None or arr.layout is None:
             return
-        keydir, chunk = Node.KEYDIR, Node.CHUNK  # bound once: an enum member lookup costs a call
+        # hot: one Entry per chunk file of every listing (100,000 in `ls -lR` of a big
+        # array); positional construction, and one size for all unless edges are cropped
+        keydir = Entry(Node.KEYDIR, 0, arr)  # shared: entries are immutable
+        chunk, size = Node.CHUNK, (None if arr.options.crop_edges else arr.layout.file_size)
         for page in arr.iter_dir(rest):
-            out: list[tuple[str, Entry]] = []
-            for name, coords in page:
-                if coords is None:
-                    out.append((name, Entry(keydir, array=arr)))
-                else:
-                    out.append((name, Entry(chunk, size=arr.file_size(coords), array=arr, coords=coords)))
-            yield out
+            if size is None:
+                yield [(name, keydir if coords is None else Entry(chunk, arr.file_size(coords), arr, coords))
+                       for name, coords in page]
+            else:
+                yield [(name, keydir if coords is None else Entry(chunk, size, arr, coords)) for name, coords in page]
 
     def dir_reader(self, path: tuple[str, ...], tail: list[tuple[str, Entry]] | None = None) -> DirReader:
         """A reader of directory `path` for readdir, `tail` entries (scratch files) last."""
