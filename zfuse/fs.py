@@ -33,6 +33,7 @@ import json
 import logging
 import os
 import stat as stat_mod
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -66,6 +67,8 @@ SPECIAL_DIR = ".zfuse"
 STATS_FILE, ERRORS_FILE = "stats", "errors"
 MOUNT_FILE = "mount"  # the daemon's pid, sources, reloads, log (JSON; read by zfuse status/reload)
 ATTR_TIMEOUT = 5.0
+LIST_AHEAD = 4  # sibling directories listed ahead of a recursive walker (ls -R, find)
+WALKS_KEPT = 16  # parent directories whose subdirectory order is kept for walk detection
 ERRORS_KEPT = 500
 READER_GRACE = 2.0  # seconds a replacing writer waits for page-cache readers to close
 QUIET_ERRNOS = (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY)  # answers, not failures
@@ -168,6 +171,16 @@ class _DirHandle:
     reader: DirReader
 
 
+@dataclass
+class _Walk:
+    """The subdirectories of one listed directory, in listing order, and the
+    position of the one opened last: opening the next one after it is a walk."""
+
+    names: list[str]
+    position: dict[str, int]
+    last: int = -2
+
+
 def process_of(tid: int) -> int:
     """The process (thread group) a FUSE request's thread id belongs to."""
     try:
@@ -182,6 +195,13 @@ def process_of(tid: int) -> int:
 
 async def _run_here(fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
+
+
+def _fetch_after(listed: threading.Event, reader: DirReader) -> None:
+    """A directory's first entries once its read-ahead listing is done (then from
+    memory, unless the listing failed or was evicted meanwhile)."""
+    listed.wait()
+    reader.fetch(0)
 
 
 def operation(path_of: Callable[..., Path | None]) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[T]]]:
@@ -280,6 +300,8 @@ class FileSystem:
         self._dirs: dict[int, _DirHandle] = {}
         self._next_fh = 1
         self._reading_ahead: set[Any] = set()
+        self._walks: collections.OrderedDict[Path, _Walk] = collections.OrderedDict()
+        self._listing_ahead: dict[Path, threading.Event] = {}  # listed ahead, not done yet
         self._journal_problems(view)
         # each node kind's mode, and the kinds whose attributes the kernel must not cache
         # (live counters): `attributes` runs once per entry of every listing
@@ -496,10 +518,14 @@ class FileSystem:
             # a small directory is one sorted snapshot (paging stays consistent); a big
             # one is read page by page in readdir. Files only the daemon holds come last.
             reader = view.dir_reader(path, self.writes.scratch_in(path))
-            if view.needs_io(path, listing=True):
+            ahead = self._listing_ahead.get(path)
+            if ahead is not None:  # being listed ahead: wait for that, list nothing again
+                await self.run(_fetch_after, ahead, reader)
+            elif view.needs_io(path, listing=True):
                 await self.run(reader.fetch, 0)  # that key prefix only
             else:
                 reader.fetch(0)
+            self._list_ahead(view, path)
         fh = self._allocate_fh()
         self._dirs[fh] = _DirHandle(path, reader)
         return fh
@@ -533,6 +559,50 @@ class FileSystem:
 
     def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)
+
+    def _list_ahead(self, view: View, path: Path) -> None:
+        """Directory read-ahead. When a listed directory's subdirectories are opened
+        one after another in listing order (the second in a row), the next
+        `LIST_AHEAD` are listed in the background, so a recursive walk finds each
+        directory in memory instead of waiting for a listing per directory. A single
+        `ls` of one directory lists that directory only."""
+        if self.spawn is None or not path:
+            return
+        parent = path[:-1]
+        walk = self._walks.get(parent)
+        if walk is None:
+            # in the order a walker sorting by name visits them (as readdir gave them)
+            names = view.listed_subdirs(parent, DirReader.SNAPSHOT_MAX)
+            if names is None:
+                return  # not listed: nobody is walking it
+            walk = self._walks[parent] = _Walk(names, {name: i for i, name in enumerate(names)})
+            while len(self._walks) > WALKS_KEPT:
+                self._walks.popitem(last=False)
+        self._walks.move_to_end(parent)
+        i = walk.position.get(path[-1])
+        if i is None:
+            return
+        walking, walk.last = walk.last == i - 1, i
+        if not walking:
+            return
+        for name in walk.names[i + 1 : i + 1 + LIST_AHEAD]:
+            nxt = (*parent, name)
+            if nxt in self._listing_ahead or not view.needs_io(nxt, listing=True):
+                continue
+            done = self._listing_ahead[nxt] = threading.Event()
+            self.spawn(self._list_dir_ahead, (view, nxt, done))
+
+    def _list_dir_ahead(self, job: tuple[View, Path, threading.Event]) -> None:
+        view, path, done = job
+        try:
+            if view.list_ahead(path):
+                self.stats.count("listing_read_ahead")
+        except Exception as e:  # the walker's own opendir lists it again and reports it
+            log.debug("listing %s ahead failed: %s", "/".join(path), e)
+        finally:
+            if self._listing_ahead.get(path) is done:
+                del self._listing_ahead[path]
+            done.set()
 
     # -- files -----------------------------------------------------------------
     def _allocate_fh(self) -> int:

@@ -333,6 +333,7 @@ class ZarrChunkSource(ChunkSource):
         self._locks_guard = threading.Lock()
         # shard indexes: bounded, shared by the view's arrays once `use_index_cache` is called
         self._index_cache = BoundedLRU(DEFAULT_INDEX_CACHE_BYTES)
+        self._index_loading: dict[str, asyncio.Future[Any]] = {}  # index reads in flight
         # Chunks are read and written directly with the codec pipeline, except for
         # v2 arrays in F order, whose chunk memory order only zarr's indexing handles
         self._direct = not (self.zarr_format == 2 and getattr(meta, "order", "C") == "F")
@@ -629,6 +630,16 @@ class ZarrChunkSource(ChunkSource):
         cached = self._index_cache.get((id(self), key))
         if cached is not None:
             return cached
+        # one read per index, however many requests want it at once (listings of the
+        # directories one shard covers run side by side when listed ahead of `ls -R`);
+        # all of them run on zarr's one event loop, so a plain dict is enough
+        loading = self._index_loading.get(key)
+        if loading is None:
+            loading = self._index_loading[key] = asyncio.ensure_future(self._read_shard_index(key))
+            loading.add_done_callback(lambda done: self._index_loading.pop(key, None))
+        return await asyncio.shield(loading)
+
+    async def _read_shard_index(self, key: str) -> Any:
         assert self.sharding is not None
         try:
             index = await self.sharding._load_shard_index_maybe(

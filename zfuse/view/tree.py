@@ -218,6 +218,35 @@ class View:
             else:
                 yield [(name, keydir if coords is None else Entry(chunk, size, arr, coords)) for name, coords in page]
 
+    def list_ahead(self, path: tuple[str, ...]) -> bool:
+        """List chunk directory `path` into the listing cache, if it is not there
+        (store I/O: worker thread). For a recursive walker (`ls -R`, `find`), whose
+        next directories are then answered from memory. True: it was listed."""
+        node, rest = self._split(path)
+        arr = node.array
+        if arr is None or not arr.needs_io(rest, listing=True):
+            return False
+        for _ in arr.iter_dir(rest):
+            pass
+        return True
+
+    def listed_subdirs(self, path: tuple[str, ...], limit: int) -> list[str] | None:
+        """The subdirectory names of chunk directory `path`, sorted, from its listing in
+        memory; None when it is not listed, [] when it has more than `limit` entries."""
+        node, rest = self._split(path)
+        arr = node.array
+        if arr is None or arr.layout is None or arr.needs_io(rest, listing=True):
+            return None
+        names: list[str] = []
+        seen = 0
+        for page in arr.iter_dir(rest):
+            seen += len(page)
+            if seen > limit:
+                return []
+            names += [name for name, coords in page if coords is None]
+        names.sort()
+        return names
+
     def dir_reader(self, path: tuple[str, ...], tail: list[tuple[str, Entry]] | None = None) -> DirReader:
         """A reader of directory `path` for readdir, `tail` entries (scratch files) last."""
         return DirReader(self, path, tail or [])
