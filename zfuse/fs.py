@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import trio
 
@@ -90,8 +90,9 @@ class Kernel(Protocol):
     def invalidate_entry(self, parent_ino: int, name: str) -> None: ...
 
 
-@dataclass(slots=True)
-class Attributes:
+class Attributes(NamedTuple):
+    """What `stat` shows of one file (a tuple: one is built per entry of every listing)."""
+
     ino: int
     mode: int
     size: int

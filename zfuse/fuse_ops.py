@@ -191,7 +191,7 @@ class ZfuseOperations(pyfuse3.Operations):
         filled: list[Any] = [None]
 
         def accept(name: str, attrs: Attributes, next_id: int) -> bool:
-            same = (attrs.mode, attrs.size, attrs.mtime_ns, attrs.timeout, attrs.uid, attrs.gid)
+            same = attrs[1:]  # all but the inode number
             if same != filled[0]:
                 _fill_attributes(out, attrs)
                 filled[0] = same

@@ -57,6 +57,10 @@ class Node(Enum):
 
     is_dir: bool
 
+    # members are singletons: identity hashing in C, not Enum's hash of the name in
+    # Python (a node kind is a dict key once per entry of every listing)
+    __hash__ = object.__hash__
+
     def __new__(cls, value: str, is_dir: bool) -> Node:
         member = object.__new__(cls)
         member._value_ = value
