@@ -68,6 +68,7 @@ STATS_FILE, ERRORS_FILE = "stats", "errors"
 MOUNT_FILE = "mount"  # the daemon's pid, sources, reloads, log (JSON; read by zfuse status/reload)
 ATTR_TIMEOUT = 5.0
 LIST_AHEAD = 4  # sibling directories listed ahead of a recursive walker (ls -R, find)
+LIST_AHEAD_WAIT = 60.0  # seconds an opendir waits for its directory's read-ahead listing
 WALKS_KEPT = 16  # parent directories whose subdirectory order is kept for walk detection
 ERRORS_KEPT = 500
 READER_GRACE = 2.0  # seconds a replacing writer waits for page-cache readers to close
@@ -200,8 +201,9 @@ async def _run_here(fn: Callable[..., T], *args: Any) -> T:
 
 def _fetch_after(listed: threading.Event, reader: DirReader) -> None:
     """A directory's first entries once its read-ahead listing is done (then from
-    memory, unless the listing failed or was evicted meanwhile)."""
-    listed.wait()
+    memory, unless the listing failed, was evicted, or has not finished in
+    `LIST_AHEAD_WAIT` seconds: then this lists it itself)."""
+    listed.wait(LIST_AHEAD_WAIT)
     reader.fetch(0)
 
 
