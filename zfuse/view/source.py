@@ -563,7 +563,7 @@ class ZarrChunkSource(ChunkSource):
         if self._leaf_names_are_ints():
             last = self._grid[-1]
             for name in names:
-                if _canonical_int(name):
+                if name.isdigit() and (name[0] != "0" or name == "0"):  # _canonical_int, inlined
                     i = int(name)
                     if i < last:
                         out.append((name, (*fixed, i)))
