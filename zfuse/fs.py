@@ -547,8 +547,12 @@ class FileSystem:
                 continue
             if not batch:
                 return
-            # hot: once per entry of every listing; inodes looked up and counted inline
+            # hot: once per entry of every listing; inodes looked up and counted inline.
+            # Nothing written yet (no awaits in this loop): a stored chunk or a chunk
+            # directory has the mount's mtime and cached attributes (`attributes`)
             base, writes, ino_of, inodes = handle.path, self.writes, self._ino_of, self.inodes
+            plain = () if writes.touched else (Node.CHUNK, Node.KEYDIR)
+            modes, started, uid, gid = self._modes, self.started_ns, self.uid, self.gid
             for name, entry in batch:
                 path = (*base, name)
                 i += 1
@@ -556,7 +560,12 @@ class FileSystem:
                     continue  # unlinked, its store deletion still pending
                 ino = ino_of.get(path)
                 inode = self._inode(path) if ino is None else inodes[ino]
-                if not accept(name, self.attributes(path, entry, inode.ino), i):
+                node = entry.node
+                if node in plain and (entry.coords is not None or node is Node.KEYDIR):
+                    attrs = Attributes(inode.ino, modes[node], entry.size, started, uid, gid, ATTR_TIMEOUT)
+                else:
+                    attrs = self.attributes(path, entry, inode.ino)
+                if not accept(name, attrs, i):
                     return
                 inode.lookups += 1  # the kernel holds a reference per readdirplus entry
 
