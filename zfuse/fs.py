@@ -553,6 +553,7 @@ class FileSystem:
             base, writes, ino_of, inodes = handle.path, self.writes, self._ino_of, self.inodes
             plain = () if writes.touched else (Node.CHUNK, Node.KEYDIR)
             modes, started, uid, gid = self._modes, self.started_ns, self.uid, self.gid
+            new = tuple.__new__  # NamedTuple's own __new__ is a Python function, 0.5 µs a call
             for name, entry in batch:
                 path = (*base, name)
                 i += 1
@@ -562,7 +563,7 @@ class FileSystem:
                 inode = self._inode(path) if ino is None else inodes[ino]
                 node = entry.node
                 if node in plain and (entry.coords is not None or node is Node.KEYDIR):
-                    attrs = Attributes(inode.ino, modes[node], entry.size, started, uid, gid, ATTR_TIMEOUT)
+                    attrs = new(Attributes, (inode.ino, modes[node], entry.size, started, uid, gid, ATTR_TIMEOUT))
                 else:
                     attrs = self.attributes(path, entry, inode.ino)
                 if not accept(name, attrs, i):
