@@ -10,7 +10,7 @@ import pytest
 import trio
 import zarr
 
-from zfuse.fs import ROOT_INODE, FileSystem
+from zfuse.fs import LIST_AHEAD, ROOT_INODE, FileSystem
 from zfuse.stats import Stats
 from zfuse.store import AtomicLocalStore
 from zfuse.testing import CountingStore
@@ -270,18 +270,18 @@ def test_a_walk_lists_the_next_directories_ahead_and_one_ls_does_not(slash: Path
     assert jobs == []
     fs_listdir(fs, ("c", "1"))
     assert listed() == ["5", "0", "1"]
-    ahead = [arg[1] for _, arg in jobs]  # type: ignore[index]
-    assert ahead == [("c", "10"), ("c", "11"), ("c", "12"), ("c", "13")]
+    ahead = subdirs[2 : 2 + LIST_AHEAD]  # the next ones in listing order: 10, 11, ...
+    assert [arg[1] for _, arg in jobs] == [("c", name) for name in ahead]  # type: ignore[index]
     for fn, arg in jobs:  # the read-ahead threads' work
         fn(arg)  # type: ignore[operator]
     jobs.clear()
-    assert listed() == ["5", "0", "1", "10", "11", "12", "13"]
-    assert stats.snapshot()["listing_read_ahead"] == 4
+    assert listed() == ["5", "0", "1", *ahead]
+    assert stats.snapshot()["listing_read_ahead"] == LIST_AHEAD
     # the walker finds them listed: it lists nothing itself, and stays LIST_AHEAD ahead
     want = sorted(f"{j}.tiff" for j in range(GRID[1]) if (10 * GRID[1] + j) % 3 == 0)
     assert sorted(fs_listdir(fs, ("c", "10"))) == want
-    assert listed() == ["5", "0", "1", "10", "11", "12", "13"]
-    assert [arg[1] for _, arg in jobs] == [("c", "14")]  # type: ignore[index]
+    assert listed() == ["5", "0", "1", *ahead]
+    assert [arg[1] for _, arg in jobs] == [("c", subdirs[2 + LIST_AHEAD])]  # type: ignore[index]
     # nothing is read but listings: no chunk data, no existence checks
     assert store.gets == [] and store.exists_checks == []
 
