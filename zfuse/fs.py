@@ -181,6 +181,7 @@ class _Walk:
     names: list[str]
     position: dict[str, int]
     last: int = -2
+    ahead: int = -1  # position of the last one listed ahead
 
 
 def process_of(tid: int) -> int:
@@ -597,8 +598,11 @@ class FileSystem:
             return
         walking, walk.last = walk.last == i - 1, i
         if not walking:
+            walk.ahead = i  # a new start: what lies ahead of it is looked at afresh
             return
-        for name in walk.names[i + 1 : i + 1 + LIST_AHEAD]:
+        start = max(i + 1, walk.ahead + 1)  # the ones before were scheduled already
+        walk.ahead = max(walk.ahead, i + LIST_AHEAD)
+        for name in walk.names[start : i + 1 + LIST_AHEAD]:
             nxt = (*parent, name)
             if nxt in self._listing_ahead or not view.needs_io(nxt, listing=True):
                 continue
