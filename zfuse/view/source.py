@@ -543,7 +543,7 @@ class ZarrChunkSource(ChunkSource):
     def _leaf_names_are_ints(self) -> bool:
         """Whether a chunk file's name in its directory is its last coordinate alone
         (``/``-separated default and v2 keys): listings then decode names with int()."""
-        return self._standard is not None and self._standard[1] == "/"
+        return self._standard is not None and self._standard[1] == "/" and len(self._grid) > 0  # 0-d: key "c"
 
     def _subdirs(self, depth: int, names: list[str], per_object: tuple[int, ...]) -> DirPage:
         origin, axis_at = self.key_layout()
