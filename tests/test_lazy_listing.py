@@ -7,8 +7,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import trio
 import zarr
 
+from zfuse.fs import LIST_AHEAD, ROOT_INODE, FileSystem
 from zfuse.stats import Stats
 from zfuse.store import AtomicLocalStore
 from zfuse.testing import CountingStore
@@ -232,3 +234,62 @@ def test_concat_existence_checks_agree_with_its_listing(tmp_path: Path) -> None:
     listed = set(source.list_chunks())
     checked = {c for c in np.ndindex(*source.grid_shape) if source.chunk_exists(c)}
     assert checked == listed and len(listed) >= 3
+
+
+def fs_listdir(fs: FileSystem, path: tuple[str, ...]) -> list[str]:
+    """lookup each name, opendir, readdir to the end, releasedir: what `ls` makes the kernel do."""
+
+    async def run() -> list[str]:
+        ino = ROOT_INODE
+        for name in path:
+            ino = (await fs.lookup(ino, name)).ino
+        fh = await fs.opendir(ino)
+        out: list[str] = []
+        await fs.readdir(fh, 0, lambda name, attrs, next_id: out.append(name) or True)
+        fs.releasedir(fh)
+        return out
+
+    return trio.run(run)
+
+
+def test_a_walk_lists_the_next_directories_ahead_and_one_ls_does_not(slash: Path) -> None:
+    view, store, stats = open_view(slash)
+    jobs: list[tuple[object, object]] = []
+    fs = FileSystem(view, stats=stats, spawn=lambda fn, arg: jobs.append((fn, arg)))
+
+    def listed() -> list[str]:
+        return [p.split("/")[1] for kind, p in store.lists if p.count("/") == 2]
+
+    subdirs = fs_listdir(fs, ("c",))
+    assert subdirs == sorted(str(i) for i in range(GRID[0]))  # 0 1 10 11 ... 19 2 20 ...
+    # one directory looked at: that directory is listed, nothing ahead
+    fs_listdir(fs, ("c", "5"))
+    assert listed() == ["5"] and jobs == []
+    # the first two subdirectories in listing order, one after the other: a walk
+    fs_listdir(fs, ("c", "0"))
+    assert jobs == []
+    fs_listdir(fs, ("c", "1"))
+    assert listed() == ["5", "0", "1"]
+    ahead = subdirs[2 : 2 + LIST_AHEAD]  # the next ones in listing order: 10, 11, ...
+    assert [arg[1] for _, arg in jobs] == [("c", name) for name in ahead]  # type: ignore[index]
+    for fn, arg in jobs:  # the read-ahead threads' work
+        fn(arg)  # type: ignore[operator]
+    jobs.clear()
+    assert listed() == ["5", "0", "1", *ahead]
+    assert stats.snapshot()["listing_read_ahead"] == LIST_AHEAD
+    # the walker finds them listed: it lists nothing itself, and stays LIST_AHEAD ahead
+    want = sorted(f"{j}.tiff" for j in range(GRID[1]) if (10 * GRID[1] + j) % 3 == 0)
+    assert sorted(fs_listdir(fs, ("c", "10"))) == want
+    assert listed() == ["5", "0", "1", *ahead]
+    assert [arg[1] for _, arg in jobs] == [("c", subdirs[2 + LIST_AHEAD])]  # type: ignore[index]
+    # nothing is read but listings: no chunk data, no existence checks
+    assert store.gets == [] and store.exists_checks == []
+
+
+def test_without_a_listed_parent_no_directory_is_listed_ahead(slash: Path) -> None:
+    view, store, stats = open_view(slash)
+    jobs: list[tuple[object, object]] = []
+    fs = FileSystem(view, stats=stats, spawn=lambda fn, arg: jobs.append((fn, arg)))
+    for i in range(5):  # `ls c/0; ls c/1; ...` without listing c/ first
+        fs_listdir(fs, ("c", str(i)))
+    assert jobs == [] and len(store.lists) == 5

@@ -7,6 +7,7 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -109,3 +110,15 @@ def test_writes_update_a_listed_directory_and_sighup_drops_it(big_store: Path, m
         assert time.monotonic() < deadline, m.log()
         time.sleep(0.05)
     assert int(tifffile.imread(m.path / "c" / "4" / "3.tiff")[0, 0]) == 5
+
+
+def test_ls_R_lists_every_directory_once_the_next_ones_ahead(big_store: Path, mount) -> None:
+    m = mount(big_store)
+    before = stats(m.path)
+    out = subprocess.run(["ls", "-lR", str(m.path)], capture_output=True, text=True, check=True).stdout
+    assert out.count(".tiff\n") == GRID[0] * GRID[1] // 2
+    d = delta(before, stats(m.path))
+    # the root, c/ and its 250 directories: each listed once, most of them ahead of ls
+    assert d["store_list"] == 2 + GRID[0], d
+    assert GRID[0] - 2 <= d["listing_read_ahead"] < GRID[0], d
+    assert not any(k.startswith("store_get_chunk") or k == "store_exists" for k in d), d

@@ -33,10 +33,11 @@ import json
 import logging
 import os
 import stat as stat_mod
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import trio
 
@@ -66,6 +67,9 @@ SPECIAL_DIR = ".zfuse"
 STATS_FILE, ERRORS_FILE = "stats", "errors"
 MOUNT_FILE = "mount"  # the daemon's pid, sources, reloads, log (JSON; read by zfuse status/reload)
 ATTR_TIMEOUT = 5.0
+LIST_AHEAD = 8  # sibling directories listed ahead of a recursive walker (ls -R, find)
+LIST_AHEAD_WAIT = 60.0  # seconds an opendir waits for its directory's read-ahead listing
+WALKS_KEPT = 16  # parent directories whose subdirectory order is kept for walk detection
 ERRORS_KEPT = 500
 READER_GRACE = 2.0  # seconds a replacing writer waits for page-cache readers to close
 QUIET_ERRNOS = (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY)  # answers, not failures
@@ -87,8 +91,9 @@ class Kernel(Protocol):
     def invalidate_entry(self, parent_ino: int, name: str) -> None: ...
 
 
-@dataclass
-class Attributes:
+class Attributes(NamedTuple):
+    """What `stat` shows of one file (a tuple: one is built per entry of every listing)."""
+
     ino: int
     mode: int
     size: int
@@ -112,7 +117,7 @@ class OpenReply:
     noflush: bool = False
 
 
-@dataclass
+@dataclass(slots=True)
 class Inode:
     ino: int
     path: Path
@@ -171,6 +176,17 @@ class _DirHandle:
     reader: DirReader
 
 
+@dataclass
+class _Walk:
+    """The subdirectories of one listed directory, in listing order, and the
+    position of the one opened last: opening the next one after it is a walk."""
+
+    names: list[str]
+    position: dict[str, int]
+    last: int = -2
+    ahead: int = -1  # position of the last one listed ahead
+
+
 def process_of(tid: int) -> int:
     """The process (thread group) a FUSE request's thread id belongs to."""
     try:
@@ -185,6 +201,14 @@ def process_of(tid: int) -> int:
 
 async def _run_here(fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
+
+
+def _fetch_after(listed: threading.Event, reader: DirReader) -> None:
+    """A directory's first entries once its read-ahead listing is done (then from
+    memory, unless the listing failed, was evicted, or has not finished in
+    `LIST_AHEAD_WAIT` seconds: then this lists it itself)."""
+    listed.wait(LIST_AHEAD_WAIT)
+    reader.fetch(0)
 
 
 def operation(path_of: Callable[..., Path | None]) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[T]]]:
@@ -283,9 +307,19 @@ class FileSystem:
         self._dirs: dict[int, _DirHandle] = {}
         self._next_fh = 1
         self._reading_ahead: set[Any] = set()
+        self._walks: collections.OrderedDict[Path, _Walk] = collections.OrderedDict()
+        self._listing_ahead: dict[Path, threading.Event] = {}  # listed ahead, not done yet
         self._journal_problems(view)
-        self._dir_modes = {True: stat_mod.S_IFDIR | 0o755, False: stat_mod.S_IFDIR | 0o555}
-        self._file_modes = {True: stat_mod.S_IFREG | 0o644, False: stat_mod.S_IFREG | 0o444}
+        # each node kind's mode, and the kinds whose attributes the kernel must not cache
+        # (live counters): `attributes` runs once per entry of every listing
+        read_only_nodes = (Node.ZFUSE_DIR, Node.ZFUSE_FILE, Node.META, Node.IMAGE)
+        self._modes = {
+            node: (stat_mod.S_IFDIR if node.is_dir else stat_mod.S_IFREG)
+            | (0o555 if node.is_dir else 0o444)
+            | (0 if read_only or node in read_only_nodes else 0o200)
+            for node in Node
+        }
+        self._live_nodes = frozenset((Node.ZFUSE_DIR, Node.ZFUSE_FILE))
 
     # -- errors -------------------------------------------------------------
     def fail(self, exc: BaseException, op: str, path: Path | None) -> FsError:
@@ -414,14 +448,13 @@ class FileSystem:
         if ino is None:
             ino = self._inode(path).ino
         node = entry.node
-        writable = not self.read_only and node not in (Node.ZFUSE_DIR, Node.ZFUSE_FILE, Node.META, Node.IMAGE)
-        mode = (self._dir_modes if node.is_dir else self._file_modes)[writable]
-        mtime = (self.writes.mtime_ns(path) if self.writes.touched else None) or self.started_ns
+        writes = self.writes
+        mtime = (writes.mtime_ns(path) if writes.touched else None) or self.started_ns
         # never cached: live counters, files being written, and names only the daemon
         # holds (scratch, placeholders), which a rename or release can take away
-        live = node in (Node.ZFUSE_DIR, Node.ZFUSE_FILE) or (node is Node.CHUNK and entry.coords is None) \
-            or path in self.writes.states
-        return Attributes(ino, mode, entry.size, mtime, self.uid, self.gid, 0 if live else ATTR_TIMEOUT)
+        live = node in self._live_nodes or (node is Node.CHUNK and entry.coords is None) \
+            or (writes.states and path in writes.states)
+        return Attributes(ino, self._modes[node], entry.size, mtime, self.uid, self.gid, 0 if live else ATTR_TIMEOUT)
 
     # -- lookup and attributes ---------------------------------------------
     @operation(_by_child)
@@ -493,10 +526,14 @@ class FileSystem:
             # a small directory is one sorted snapshot (paging stays consistent); a big
             # one is read page by page in readdir. Files only the daemon holds come last.
             reader = view.dir_reader(path, self.writes.scratch_in(path))
-            if view.needs_io(path, listing=True):
+            ahead = self._listing_ahead.get(path)
+            if ahead is not None:  # being listed ahead: wait for that, list nothing again
+                await self.run(_fetch_after, ahead, reader)
+            elif view.needs_io(path, listing=True):
                 await self.run(reader.fetch, 0)  # that key prefix only
             else:
                 reader.fetch(0)
+            self._list_ahead(view, path)
         fh = self._allocate_fh()
         self._dirs[fh] = _DirHandle(path, reader)
         return fh
@@ -515,18 +552,78 @@ class FileSystem:
                 continue
             if not batch:
                 return
+            # hot: once per entry of every listing; inodes looked up and counted inline.
+            # Nothing written yet (no awaits in this loop): a stored chunk or a chunk
+            # directory has the mount's mtime and cached attributes (`attributes`)
+            base, writes, ino_of, inodes = handle.path, self.writes, self._ino_of, self.inodes
+            plain = () if writes.touched else (Node.CHUNK, Node.KEYDIR)
+            modes, started, uid, gid = self._modes, self.started_ns, self.uid, self.gid
+            new = tuple.__new__  # NamedTuple's own __new__ is a Python function, 0.5 µs a call
             for name, entry in batch:
-                path = (*handle.path, name)
+                path = (*base, name)
                 i += 1
-                if self.writes.removed and self.writes.is_removed(path):
+                if writes.removed and writes.is_removed(path):
                     continue  # unlinked, its store deletion still pending
-                attrs = self.attributes(path, entry)
+                ino = ino_of.get(path)
+                inode = self._inode(path) if ino is None else inodes[ino]
+                node = entry.node
+                if node in plain and (entry.coords is not None or node is Node.KEYDIR):
+                    attrs = new(Attributes, (inode.ino, modes[node], entry.size, started, uid, gid, ATTR_TIMEOUT))
+                else:
+                    attrs = self.attributes(path, entry, inode.ino)
                 if not accept(name, attrs, i):
                     return
-                self.remember(attrs.ino)
+                inode.lookups += 1  # the kernel holds a reference per readdirplus entry
 
     def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)
+
+    def _list_ahead(self, view: View, path: Path) -> None:
+        """Directory read-ahead. When a listed directory's subdirectories are opened
+        one after another in listing order (the second in a row), the next
+        `LIST_AHEAD` are listed in the background, so a recursive walk finds each
+        directory in memory instead of waiting for a listing per directory. A single
+        `ls` of one directory lists that directory only."""
+        if self.spawn is None or not path:
+            return
+        parent = path[:-1]
+        walk = self._walks.get(parent)
+        if walk is None:
+            # in the order a walker sorting by name visits them (as readdir gave them)
+            names = view.listed_subdirs(parent, DirReader.SNAPSHOT_MAX)
+            if names is None:
+                return  # not listed: nobody is walking it
+            walk = self._walks[parent] = _Walk(names, {name: i for i, name in enumerate(names)})
+            while len(self._walks) > WALKS_KEPT:
+                self._walks.popitem(last=False)
+        self._walks.move_to_end(parent)
+        i = walk.position.get(path[-1])
+        if i is None:
+            return
+        walking, walk.last = walk.last == i - 1, i
+        if not walking:
+            walk.ahead = i  # a new start: what lies ahead of it is looked at afresh
+            return
+        start = max(i + 1, walk.ahead + 1)  # the ones before were scheduled already
+        walk.ahead = max(walk.ahead, i + LIST_AHEAD)
+        for name in walk.names[start : i + 1 + LIST_AHEAD]:
+            nxt = (*parent, name)
+            if nxt in self._listing_ahead or not view.needs_io(nxt, listing=True):
+                continue
+            done = self._listing_ahead[nxt] = threading.Event()
+            self.spawn(self._list_dir_ahead, (view, nxt, done))
+
+    def _list_dir_ahead(self, job: tuple[View, Path, threading.Event]) -> None:
+        view, path, done = job
+        try:
+            if view.list_ahead(path):
+                self.stats.count("listing_read_ahead")
+        except Exception as e:  # the walker's own opendir lists it again and reports it
+            log.debug("listing %s ahead failed: %s", "/".join(path), e)
+        finally:
+            if self._listing_ahead.get(path) is done:
+                del self._listing_ahead[path]
+            done.set()
 
     # -- files -----------------------------------------------------------------
     def _allocate_fh(self) -> int:

@@ -57,7 +57,10 @@ class _Kernel:
 
 
 def _entry_attributes(attrs: Attributes) -> pyfuse3.EntryAttributes:
-    out = pyfuse3.EntryAttributes()
+    return _fill_attributes(pyfuse3.EntryAttributes(), attrs)
+
+
+def _fill_attributes(out: pyfuse3.EntryAttributes, attrs: Attributes) -> pyfuse3.EntryAttributes:
     out.st_ino = attrs.ino
     out.st_mode = attrs.mode
     out.st_nlink = 2 if attrs.is_dir else 1
@@ -189,8 +192,19 @@ class ZfuseOperations(pyfuse3.Operations):
         return await self.fs.opendir(inode)
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        # readdir_reply copies the attributes into the reply buffer, so one
+        # EntryAttributes serves every entry: refilled only when more than the inode
+        # number differs from the entry before (in a chunk directory it never does)
+        reply, out = pyfuse3.readdir_reply, pyfuse3.EntryAttributes()
+        filled: list[Any] = [None]
+
         def accept(name: str, attrs: Attributes, next_id: int) -> bool:
-            return pyfuse3.readdir_reply(token, os.fsencode(name), _entry_attributes(attrs), next_id)
+            same = attrs[1:]  # all but the inode number
+            if same != filled[0]:
+                _fill_attributes(out, attrs)
+                filled[0] = same
+            out.st_ino = attrs.ino
+            return reply(token, name.encode("utf-8", "surrogateescape"), out, next_id)
 
         try:
             await self.fs.readdir(fh, start_id, accept)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import tempfile
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,7 @@ class AtomicLocalStore(LocalStore):
 
 
 LIST_DIR_BATCH = 1000
+SMALL_DIR_BYTES = 256 * 1024  # a directory's st_size: roughly its names' bytes (ext4: ~5,000 names)
 
 
 def _next_names(entries: Any, count: int) -> list[str]:
@@ -231,6 +232,40 @@ class MeteredStore(WrapperStore[Store]):
         assert root is not None
         self.stats.count("store_exists")
         return os.path.isfile(os.path.join(root, key))
+
+    def list_dir_local(self, prefix: str, page: int) -> Iterator[list[str]]:
+        """`list_dir` of a local store in the calling worker thread, `page` names at a
+        time, counted the same way: `list_dir` would hop onto zarr's event loop and
+        from there to its executor for the scandir and again for each batch, four
+        thread switches per directory (1000 of them in `ls -lR` of 100,000 chunks)."""
+        root = self.local_root
+        assert root is not None
+        self.stats.count("store_list")
+        path = os.path.join(root, prefix) if prefix else root
+        keys = 0
+        try:
+            try:
+                # a directory whose entries fill less than SMALL_DIR_BYTES is read whole
+                # with os.listdir, several times cheaper than a DirEntry per name
+                if os.stat(path).st_size <= SMALL_DIR_BYTES:
+                    names = os.listdir(path)
+                    keys = len(names)
+                    for i in range(0, len(names), page):
+                        yield names[i : i + page]
+                    return
+                entries = os.scandir(path)
+            except (FileNotFoundError, NotADirectoryError):
+                return
+            with entries:
+                while True:
+                    names = _next_names(entries, page)
+                    keys += len(names)
+                    if names:
+                        yield names
+                    if len(names) < page:
+                        return
+        finally:
+            self.stats.count("store_list_keys", keys)
 
     async def get_partial_values(
         self, prototype: BufferPrototype, key_ranges: Iterable[tuple[str, ByteRequest | None]]

@@ -172,6 +172,12 @@ class TransformerStore(MappedStore):
 
     # -- metadata --------------------------------------------------------------------
 
+    def recorded_metadata(self, path: str) -> dict[str, Any] | None:
+        """The stored ``zarr.json`` of the array at ``path`` as this wrapper recorded it
+        when the array was opened (memory only), else None."""
+        doc = getattr(self._registry.get(path), "metadata", None)
+        return doc if isinstance(doc, dict) else None
+
     async def _register(self, path: str, doc: object) -> _ArrayEntry | _NotArray:
         """Record what ``path/zarr.json`` says; build the stack (MetadataError if bad)."""
         if not isinstance(doc, dict) or doc.get("node_type") != "array":

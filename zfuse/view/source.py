@@ -327,6 +327,7 @@ class ZarrChunkSource(ChunkSource):
         self._locks_guard = threading.Lock()
         # shard indexes: bounded, shared by the view's arrays once `use_index_cache` is called
         self._index_cache = BoundedLRU(DEFAULT_INDEX_CACHE_BYTES)
+        self._index_loading: dict[str, asyncio.Future[Any]] = {}  # index reads in flight
         # Chunks are read and written directly with the codec pipeline, except for
         # v2 arrays in F order, whose chunk memory order only zarr's indexing handles
         self._direct = not (self.zarr_format == 2 and getattr(meta, "order", "C") == "F")
@@ -494,14 +495,23 @@ class ZarrChunkSource(ChunkSource):
         head = "".join(p + "/" for p in store_parts)
         depth = len(parts)
         leaf = depth == len(origin) - 1
-        for names in _pages(self.store.list_dir(self.prefix + head)):
-            names = [name.rstrip("/") for name in names]  # http(s) listings mark directories "name/"
+        local = self._listing_store()
+        pages = local.list_dir_local(self.prefix + head, LIST_PAGE) if local is not None else \
+            _pages(self.store.list_dir(self.prefix + head))
+        for names in pages:
+            if local is None:
+                names = [name.rstrip("/") for name in names]  # http(s) listings mark directories "name/"
             if not leaf:
                 yield self._subdirs(depth, names, per_object)
             elif self.sharding is None:
-                yield self._stored_chunks(head, names)
+                yield self._stored_chunks(head, names, fixed)
             else:
                 yield self._inner_chunks(head, names, fixed)
+
+    def _leaf_names_are_ints(self) -> bool:
+        """Whether a chunk file's name in its directory is its last coordinate alone
+        (``/``-separated default and v2 keys): listings then decode names with int()."""
+        return self._standard is not None and self._standard[1] == "/" and len(self._grid) > 0  # 0-d: key "c"
 
     def _subdirs(self, depth: int, names: list[str], per_object: tuple[int, ...]) -> DirPage:
         origin, axis_at = self.key_layout()
@@ -516,8 +526,16 @@ class ZarrChunkSource(ChunkSource):
                 out.extend((str(i), None) for i in range(first, min(first + span, grid)))
         return out
 
-    def _stored_chunks(self, head: str, names: list[str]) -> DirPage:
+    def _stored_chunks(self, head: str, names: list[str], fixed: Coords) -> DirPage:
         out: DirPage = []
+        if self._leaf_names_are_ints():
+            last = self._grid[-1]
+            for name in names:
+                if name.isdigit() and (name[0] != "0" or name == "0"):  # _canonical_int, inlined
+                    i = int(name)
+                    if i < last:
+                        out.append((name, (*fixed, i)))
+            return out
         for name in names:
             coords = self.decode_key(head + name)
             if coords is not None and self.in_grid(coords):
@@ -534,7 +552,13 @@ class ZarrChunkSource(ChunkSource):
         out: DirPage = []
         n = len(fixed)
         limit = np.array(self._grid[n:])
-        for shard, index in zip(shards, sync(self._load_indexes(shards)), strict=True):
+        # indexes already cached (the ten directories one shard covers read it once)
+        # need no trip through zarr's event loop
+        indexes = [self._index_cache.get((id(self), self.prefix + self._encode_storage_key(s))) for s in shards]
+        if any(index is None for index in indexes):
+            indexes = sync(self._load_indexes(shards))
+        int_names = self._leaf_names_are_ints()
+        for shard, index in zip(shards, indexes, strict=True):
             if index is None:
                 continue
             base = np.array(shard) * np.array(self.chunks_per_shard)
@@ -547,7 +571,7 @@ class ZarrChunkSource(ChunkSource):
             found = found[(found < limit).all(axis=1)]
             for rest in found.tolist():
                 coords = (*fixed, *rest)
-                out.append((self.chunk_key(coords).rsplit("/", 1)[-1], coords))
+                out.append((str(rest[-1]) if int_names else self.chunk_key(coords).rsplit("/", 1)[-1], coords))
         return out
 
     def chunk_exists(self, coords: Coords) -> bool:
@@ -581,6 +605,16 @@ class ZarrChunkSource(ChunkSource):
         cached = self._index_cache.get((id(self), key))
         if cached is not None:
             return cached
+        # one read per index, however many requests want it at once (listings of the
+        # directories one shard covers run side by side when listed ahead of `ls -R`);
+        # all of them run on zarr's one event loop, so a plain dict is enough
+        loading = self._index_loading.get(key)
+        if loading is None:
+            loading = self._index_loading[key] = asyncio.ensure_future(self._read_shard_index(key))
+            loading.add_done_callback(lambda done: self._index_loading.pop(key, None))
+        return await asyncio.shield(loading)
+
+    async def _read_shard_index(self, key: str) -> Any:
         assert self.sharding is not None
         try:
             index = await zarr_private.load_shard_index(
@@ -646,6 +680,22 @@ class ZarrChunkSource(ChunkSource):
             return out
         codecs = self.sharding.codecs if self.sharding is not None else meta.codecs
         return [c.to_dict() for c in codecs]
+
+    def _listing_store(self) -> Any:
+        """`_local_store()` for listings, decided from memory only (`ls` reads nothing
+        but the listing: not even ``zarr.json`` again); None when that is not known."""
+        if self.zarr_format != 2 and getattr(self, "_transformers", None) is None:
+            from zfuse.ext.transformers import TransformerStore
+
+            store, doc = self.store, None
+            while isinstance(store, TransformerStore) and doc is None:
+                # the stored zarr.json, as the wrapper recorded it when the array was opened
+                doc = store.recorded_metadata(self.array.store_path.path)
+                store = zarr_private.wrapped_store(store)
+            if not isinstance(doc, dict):
+                return None
+            self._transformers = bool(doc.get("storage_transformers"))
+        return self._local_store()
 
     def _has_transformers(self) -> bool:
         if self.zarr_format == 2:

@@ -58,6 +58,10 @@ class Node(Enum):
 
     is_dir: bool
 
+    # members are singletons: identity hashing in C, not Enum's hash of the name in
+    # Python (a node kind is a dict key once per entry of every listing)
+    __hash__ = object.__hash__
+
     def __new__(cls, value: str, is_dir: bool) -> Node:
         member = object.__new__(cls)
         member._value_ = value
@@ -222,15 +226,48 @@ class View:
         arr = node.array
         if arr is None or arr.layout is None:
             return
-        keydir, chunk = Node.KEYDIR, Node.CHUNK  # bound once: an enum member lookup costs a call
+        # hot: one Entry per chunk file of every listing (100,000 in `ls -lR` of a big
+        # array); positional construction, and one size for all unless edges are cropped
+        # (tuple.__new__ with every field: a NamedTuple's own __new__ is a Python
+        # function, 0.5 µs a call)
+        keydir = Entry(Node.KEYDIR, 0, arr)  # shared: entries are immutable
+        chunk, size, new = Node.CHUNK, (None if arr.options.crop_edges else arr.layout.file_size), tuple.__new__
         for page in arr.iter_dir(rest):
-            out: list[tuple[str, Entry]] = []
-            for name, coords in page:
-                if coords is None:
-                    out.append((name, Entry(keydir, array=arr)))
-                else:
-                    out.append((name, Entry(chunk, size=arr.file_size(coords), array=arr, coords=coords)))
-            yield out
+            if size is None:
+                yield [(name, keydir if coords is None else Entry(chunk, arr.file_size(coords), arr, coords))
+                       for name, coords in page]
+            else:
+                yield [(name, keydir if coords is None else new(Entry, (chunk, size, arr, coords, None, None)))
+                       for name, coords in page]
+
+    def list_ahead(self, path: tuple[str, ...]) -> bool:
+        """List chunk directory `path` into the listing cache, if it is not there
+        (store I/O: worker thread). For a recursive walker (`ls -R`, `find`), whose
+        next directories are then answered from memory. True: it was listed."""
+        node, rest = self._split(path)
+        arr = node.array
+        if arr is None or not arr.needs_io(rest, listing=True):
+            return False
+        for _ in arr.iter_dir(rest):
+            pass
+        return True
+
+    def listed_subdirs(self, path: tuple[str, ...], limit: int) -> list[str] | None:
+        """The subdirectory names of chunk directory `path`, sorted, from its listing in
+        memory; None when it is not listed, [] when it has more than `limit` entries."""
+        node, rest = self._split(path)
+        arr = node.array
+        if arr is None or arr.layout is None or arr.needs_io(rest, listing=True):
+            return None
+        names: list[str] = []
+        seen = 0
+        for page in arr.iter_dir(rest):
+            seen += len(page)
+            if seen > limit:
+                return []
+            names += [name for name, coords in page if coords is None]
+        names.sort()
+        return names
 
     def dir_reader(self, path: tuple[str, ...], tail: list[tuple[str, Entry]] | None = None) -> DirReader:
         """A reader of directory `path` for readdir, `tail` entries (scratch files) last."""
