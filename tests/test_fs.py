@@ -615,3 +615,17 @@ def test_read_only_opens_need_no_flush(v3) -> None:
     assert meta.noflush
     fs.release(meta.fh)
     np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), chunk00(data))
+
+
+def test_chunk_files_suggest_large_writes(v3) -> None:
+    """`stat` suggests 1 MiB I/O for chunk files (cp writes a chunk in one request), 128 KiB
+    for the rest (buffered readers of a whole-image file do not fetch 1 MiB per tile)."""
+    src, data, fs, k = v3
+    assert k.stat(CHUNK).blksize == 1 << 20
+    assert k.stat("zarr.json").blksize == 128 << 10
+    assert k.stat("image.ome.tif").blksize == 128 << 10
+    sizes = {}
+    fh = k.call(fs.opendir, k.walk("c/0"))
+    k.call(fs.readdir, fh, 0, lambda name, attrs, nxt: sizes.setdefault(name, attrs.blksize) or True)
+    fs.releasedir(fh)
+    assert set(sizes.values()) == {1 << 20}, sizes

@@ -822,3 +822,22 @@ def test_rewrite_right_after_a_failed_create(tmp_path: Path, mount) -> None:
     values = stores.values((8, 16), "uint16", seed=33)
     tifffile.imwrite(target, values)
     np.testing.assert_array_equal(stores.open_any(src)[16:20, 0:16], values[:4])
+
+
+def test_cp_writes_a_chunk_in_one_request(tmp_path: Path, mount) -> None:
+    """stat's st_blksize is 1 MiB on chunk files: coreutils cp copies a chunk TIFF of up to
+    1 MiB in one write request (counted with -v, which logs every operation)."""
+    src = tmp_path / "a.zarr"
+    arr = zarr.create_array(str(src), shape=(1024, 1024), chunks=(512, 512), dtype="uint16", fill_value=0,
+                            compressors=None, zarr_format=3)
+    arr[...] = 1
+    m = mount(src, "-v")
+    chunk = m.path / "c" / "0" / "0.tiff"
+    assert os.stat(chunk).st_blksize == 1 << 20
+    assert os.stat(m.path / "zarr.json").st_blksize == 128 << 10
+    new = np.arange(512 * 512, dtype="uint16").reshape(512, 512)
+    tifffile.imwrite(tmp_path / "new.tif", new)  # 512 KiB + header
+    before = m.log().count("write(")
+    subprocess.run(["cp", str(tmp_path / "new.tif"), str(chunk)], check=True)
+    assert m.log().count("write(") - before == 1
+    np.testing.assert_array_equal(zarr.open_array(str(src))[:512, :512], new)

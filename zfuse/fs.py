@@ -67,6 +67,12 @@ SPECIAL_DIR = ".zfuse"
 STATS_FILE, ERRORS_FILE = "stats", "errors"
 MOUNT_FILE = "mount"  # the daemon's pid, sources, reloads, log (JSON; read by zfuse status/reload)
 ATTR_TIMEOUT = 5.0
+# st_blksize: coreutils cp copies in buffers of st_blksize, so a chunk file's 1 MiB
+# (the kernel's largest write request) writes a 512 KiB chunk in one request, not four.
+# Other files keep 128 KiB: Python's buffered files read ahead by it, and a tile read
+# of a whole-image file would fetch 1 MiB around each tile.
+CHUNK_BLKSIZE = 1 << 20
+BLKSIZE = 128 << 10
 LIST_AHEAD = 8  # sibling directories listed ahead of a recursive walker (ls -R, find)
 LIST_AHEAD_WAIT = 60.0  # seconds an opendir waits for its directory's read-ahead listing
 WALKS_KEPT = 16  # parent directories whose subdirectory order is kept for walk detection
@@ -101,6 +107,7 @@ class Attributes(NamedTuple):
     uid: int
     gid: int
     timeout: float  # attribute and entry cache seconds
+    blksize: int  # the I/O size `stat` suggests: writers such as cp size their buffer by it
 
     @property
     def is_dir(self) -> bool:
@@ -454,7 +461,8 @@ class FileSystem:
         # holds (scratch, placeholders), which a rename or release can take away
         live = node in self._live_nodes or (node is Node.CHUNK and entry.coords is None) \
             or (writes.states and path in writes.states)
-        return Attributes(ino, self._modes[node], entry.size, mtime, self.uid, self.gid, 0 if live else ATTR_TIMEOUT)
+        return Attributes(ino, self._modes[node], entry.size, mtime, self.uid, self.gid, 0 if live else ATTR_TIMEOUT,
+                          CHUNK_BLKSIZE if node is Node.CHUNK else BLKSIZE)
 
     # -- lookup and attributes ---------------------------------------------
     @operation(_by_child)
@@ -568,7 +576,8 @@ class FileSystem:
                 inode = self._inode(path) if ino is None else inodes[ino]
                 node = entry.node
                 if node in plain and (entry.coords is not None or node is Node.KEYDIR):
-                    attrs = new(Attributes, (inode.ino, modes[node], entry.size, started, uid, gid, ATTR_TIMEOUT))
+                    attrs = new(Attributes, (inode.ino, modes[node], entry.size, started, uid, gid, ATTR_TIMEOUT,
+                                             CHUNK_BLKSIZE if node is Node.CHUNK else BLKSIZE))
                 else:
                     attrs = self.attributes(path, entry, inode.ino)
                 if not accept(name, attrs, i):

@@ -68,7 +68,7 @@ def _fill_attributes(out: pyfuse3.EntryAttributes, attrs: Attributes) -> pyfuse3
     out.st_uid = attrs.uid
     out.st_gid = attrs.gid
     out.st_atime_ns = out.st_mtime_ns = out.st_ctime_ns = attrs.mtime_ns
-    out.st_blksize = 131072
+    out.st_blksize = attrs.blksize
     out.st_blocks = (attrs.size + 511) >> 9
     out.attr_timeout = out.entry_timeout = attrs.timeout
     return out
