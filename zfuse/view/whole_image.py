@@ -26,15 +26,12 @@ Layout (little endian; classic TIFF, BigTIFF when the file passes 4 GiB - 1):
   file sizes or a shard index), looked up when the header is first read
   (uncompressed chunks in local files: the tile size, nothing looked up).
   A local chunk file is read by range, straight from the file.
-- Reading a tile that is one chunk reads ahead the tiles right, below and below
-  right (a region reader's next), in one background thread: a local chunk file
-  passed through is read ahead by the OS (posix_fadvise), a decoded tile's chunk
-  is decoded into the chunk cache.
+- Reading a tile that is one local chunk file asks the OS to read ahead the
+  files of the tiles right, below and below right (a region reader's next).
 """
 
 from __future__ import annotations
 
-import functools
 import itertools
 import json
 import logging
@@ -45,7 +42,7 @@ import threading
 import time
 import zlib
 from collections import OrderedDict, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import quoteattr
@@ -798,20 +795,13 @@ class WholeImage:
             self._advised.clear()
         self._advised.add(key)
         ty, tx = divmod(tile, lv.tiles_across)
-        neighbours = [ny * lv.tiles_across + nx for ny, nx in ((ty, tx + 1), (ty + 1, tx), (ty + 1, tx + 1))
-                      if ny < lv.tiles_down and nx < lv.tiles_across]
-        if self._modes is not None and self._modes[level] is None:
-            # decoded tiles: the neighbours' chunks are decoded on another core while
-            # the reader takes this one (a region reader asks for them next)
-            coords = [c for t in neighbours if (c := self._direct_chunk(lv, plane, t)) is not None]
-            _ADVISOR.decode(lv.array, [c for c in coords if not lv.array.is_cached(c)])
-            return
         paths = []
-        for t in neighbours:
-            path = self._chunk_file(lv, self._tile_chunk(lv, plane, t))
-            if path is None:
-                return
-            paths.append(path)
+        for ny, nx in ((ty, tx + 1), (ty + 1, tx), (ty + 1, tx + 1)):
+            if ny < lv.tiles_down and nx < lv.tiles_across:
+                path = self._chunk_file(lv, self._tile_chunk(lv, plane, ny * lv.tiles_across + nx))
+                if path is None:
+                    return
+                paths.append(path)
         _ADVISOR.will_need(paths)
 
     def _stored_piece(self, level: int, plane: int, tile: int, within: int, length: int) -> bytes | None:
@@ -985,29 +975,21 @@ _SERIALS = itertools.count(1)
 
 
 class _Advisor:
-    """One background thread for read-ahead: it asks the OS to read files ahead
-    (posix_fadvise WILLNEED) and decodes chunks ahead into the chunk cache.
-    Opening a file may wait on the disk (cold inodes) and decoding takes a core:
-    a request being answered should not. Only the latest requests are kept (a
-    reader that moved on does not need the old ones)."""
+    """One background thread that asks the OS to read files ahead (posix_fadvise
+    WILLNEED). Opening a file and mapping its blocks may wait on the disk (cold
+    inodes): a request being answered should not. Only the latest requests are kept
+    (a reader that moved on does not need the old ones)."""
 
     def __init__(self, keep: int = 64) -> None:
-        self._pending: deque[Callable[[], None]] = deque(maxlen=keep)
+        self._pending: deque[list[str]] = deque(maxlen=keep)
         self._wake = threading.Condition()
         self._thread: threading.Thread | None = None
 
     def will_need(self, paths: list[str]) -> None:
-        if paths:
-            self._submit(functools.partial(_advise, paths))
-
-    def decode(self, array: ArrayView, coords: list[tuple[int, ...]]) -> None:
-        """Decode these chunks into the chunk cache (single flight with any read)."""
-        if coords:
-            self._submit(functools.partial(_decode_ahead, array, coords))
-
-    def _submit(self, job: Callable[[], None]) -> None:
+        if not paths:
+            return
         with self._wake:
-            self._pending.append(job)
+            self._pending.append(paths)
             if self._thread is None or not self._thread.is_alive():  # started on first use (after any fork)
                 self._thread = threading.Thread(target=self._run, name="zfuse-read-ahead", daemon=True)
                 self._thread.start()
@@ -1018,33 +1000,18 @@ class _Advisor:
             with self._wake:
                 while not self._pending:
                     self._wake.wait()
-                job = self._pending.popleft()
-            job()
-
-
-def _advise(paths: list[str]) -> None:
-    for path in paths:
-        try:
-            fd = os.open(path, os.O_RDONLY)
-        except OSError:
-            continue  # not stored (fill value), or unreadable: the read will say
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
-
-def _decode_ahead(array: ArrayView, coords: list[tuple[int, ...]]) -> None:
-    for c in coords:
-        if array.is_cached(c):
-            continue
-        try:
-            array.pixel_bytes(c)
-            array.stats.count("image_read_ahead")
-        except Exception as e:  # the real read reports it, with its errno
-            log.debug("read-ahead of %s %s failed: %s", array.key_name(c), c, e)
+                paths = self._pending.popleft()
+            for path in paths:
+                try:
+                    fd = os.open(path, os.O_RDONLY)
+                except OSError:
+                    continue  # not stored (fill value), or unreadable: the read will say
+                try:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                except OSError:
+                    pass
+                finally:
+                    os.close(fd)
 
 
 _ADVISOR = _Advisor()
