@@ -15,6 +15,7 @@ read-modify-write loses another's update.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import os
 import threading
@@ -581,7 +582,7 @@ class ZarrChunkSource(ChunkSource):
             return False
         if self.sharding is None:
             key = self.prefix + self._encode_storage_key(coords)
-            local = self._local_store()
+            local = self._local_store
             if local is not None:  # in this worker thread, as `_fetch_local` reads
                 return local.exists_local(key)
             return bool(sync(self.store.exists(key)))
@@ -682,7 +683,7 @@ class ZarrChunkSource(ChunkSource):
         return [c.to_dict() for c in codecs]
 
     def _listing_store(self) -> Any:
-        """`_local_store()` for listings, decided from memory only (`ls` reads nothing
+        """`_local_store` for listings, decided from memory only (`ls` reads nothing
         but the listing: not even ``zarr.json`` again); None when that is not known."""
         if self.zarr_format != 2 and getattr(self, "_transformers", None) is None:
             from zfuse.ext.transformers import TransformerStore
@@ -695,7 +696,7 @@ class ZarrChunkSource(ChunkSource):
             if not isinstance(doc, dict):
                 return None
             self._transformers = bool(doc.get("storage_transformers"))
-        return self._local_store()
+        return self._local_store
 
     def _has_transformers(self) -> bool:
         if self.zarr_format == 2:
@@ -759,13 +760,16 @@ class ZarrChunkSource(ChunkSource):
         store is a local directory and a chunk is one whole object (not sharded, no
         transformers); None otherwise. No I/O: readers of stored bytes can then read
         just the range they need instead of the whole object through zarr."""
-        root = getattr(self, "_chunk_root", False)
-        if root is False:
-            direct = self.sharding is None and not self._has_transformers()
-            root = self._chunk_root = self._local_root() if direct else None
+        root = self._chunk_root
         if root is None:
             return None
         return os.path.join(root, self.prefix + self._encode_storage_key(coords))
+
+    @functools.cached_property
+    def _chunk_root(self) -> str | None:
+        """`stored_chunk_path`'s directory: the local root when a chunk is one object."""
+        direct = self.sharding is None and not self._has_transformers()
+        return self._local_root() if direct else None
 
     def read_stored(self, coords: Coords) -> bytes | None:
         """Chunk `coords` as stored (an inner chunk's bytes for sharded arrays), not
@@ -776,7 +780,7 @@ class ZarrChunkSource(ChunkSource):
     def _fetch(self, coords: Coords, must_exist: bool) -> tuple[Any, Any] | None:
         """One chunk's stored bytes and spec (None: nothing stored). A local store is
         read in this worker thread; any other store on zarr's event loop."""
-        local = self._local_store()
+        local = self._local_store
         if local is not None:
             fetched = self._fetch_local(local, coords, must_exist)
             if fetched is not _NOT_LOCAL:
@@ -784,21 +788,18 @@ class ZarrChunkSource(ChunkSource):
         fetch = self._fetch_inner_chunk if self.sharding is not None else self._fetch_stored_chunk
         return sync(fetch(coords, must_exist))
 
+    @functools.cached_property
     def _local_store(self) -> Any:
         """zfuse's metered store when it wraps a local directory directly (no storage
         transformers or key mapping in between), else None."""
-        found = getattr(self, "_local", _NOT_LOCAL)
-        if found is _NOT_LOCAL:
-            from zfuse.ext.transformers import TransformerStore
-            from zfuse.store import MeteredStore
+        from zfuse.ext.transformers import TransformerStore
+        from zfuse.store import MeteredStore
 
-            store = self.store
-            while isinstance(store, TransformerStore):  # passes keys through unless transformers
-                store = zarr_private.wrapped_store(store)
-            local = isinstance(store, MeteredStore) and store.local_root is not None
-            found = store if local and not self._has_transformers() else None
-            self._local = found
-        return found
+        store = self.store
+        while isinstance(store, TransformerStore):  # passes keys through unless transformers
+            store = zarr_private.wrapped_store(store)
+        local = isinstance(store, MeteredStore) and store.local_root is not None
+        return store if local and not self._has_transformers() else None
 
     def _fetch_local(self, local: Any, coords: Coords, must_exist: bool) -> Any:
         """`_fetch_stored_chunk`/`_fetch_inner_chunk` without the event loop; _NOT_LOCAL
@@ -811,7 +812,7 @@ class ZarrChunkSource(ChunkSource):
                 if must_exist:
                     raise self._vanished(key)
                 return None
-            return proto.buffer.from_bytes(data), self._chunk_spec(coords)
+            return proto.buffer.from_bytes(data), self._chunk_spec
         shard = self._storage_coords(coords)
         key = self.prefix + self._encode_storage_key(shard)
         index = self._index_cache.get((id(self), key))
@@ -827,19 +828,16 @@ class ZarrChunkSource(ChunkSource):
         if data is None or len(data) != end - start:
             self._index_cache.pop((id(self), key))
             raise CorruptDataError(f"{key}: inner chunk {coords} lies outside the stored shard")
-        return proto.buffer.from_bytes(data), self._chunk_spec(coords)
+        return proto.buffer.from_bytes(data), self._chunk_spec
 
-    def _chunk_spec(self, coords: Coords) -> Any:
-        """The decode spec of a (inner) chunk; one for the whole regular grid."""
-        spec = getattr(self, "_spec", None)
-        if spec is None:
-            proto = default_buffer_prototype()
-            first = tuple(0 for _ in self.shape)
-            spec = self.array.metadata.get_chunk_spec(first, zarr_private.array_config(self.array), proto)
-            if self.sharding is not None:
-                spec = zarr_private.inner_chunk_spec(self.sharding, spec)
-            self._spec = spec
-        return spec
+    @functools.cached_property
+    def _chunk_spec(self) -> Any:
+        """The spec a (inner) chunk is encoded and decoded with: one for the whole
+        regular grid (zarr gives every chunk the full chunk shape)."""
+        proto = default_buffer_prototype()
+        first = tuple(0 for _ in self.shape)
+        spec = self.array.metadata.get_chunk_spec(first, zarr_private.array_config(self.array), proto)
+        return spec if self.sharding is None else zarr_private.inner_chunk_spec(self.sharding, spec)
 
     def _vanished(self, key: str) -> CorruptDataError:
         return CorruptDataError(f"{key}: listed chunk is no longer in the store")
@@ -855,7 +853,7 @@ class ZarrChunkSource(ChunkSource):
             if must_exist:
                 raise self._vanished(key)
             return None
-        return buf, self.array.metadata.get_chunk_spec(coords, zarr_private.array_config(self.array), proto)
+        return buf, self._chunk_spec
 
     async def _fetch_inner_chunk(self, coords: Coords, must_exist: bool) -> tuple[Any, Any] | None:
         """One inner chunk's bytes and spec: the shard index (cached) and one ranged read."""
@@ -874,8 +872,7 @@ class ZarrChunkSource(ChunkSource):
         if buf is None or len(buf) != end - start:
             self._index_cache.pop((id(self), key))
             raise CorruptDataError(f"{key}: inner chunk {coords} lies outside the stored shard")
-        shard_spec = self.array.metadata.get_chunk_spec(shard, zarr_private.array_config(self.array), proto)
-        return buf, zarr_private.inner_chunk_spec(self.sharding, shard_spec)
+        return buf, self._chunk_spec
 
     # -- writing ----------------------------------------------------------
     def _storage_coords(self, coords: Coords) -> Coords:
@@ -902,8 +899,8 @@ class ZarrChunkSource(ChunkSource):
                 if self.sharding is not None and self._direct and self._local_shard_writes():
                     new_index = self._write_inner_chunk_local(coords, self.full_chunk(clipped))
                 elif self.sharding is None and self._direct and self._sync_encode:
-                    encoded = self._encode_in_this_thread(coords, self.full_chunk(clipped))
-                    local = self._local_store()
+                    encoded = self._encode_in_this_thread(self.full_chunk(clipped))
+                    local = self._local_store
                     if local is not None and local.local_writer:
                         self._set_chunk_local(local, coords, encoded)  # in this worker thread
                     else:
@@ -925,7 +922,7 @@ class ZarrChunkSource(ChunkSource):
         if found is None:
             from zarr.abc.codec import ArrayBytesCodec, BytesBytesCodec
 
-            local = self._local_store()
+            local = self._local_store
             codecs = [*self.sharding.codecs, *self.sharding.index_codecs]
             found = (
                 local is not None and local.local_writer and self._sync_codecs is not None
@@ -945,7 +942,7 @@ class ZarrChunkSource(ChunkSource):
         Returns the shard's key and new index (for the index cache)."""
         from zarr.codecs.sharding import MAX_UINT_64, ShardingCodecIndexLocation
 
-        sharding, local = self.sharding, self._local_store()
+        sharding, local = self.sharding, self._local_store
         cps = tuple(self.chunks_per_shard)
         key = self.prefix + self._encode_storage_key(self._storage_coords(coords))
         index_spec = zarr_private.shard_index_spec(sharding, cps)
@@ -972,12 +969,7 @@ class ZarrChunkSource(ChunkSource):
                 if start + length > len(stored):
                     raise CorruptDataError(f"{key}: inner chunk {at} lies outside the stored shard")
                 parts[at] = data[start : start + length]
-        spec = self._chunk_spec(coords)
-        serializer, bytes_codecs = self._sync_codecs
-        encoded = zarr_private.encode_sync(
-            serializer, proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype)), spec)
-        for codec in bytes_codecs:
-            encoded = zarr_private.encode_sync(codec, encoded, spec)
+        encoded = self._encode_in_this_thread(full)
         parts[tuple(c % n for c, n in zip(coords, cps, strict=True))] = memoryview(encoded.as_numpy_array()).cast("B")
         index = zarr_private.new_shard_index(np.full((*cps, 2), MAX_UINT_64, dtype=np.uint64))
         ordered = []
@@ -1005,9 +997,8 @@ class ZarrChunkSource(ChunkSource):
         """Encode one whole chunk with the codec pipeline and store it (one set)."""
         proto = default_buffer_prototype()
         async_array = self.array.async_array
-        spec = self.array.metadata.get_chunk_spec(coords, zarr_private.array_config(self.array), proto)
         values = proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype))
-        (encoded,) = await async_array.codec_pipeline.encode([(values, spec)])
+        (encoded,) = await async_array.codec_pipeline.encode([(values, self._chunk_spec)])
         await self._set_chunk(coords, encoded)
 
     async def _set_chunk(self, coords: Coords, encoded: Any) -> None:
@@ -1023,11 +1014,11 @@ class ZarrChunkSource(ChunkSource):
             raise CorruptDataError(f"{key}: the codecs produced no bytes")
         local.set_local(key, encoded)
 
-    def _encode_in_this_thread(self, coords: Coords, full: np.ndarray) -> Any:
+    def _encode_in_this_thread(self, full: np.ndarray) -> Any:
         """Encode with the codecs' synchronous methods (the mirror of reading)."""
         assert self._sync_codecs is not None
         proto = default_buffer_prototype()
-        spec = self.array.metadata.get_chunk_spec(coords, zarr_private.array_config(self.array), proto)
+        spec = self._chunk_spec
         serializer, bytes_codecs = self._sync_codecs
         values = proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype))
         encoded = zarr_private.encode_sync(serializer, values, spec)
