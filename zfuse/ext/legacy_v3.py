@@ -14,12 +14,7 @@ The legacy layout, as zarr-python 2.18 writes it (``zarr/_storage/store.py``,
                                            metadata_key_suffix ".json", extensions []
     meta/root.group.json                   root group {"attributes": {...}} (or root.array.json)
     meta/root/<path>.group.json            explicit group; groups may also be implicit
-    meta/root/<path>.array.json            shape, data_type ("<u2", "bool", "u1", ...),
-                                           chunk_grid {type, chunk_shape, separator},
-                                           chunk_memory_layout "C"|"F", compressor
-                                           {codec: URL, configuration}, fill_value,
-                                           attributes, extensions, dimension_separator,
-                                           storage_transformers [{extension, type, configuration}]
+    meta/root/<path>.array.json            array document (its fields: ``legacy_v3_metadata``)
     data/root/<path>/c<i><sep><j>...        chunk (or shard) of array <path>: "c0/1" or "c0.1"
 
 Presented layout (what callers of ``LegacyV3Store`` see)::
