@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tifffile
@@ -95,6 +97,29 @@ def zarr_write_all(arr: zarr.Array, spec: Spec, blocks: list[np.ndarray]) -> Non
         arr[spec.region(i, j)] = b
 
 
+def cp_into_fresh_mount(cfg: Config, src: Path, spec: Spec, tiff_paths: list[str],
+                        *mount_args: str) -> tuple[float, float, float, str]:
+    """`cp` of each prepared TIFF onto its chunk file, in a fresh mount of a fresh copy
+    of `src`: (seconds, daemon CPU, cp CPU, what is wrong with the store afterwards)."""
+    store = fresh_copy(src, f"w-{spec.name}.zarr")
+    with mounted([store], *mount_args) as m:
+        dests = chunk_paths(m.path, spec.coords())
+        drop_caches(cfg)
+        warm(tiff_paths)
+        t, daemon, client = copy_timed(m, tiff_paths, dests)
+    return t, daemon, client, check_store(store, spec)
+
+
+def zarr_into_fresh_copy(cfg: Config, src: Path, spec: Spec, blocks: list[np.ndarray],
+                         open_store: Callable[[Path], Any]) -> tuple[float, float]:
+    """zarr-python `array[region] = data` of the same chunks on a fresh copy of `src`,
+    opened through `open_store`: (seconds, CPU)."""
+    store = fresh_copy(src, f"w-{spec.name}.zarr")
+    arr = zarr.open_array(open_store(store), mode="r+")
+    drop_caches(cfg)
+    return zarr_timed(arr, spec, blocks)
+
+
 def bench_write(cfg: Config) -> list[Result]:
     from zfuse.store import AtomicLocalStore
 
@@ -111,44 +136,28 @@ def bench_write(cfg: Config) -> list[Result]:
         problem = ""
         nbytes = sum(Path(p).stat().st_size for p in tiff_paths)
         for _ in range(cfg.reps):
-            # zfuse: cp of each prepared TIFF onto its chunk file (commit at close)
-            store = fresh_copy(src, f"w-{spec.name}.zarr")
             try:
-                with mounted([store]) as m:
-                    dests = chunk_paths(m.path, spec.coords())
-                    drop_caches(cfg)
-                    warm(tiff_paths)
-                    t, daemon, client = copy_timed(m, tiff_paths, dests)
-                    z_t.append(t)
-                    cpu["zfuse_daemon"].append(daemon)
-                    cpu["zfuse_client"].append(client)
-                problem = problem or check_store(store, spec)
+                # zfuse: cp of each prepared TIFF onto its chunk file (commit at close)
+                t, daemon, client, bad = cp_into_fresh_mount(cfg, src, spec, tiff_paths)
             except OSError as e:
                 problem = f"{type(e).__name__}: {e}"
                 break
+            z_t.append(t)
+            cpu["zfuse_daemon"].append(daemon)
+            cpu["zfuse_client"].append(client)
+            problem = problem or bad
             # zfuse with -o durability=process: close() survives the daemon, not a power cut
-            store = fresh_copy(src, f"w-{spec.name}.zarr")
-            with mounted([store], "-o", "durability=process") as m:
-                dests = chunk_paths(m.path, spec.coords())
-                drop_caches(cfg)
-                warm(tiff_paths)
-                t, daemon, client = copy_timed(m, tiff_paths, dests)
-                p_t.append(t)
-                cpu["zfuse_process_daemon"].append(daemon)
-                cpu["zfuse_process_client"].append(client)
-            problem = problem or check_store(store, spec)
+            t, daemon, client, bad = cp_into_fresh_mount(cfg, src, spec, tiff_paths, "-o", "durability=process")
+            p_t.append(t)
+            cpu["zfuse_process_daemon"].append(daemon)
+            cpu["zfuse_process_client"].append(client)
+            problem = problem or bad
             # zarr-python in-process: array[region] = data for the same chunks (data in memory)
-            store = fresh_copy(src, f"w-{spec.name}.zarr")
-            arr = zarr.open_array(str(store), mode="r+")
-            drop_caches(cfg)
-            t, used = zarr_timed(arr, spec, blocks)
+            t, used = zarr_into_fresh_copy(cfg, src, spec, blocks, str)
             r_t.append(t)
             cpu["zarr"].append(used)
             # the same, on zfuse's fsync'ing store (what the mount writes through)
-            store = fresh_copy(src, f"w-{spec.name}.zarr")
-            arr = zarr.open_array(AtomicLocalStore(str(store)), mode="r+")
-            drop_caches(cfg)
-            t, used = zarr_timed(arr, spec, blocks)
+            t, used = zarr_into_fresh_copy(cfg, src, spec, blocks, lambda store: AtomicLocalStore(str(store)))
             a_t.append(t)
             cpu["zarr_fsync"].append(used)
         what = (f"cp of {len(spec.coords())} chunk TIFFs into the mount, {spec.name}"
