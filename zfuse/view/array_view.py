@@ -12,8 +12,9 @@ Invariants:
   existence check of its key (or its shard's index); `iter_dir()` of a chunk
   directory is one listing of that key prefix (plus the indexes of the shards
   it covers). Answers are kept in the view's bounded caches (`ViewCaches`)
-  until evicted or `refresh()`; `needs_io()` says whether an answer is
-  already in memory, so callers on an event loop know when to use a thread.
+  until evicted or `refresh()`; `known()` and `needs_listing()` say whether
+  an answer is already in memory, so callers on an event loop know when to use
+  a thread.
 - Chunk bytes are the generated header followed by the chunk's values in C
   order, little endian (`bytes` codec order): the same bytes the view's
   dual-access ``zarr.json`` (suffix ``.tiff`` keys, codecs bytes + pad)
@@ -221,15 +222,13 @@ class ArrayView:
             self.caches.names.put((id(self), _CHUNK, coords), (generation, answer))
         return answer
 
-    def needs_io(self, rest: tuple[str, ...], *, listing: bool = False) -> bool:
-        """Whether answering for path `rest` inside the array (`entry`, or with `listing`
-        `list_dir`) needs store I/O; False means the answer is in memory."""
+    def needs_listing(self, rest: tuple[str, ...]) -> bool:
+        """Whether listing directory `rest` inside the array needs store I/O; False means
+        the listing is in memory (or there is nothing to list). Whether one chunk exists
+        is `known()`, None when not in memory."""
         if self.layout is None:
             return False
-        if listing:
-            return self.is_key_prefix(rest) and self._listed(rest) is None
-        coords = self.coords_of(rest)
-        return coords is not None and self.known(coords) is None
+        return self.is_key_prefix(rest) and self._listed(rest) is None
 
     def iter_dir(self, rest: tuple[str, ...]) -> Iterator[list[tuple[str, Coords | None]]]:
         """Pages of directory `rest`: (file name, coords) for chunk files, (name, None)

@@ -13,8 +13,9 @@ Invariants:
 - `entry()` never reads chunk data: a chunk file's size comes from metadata
   alone. `entry()` of one chunk file costs at most one existence check and
   `list_dir()` of a chunk directory one listing of that key prefix (see
-  `array_view.py`); `View.needs_io()` says whether an answer is already in
-  memory, so callers on an event loop know when to use a thread.
+  `array_view.py`); `View.needs_io()` (and `entry(..., memory_only=True)`) say
+  whether an answer is already in memory, so callers on an event loop know when
+  to use a thread.
 """
 
 from __future__ import annotations
@@ -167,11 +168,10 @@ class View:
     def needs_io(self, path: tuple[str, ...], *, listing: bool = False) -> bool:
         """Whether `entry(path)` (or with `listing`, `list_dir(path)`) needs store I/O.
         False: the answer is in memory, callers on an event loop may call directly."""
-        node, rest = self._split(path)
-        arr = node.array
-        if arr is None or (not rest and not listing):
-            return False
-        return arr.needs_io(rest, listing=listing)
+        if not listing:
+            return self.entry(path, memory_only=True) is NEEDS_IO
+        arr, rest = self.array_at(path)
+        return arr is not None and arr.needs_listing(rest)
 
     def entry(self, path: tuple[str, ...], *, memory_only: bool = False) -> Entry | None | NeedsIO:
         """What is at `path`. A chunk file not known yet costs one existence check
@@ -246,7 +246,7 @@ class View:
         next directories are then answered from memory. True: it was listed."""
         node, rest = self._split(path)
         arr = node.array
-        if arr is None or not arr.needs_io(rest, listing=True):
+        if arr is None or not arr.needs_listing(rest):
             return False
         for _ in arr.iter_dir(rest):
             pass
@@ -257,7 +257,7 @@ class View:
         memory; None when it is not listed, [] when it has more than `limit` entries."""
         node, rest = self._split(path)
         arr = node.array
-        if arr is None or arr.layout is None or arr.needs_io(rest, listing=True):
+        if arr is None or arr.layout is None or arr.needs_listing(rest):
             return None
         names: list[str] = []
         seen = 0
