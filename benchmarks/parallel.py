@@ -18,6 +18,7 @@ from benchmarks.common import Config, Result, drop_caches, median, mounted
 
 READER = (
     "import sys\n"
+    "print('ready', flush=True)\n"
     "sys.stdin.read(1)\n"  # wait for the start signal
     "n = 0\n"
     "for p in sys.argv[1:]:\n"
@@ -35,7 +36,8 @@ def read_in_processes(paths: list[str], processes: int) -> tuple[float, int]:
                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         for i in range(processes)
     ]
-    time.sleep(0.3)  # interpreters started (not timed; the start signal begins the clock)
+    for p in procs:  # every interpreter started (not timed; the start signal begins the clock)
+        assert p.stdout is not None and p.stdout.readline() == "ready\n"
     t0 = time.perf_counter()
     for p in procs:
         assert p.stdin is not None
