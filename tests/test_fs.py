@@ -629,3 +629,37 @@ def test_chunk_files_suggest_large_writes(v3) -> None:
     k.call(fs.readdir, fh, 0, lambda name, attrs, nxt: sizes.setdefault(name, attrs.blksize) or True)
     fs.releasedir(fh)
     assert set(sizes.values()) == {1 << 20}, sizes
+
+
+def test_read_ahead_window_slides_with_a_scan_and_not_on_a_re_read(tmp_path: Path, clock: Clock) -> None:
+    """Opening a chunk file decodes it and the next READ_AHEAD chunks in C order (and checks
+    that they exist, so their lookups need no I/O); opening
+    a file that was decoded ahead asks for one more, so a scan never waits for a new
+    batch; re-opening a file read before (the page cache serves it) decodes nothing."""
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src, shape=(40, 32), chunks=(8, 16))  # grid 5 x 2
+    spawned: list[tuple[int, ...]] = []
+
+    def spawn(fn, job) -> None:  # noqa: ANN001
+        spawned.append(job[1])
+        fn(job)  # at once, as a worker thread would
+
+    stats = Stats()
+    config = MountConfig(sources=[str(src)], mountpoint="")
+    fs = FileSystem(make_view(config, stats), stats=stats, clock=clock, spawn=spawn)
+    k = Kernel(fs)
+    fs.kernel = k
+    k.read_file("c/0/0.tiff")
+    assert spawned == [(0, 0), (0, 1), (1, 0), (1, 1), (2, 0)]
+    assert stats.snapshot()["read_ahead"] == 4
+    spawned.clear()
+    assert not fs.view.needs_io(("c", "2", "0.tiff"))  # its lookup answers from memory
+    k.read_file("c/0/1.tiff")  # decoded ahead: the window moves one on
+    assert spawned == [(2, 1)]
+    spawned.clear()
+    k.read_file("c/0/0.tiff")  # a re-read
+    k.read_file("c/0/1.tiff")
+    assert spawned == []
+    assert stats.snapshot()["chunks_decoded"] == 6  # each once
+    np.testing.assert_array_equal(pixels(k.read_file("c/2/1.tiff")), data[16:24, 16:32])
+    assert spawned == [(3, 0), (3, 1), (4, 0), (4, 1)]  # (2, 1) was ready

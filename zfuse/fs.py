@@ -63,6 +63,7 @@ Run = Callable[..., Awaitable[Any]]
 
 ROOT_INODE = 1
 READ_AHEAD = 4  # chunk files decoded ahead of a sequential reader
+AHEAD_REMEMBERED = 16 * READ_AHEAD  # decoded-ahead chunks remembered until opened
 SPECIAL_DIR = ".zfuse"
 STATS_FILE, ERRORS_FILE = "stats", "errors"
 MOUNT_FILE = "mount"  # the daemon's pid, sources, reloads, log (JSON; read by zfuse status/reload)
@@ -314,6 +315,9 @@ class FileSystem:
         self._dirs: dict[int, _DirHandle] = {}
         self._next_fh = 1
         self._reading_ahead: set[Any] = set()
+        # chunks decoded ahead whose file is not opened yet: opening one means a scan
+        # goes on (keep the window full), not a re-read (oldest first; bounded)
+        self._ahead_unopened: collections.OrderedDict[Any, None] = collections.OrderedDict()
         self._walks: collections.OrderedDict[Path, _Walk] = collections.OrderedDict()
         self._listing_ahead: dict[Path, threading.Event] = {}  # listed ahead, not done yet
         self._journal_problems(view)
@@ -775,29 +779,44 @@ class FileSystem:
 
     # -- read-ahead across files --------------------------------------------
     def _read_ahead(self, arr: Any, coords: tuple[int, ...]) -> None:
-        """Decode the next chunks in C order in the background while this one is read.
+        """Keep the next chunks in C order decoding in the background while this one is read.
 
         A reader going through chunk files one by one otherwise waits for each
-        decode in turn; with read-ahead, decoding overlaps the transfer.
+        decode in turn; with read-ahead, decoding overlaps the transfer. The
+        window slides: opening a file that was decoded ahead asks for the next
+        one, so a scan never waits for a fresh batch. A cached chunk opened
+        otherwise is a re-read, served by the kernel's page cache: nothing ahead.
         """
         if self.spawn is None or arr.layout is None:
             return
         if arr.cache.max_bytes < 4 * arr.layout.data_size:
             return  # no room to keep what is decoded ahead
-        if arr.is_cached(coords):
-            return  # a re-read, not a cold scan: the kernel's page cache serves it
+        key = (id(arr), coords)
+        scanning = self._ahead_unopened.pop(key, False) is None
+        if not scanning and arr.is_cached(coords):
+            return
+        if key not in self._reading_ahead and not arr.is_cached(coords):
+            # this file's own chunk first, starting now rather than at its first read
+            self._reading_ahead.add(key)
+            self.spawn(self._decode_ahead, (arr, coords, key, False))
         for nxt in arr.successors(coords, READ_AHEAD):
             key = (id(arr), nxt)
             if key in self._reading_ahead or arr.is_cached(nxt):
                 continue
             self._reading_ahead.add(key)
-            self.spawn(self._decode_ahead, (arr, nxt, key))
+            self._ahead_unopened[key] = None
+            while len(self._ahead_unopened) > AHEAD_REMEMBERED:
+                self._ahead_unopened.popitem(last=False)
+            self.spawn(self._decode_ahead, (arr, nxt, key, True))
 
-    def _decode_ahead(self, job: tuple[Any, tuple[int, ...], Any]) -> None:
-        arr, coords, key = job
+    def _decode_ahead(self, job: tuple[Any, tuple[int, ...], Any, bool]) -> None:
+        arr, coords, key, ahead = job
         try:
-            arr.pixel_bytes(coords)
-            self.stats.count("read_ahead")
+            # the existence check too: the lookup that opens this file answers from memory
+            if arr.exists(coords):
+                arr.pixel_bytes(coords)
+                if ahead:
+                    self.stats.count("read_ahead")
         except Exception as e:  # the real read reports it, with its errno
             log.debug("read-ahead of %s failed: %s", coords, e)
         finally:
