@@ -11,6 +11,7 @@ in pass/fail tests; this is where they live (see benchmarks/README.md).
 from __future__ import annotations
 
 import argparse
+import compileall
 import datetime
 import importlib
 import os
@@ -22,7 +23,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from benchmarks.common import ROOT, Config, Result, cleanup_tmp, write_json
+from benchmarks.common import CODE, ROOT, Config, Result, cleanup_tmp, write_json
 
 # name -> (module, function)
 BENCHMARKS: dict[str, tuple[str, str]] = {
@@ -37,6 +38,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "big": ("benchmarks.big", "bench_big"),
     "wholeimage": ("benchmarks.wholeimage", "bench_wholeimage"),
     "parallel": ("benchmarks.parallel", "bench_parallel"),
+    "startstop": ("benchmarks.startstop", "bench_startstop"),
 }
 
 
@@ -169,6 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     info = machine()
     info["command"] = "python -m benchmarks.run " + " ".join(argv if argv is not None else sys.argv[1:])
     cfg.log("zfuse benchmarks: " + ", ".join(f"{k}={v}" for k, v in info.items()))
+    # the daemons start from bytecode, as an installed zfuse does (PYTHONDONTWRITEBYTECODE
+    # would otherwise make every mount compile zfuse again)
+    for code in {CODE, *([Path(os.environ["ZFUSE_BENCH_OTHER_CODE"])] if os.environ.get("ZFUSE_BENCH_OTHER_CODE") else [])}:
+        compileall.compile_dir(str(code / "zfuse"), quiet=1)
     results: list[Result] = []
     t_start = time.perf_counter()
     try:

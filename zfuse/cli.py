@@ -299,7 +299,7 @@ def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
         if not os.path.exists("/dev/fuse"):  # before spawning: a bare /dev has no /dev/null either
             print("zfuse: /dev/fuse is missing (is the fuse kernel module loaded?)", file=sys.stderr)
             return 1
-        return _spawn_daemon(argv, config)
+        return _spawn_daemon(args, config)
     return _run_foreground(config, args.sources, args.ready_fd, args.verbose)
 
 
@@ -402,11 +402,28 @@ def _detach_stdio(config: MountConfig) -> None:
         config.log_destination = "none (no --log-file, no system log)"
 
 
-def _spawn_daemon(argv: list[str], config: MountConfig) -> int:
-    """Run the daemon in the background; return once the mount is live or failed."""
+def _spawn_daemon(args: argparse.Namespace, config: MountConfig) -> int:
+    """Run the daemon in the background; return once the mount is live or failed.
+
+    The daemon is a fork of this process, not a new interpreter: it keeps what
+    is imported already instead of starting Python and importing zfuse again
+    (about a third of the time `zfuse mount` takes)."""
     read_fd, write_fd = os.pipe()
-    cmd = [sys.executable, "-m", "zfuse.cli", "mount", *argv, "-f", "--ready-fd", str(write_fd)]
-    proc = subprocess.Popen(cmd, pass_fds=(write_fd,), stdin=subprocess.DEVNULL, start_new_session=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the daemon
+        code = 1
+        try:
+            os.close(read_fd)
+            os.setsid()  # its own session: the caller's terminal and signals are not its own
+            devnull = os.open(os.devnull, os.O_RDONLY)
+            os.dup2(devnull, 0)
+            os.close(devnull)
+            code = _run_foreground(config, args.sources, write_fd, args.verbose)
+        finally:
+            logging.shutdown()
+            os._exit(code)  # never back into the caller's code
     os.close(write_fd)
     chunks = []
     while True:
@@ -422,7 +439,8 @@ def _spawn_daemon(argv: list[str], config: MountConfig) -> int:
                   "(such as why a write was refused) are not kept; see zfuse mount -h",
                   file=sys.stderr)
         return 0
-    code = proc.wait()
+    _, status = os.waitpid(pid, 0)
+    code = os.waitstatus_to_exitcode(status)
     if message.startswith("error: "):
         print("zfuse: " + message[len("error: "):], file=sys.stderr)
     else:
