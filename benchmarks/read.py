@@ -59,7 +59,7 @@ def bench_cold_warm(cfg: Config) -> list[Result]:
         store = build(cfg, spec)
         plain = plain_copy(cfg, spec, store)
         plain_paths = chunk_paths(plain, spec.coords())
-        z_t, r_t, p_t, warm, plain_warm = [], [], [], [], []
+        z_t, r_t, p_t, warm, warm_ro, plain_warm = [], [], [], [], [], []
         nbytes = ref_nbytes = 0
         dropped = True
         for _ in range(cfg.reps):
@@ -71,6 +71,9 @@ def bench_cold_warm(cfg: Config) -> list[Result]:
                 z_t.append(t)
                 # warm: the same files again, served from the kernel page cache
                 warm.append(warm_rate(paths, nbytes))
+            # warm on a read-only mount: closes cost no FLUSH request there (SEMANTICS [read-8])
+            with mounted([store], "-o", "ro") as m:
+                warm_ro.append(warm_rate(chunk_paths(m.path, spec.coords()), nbytes))
             # zarr-python in-process over the same chunks (array opened before timing)
             arr = zarr.open_array(str(store), mode="r")
             dropped &= drop_caches(cfg)
@@ -90,7 +93,7 @@ def bench_cold_warm(cfg: Config) -> list[Result]:
             what=f"cold read of {len(spec.coords())} chunk files, {spec.name} {spec.shape} "
                  f"chunks {spec.chunks}" + (f" shards {spec.shards}" if spec.shards else ""),
             zfuse_s=zt, ref_s=rt, ref_name="zarr-python in-process", nbytes=nbytes,
-            ref_nbytes=ref_nbytes, ratio=ratio, goal=">= 0.8x", met=ratio >= 0.8,
+            ref_nbytes=ref_nbytes, ratio=ratio, goal=">= 1.0x", met=ratio >= 1.0,
             extra={"plain_files_s": pt, "plain_MBps": mbps(plain_bytes, pt),
                    "zfuse_vs_plain": pt / zt, "zfuse_runs_s": z_t, "zarr_runs_s": r_t,
                    "plain_runs_s": p_t, "note": note},
@@ -100,12 +103,20 @@ def bench_cold_warm(cfg: Config) -> list[Result]:
             name=f"read_warm_{spec.name}",
             what=f"warm re-read (page cache) of {spec.name}'s chunk files",
             nbytes=nbytes, value=w, unit="GB/s", ratio=w / median(plain_warm),
-            goal=">= 2 GB/s", met=w >= 2.0,
+            goal=">= 3 GB/s", met=w >= 3.0,
             extra={"runs_GBps": warm, "plain_files_warm_GBps": median(plain_warm),
                    "plain_warm_runs_GBps": plain_warm},
         ))
-        cfg.log(f"  {spec.name}: zfuse {zt:.3f}s zarr {rt:.3f}s plain {pt:.3f}s warm {w:.2f} GB/s "
-                f"(plain files {median(plain_warm):.2f} GB/s)")
+        w_ro = median(warm_ro)
+        results.append(Result(
+            name=f"read_warm_ro_{spec.name}",
+            what=f"warm re-read (page cache) of {spec.name}'s chunk files on a -o ro mount",
+            nbytes=nbytes, value=w_ro, unit="GB/s", ratio=w_ro / median(plain_warm),
+            goal=">= 3 GB/s", met=w_ro >= 3.0,
+            extra={"runs_GBps": warm_ro, "plain_files_warm_GBps": median(plain_warm)},
+        ))
+        cfg.log(f"  {spec.name}: zfuse {zt:.3f}s zarr {rt:.3f}s plain {pt:.3f}s warm {w:.2f} GB/s, "
+                f"-o ro {w_ro:.2f} GB/s (plain files {median(plain_warm):.2f} GB/s)")
     return results
 
 

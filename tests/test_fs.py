@@ -46,6 +46,7 @@ class Kernel:
         self.fs = fs
         self.invalidated: list[int] = []
         self.forgotten_names: list[tuple[int, str]] = []
+        self.no_flush = False
 
     # Kernel protocol (called by fs)
     def invalidate_inode(self, ino: int) -> None:
@@ -97,9 +98,16 @@ class Kernel:
         assert self.call(self.fs.write, fh, off, data) == len(data)
 
     def close(self, fh: int) -> None:
-        """close(2) of the last descriptor: flush, then release (as the kernel does)."""
+        """close(2) of the last descriptor: flush, then release (as the kernel does). A FLUSH
+        answered ENOSYS is a success, and the kernel sends none again on this mount."""
         try:
-            self.call(self.fs.flush, fh)
+            if not self.no_flush:
+                try:
+                    self.call(self.fs.flush, fh)
+                except FsError as e:
+                    if e.errno != errno.ENOSYS:
+                        raise
+                    self.no_flush = True
         finally:
             self.fs.release(fh)
 
@@ -663,3 +671,24 @@ def test_read_ahead_window_slides_with_a_scan_and_not_on_a_re_read(tmp_path: Pat
     assert stats.snapshot()["chunks_decoded"] == 6  # each once
     np.testing.assert_array_equal(pixels(k.read_file("c/2/1.tiff")), data[16:24, 16:32])
     assert spawned == [(3, 0), (3, 1), (4, 0), (4, 1)]  # (2, 1) was ready
+
+
+def test_read_only_mount_turns_flush_off(tmp_path: Path, clock: Clock) -> None:
+    """A read-only mount answers the first FLUSH with ENOSYS, which the kernel takes as
+    success and as "never send FLUSH again": closes after it cost no request."""
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src)
+    fs, k = make_fs(src, clock, read_only=True)
+    with pytest.raises(FsError) as e:
+        fh = k.open(CHUNK)
+        try:
+            k.call(fs.flush, fh)
+        finally:
+            fs.release(fh)
+    assert e.value.errno == errno.ENOSYS
+    for _ in range(3):
+        fh = k.open(CHUNK)
+        np.testing.assert_array_equal(pixels(k.read(fh)), chunk00(data))
+        k.close(fh)
+    assert fs.stats.snapshot()["flush_requests"] == 2  # the call above, and the first close
+    assert not fs.errors  # not an error: nothing logged or journaled

@@ -286,7 +286,7 @@ def test_all_chunks_lists_missing_as_fill(tmp_path: Path, mount) -> None:
 
 
 def test_read_ahead_decodes_the_next_chunks(tmp_path: Path, mount) -> None:
-    """[read-1] a sequential reader finds the next chunks already decoded (read-ahead)."""
+    """[read-7] a sequential reader finds the next chunks already decoded (read-ahead)."""
     src = tmp_path / "a.zarr"
     data = stores.v3(src, shape=(64, 64), chunks=(16, 16))
     m = mount(src)
@@ -297,6 +297,22 @@ def test_read_ahead_decodes_the_next_chunks(tmp_path: Path, mount) -> None:
     stats = json.loads((m.path / ".zfuse" / "stats").read_text())
     assert stats.get("read_ahead", 0) >= 1, stats
     assert stats["store_get_chunk"] == 16, stats  # each chunk decoded once
+    assert stats["read_ahead"] == 15, stats  # the window slid on: only the first file waited
+
+
+def test_read_only_mount_sends_flush_once(tmp_path: Path, mount) -> None:
+    """[read-8] on a read-only mount every close() succeeds, and after the first the
+    kernel sends no FLUSH (answered ENOSYS once)."""
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src, shape=(64, 64), chunks=(16, 16))
+    m = mount(src, "-o", "ro")
+    for _ in range(2):
+        for i in range(4):
+            with open(m.path / "c" / str(i) / "0.tiff", "rb") as f:  # close() raises on failure
+                got = tifffile.imread(f)
+            np.testing.assert_array_equal(got, data[16 * i:16 * i + 16, 0:16])
+    stats = json.loads((m.path / ".zfuse" / "stats").read_text())
+    assert stats["flush_requests"] == 1, stats
 
 
 def test_crop_edges(tmp_path: Path, mount) -> None:

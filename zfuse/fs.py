@@ -733,6 +733,13 @@ class FileSystem:
 
     @operation(_by_handle)
     async def flush(self, fh: int) -> None:
+        if self.read_only:
+            # Nothing on a read-only mount commits at close. ENOSYS makes the kernel
+            # stop sending FLUSH for the whole mount (close() still succeeds): one
+            # request less per close, what the per-open noflush reply does where
+            # pyfuse3 passes it on. A read-write mount needs FLUSH, its commit point.
+            self.stats.count("flush_requests")
+            raise FsError(errno.ENOSYS)
         handle = self.handles[fh]
         if handle.state is not None and handle.writable and await self.writes.flush(handle.state):
             self._invalidate_path(handle.path)
