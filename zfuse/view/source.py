@@ -686,30 +686,39 @@ class ZarrChunkSource(ChunkSource):
         """`_local_store` for listings, decided from memory only (`ls` reads nothing
         but the listing: not even ``zarr.json`` again); None when that is not known."""
         if self.zarr_format != 2 and getattr(self, "_transformers", None) is None:
-            from zfuse.ext.transformers import TransformerStore
-
-            store, doc = self.store, None
-            while isinstance(store, TransformerStore) and doc is None:
-                # the stored zarr.json, as the wrapper recorded it when the array was opened
-                doc = store.recorded_metadata(self.array.store_path.path)
-                store = zarr_private.wrapped_store(store)
-            if not isinstance(doc, dict):
+            recorded = self._recorded_transformers()
+            if recorded is None:
                 return None
-            self._transformers = bool(doc.get("storage_transformers"))
+            self._transformers = recorded
         return self._local_store
+
+    def _recorded_transformers(self) -> bool | None:
+        """Whether the stored ``zarr.json`` names storage transformers, from the copy the
+        store wrapper recorded when the array was opened (memory only); None if none."""
+        from zfuse.ext.transformers import TransformerStore
+
+        store = self.store
+        while isinstance(store, TransformerStore):
+            doc = store.recorded_metadata(self.array.store_path.path)
+            if isinstance(doc, dict):
+                return bool(doc.get("storage_transformers"))
+            store = zarr_private.wrapped_store(store)
+        return None
 
     def _has_transformers(self) -> bool:
         if self.zarr_format == 2:
             return False
         found = getattr(self, "_transformers", None)
         if found is None:
+            found = self._recorded_transformers()
+        if found is None:  # not recorded: read the stored document again
             from zfuse.ext.api import raw_array_metadata
 
             try:
                 found = bool(raw_array_metadata(self.array).get("storage_transformers"))
             except Exception:  # not a plain zarr.json (e.g. a pre-release layout): not direct
                 found = True
-            self._transformers = found
+        self._transformers = found
         return found
 
     def _local_root(self) -> str | None:
