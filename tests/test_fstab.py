@@ -71,7 +71,9 @@ def daemons_for(mountpoint: Path) -> list[psutil.Process]:
     out = []
     for p in psutil.process_iter(["cmdline"]):
         cmd = p.info["cmdline"] or []
-        if "zfuse.cli" in cmd and str(mountpoint) in cmd:
+        # the daemon is a fork of the `zfuse` command mount.fuse3 ran (the entry point script)
+        runs_zfuse = any(c == "zfuse.cli" or os.path.basename(c) == "zfuse" for c in cmd)
+        if runs_zfuse and str(mountpoint) in cmd:
             out.append(p)
     return out
 
