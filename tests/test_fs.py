@@ -51,6 +51,9 @@ class Kernel:
     def invalidate_inode(self, ino: int) -> None:
         self.invalidated.append(ino)
 
+    def invalidate_inode_here(self, ino: int) -> None:
+        self.invalidated.append(ino)
+
     def invalidate_entry(self, parent_ino: int, name: str) -> None:
         self.forgotten_names.append((parent_ino, name))
 

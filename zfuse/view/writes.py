@@ -372,10 +372,12 @@ class Writes:
             if standalone and not state.scratch:
                 self.states.pop(path, None)
 
-    async def flush(self, state: FileState) -> bool:
+    async def flush(self, state: FileState, stored: Callable[[], None] | None = None) -> bool:
         """close() of a descriptor open for writing: commit if complete; pending if
-        incomplete; InvalidTiffError if complete but not this chunk. True: committed
-        (the caller drops the kernel's cached data of the path; release relies on it)."""
+        incomplete; InvalidTiffError if complete but not this chunk. True: committed.
+        `stored` runs in the commit's worker thread once the chunk is stored: the
+        caller drops the kernel's cached data of the path there (release relies on it),
+        without a thread of its own."""
         if not state.dirty or state.scratch or state.phase is Phase.DETACHED:
             return False
         buffer = state.buffer if state.buffer is not None else bytearray()
@@ -384,15 +386,15 @@ class Writes:
             state.incomplete = reason
             return False
         state.incomplete = None
-        await self._commit(state)
+        await self._commit(state, stored)
         return True
 
-    async def fsync(self, state: FileState) -> bool:
+    async def fsync(self, state: FileState, stored: Callable[[], None] | None = None) -> bool:
         """fsync(): store the file if it is already complete; an incomplete file stays
         buffered and fsync succeeds (programs that sync mid-write must not fail)."""
-        return await self.flush(state)
+        return await self.flush(state, stored)
 
-    async def _commit(self, state: FileState) -> None:
+    async def _commit(self, state: FileState, stored: Callable[[], None] | None = None) -> None:
         arr, coords = state.array, state.coords
         assert arr is not None and coords is not None and arr.layout is not None
         # One commit at a time per file; writes landing while it runs bump the
@@ -400,17 +402,19 @@ class Writes:
         async with state.commit_lock:
             generation = state.generation
             await self.before_replace(state.path)
-            await self.store_tiff(arr, coords, bytes(state.buffer or b""))
+            await self.store_tiff(arr, coords, bytes(state.buffer or b""), stored)
             self.removed.pop(state.path, None)  # a replacement: nothing left to delete
             if state.generation == generation:
                 state.dirty = False
             state.committed = True
         self.mtimes[state.path] = state.mtime_ns
 
-    async def store_tiff(self, arr: ArrayView, coords: tuple[int, ...], data: bytes) -> None:
-        """Parse `data` as a TIFF of chunk `coords` and store it; errors name the chunk's key."""
+    async def store_tiff(self, arr: ArrayView, coords: tuple[int, ...], data: bytes,
+                         stored: Callable[[], None] | None = None) -> None:
+        """Parse `data` as a TIFF of chunk `coords` and store it, then call `stored` (in
+        the same worker thread); errors name the chunk's key."""
         try:
-            await self.run(_commit_chunk, arr, coords, data)
+            await self.run(_commit_chunk, arr, coords, data, stored)
         except InvalidTiffError as e:
             self.stats.count("rejected_writes")
             raise InvalidTiffError(f"{arr.key_name(coords)}: {e}") from e
@@ -665,8 +669,10 @@ def _looks_like_chunk(arr: ArrayView, rest: Path) -> bool:
     return shape_of == origin
 
 
-def _commit_chunk(arr: ArrayView, coords: tuple[int, ...], data: bytes) -> None:
-    """Parse a written TIFF and store its values as chunk `coords` (blocking)."""
+def _commit_chunk(arr: ArrayView, coords: tuple[int, ...], data: bytes,
+                  stored: Callable[[], None] | None = None) -> None:
+    """Parse a written TIFF and store its values as chunk `coords`, then call `stored`
+    (blocking)."""
     assert arr.layout is not None
     source = arr.source
     region = source.chunk_region(coords)
@@ -681,3 +687,5 @@ def _commit_chunk(arr: ArrayView, coords: tuple[int, ...], data: bytes) -> None:
     source.write_chunk(coords, values)
     arr.forget(coords)
     arr.add_chunk(coords)
+    if stored is not None:
+        stored()
