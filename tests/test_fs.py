@@ -666,3 +666,32 @@ def test_read_ahead_window_slides_with_a_scan_and_not_on_a_re_read(tmp_path: Pat
     assert stats.snapshot()["chunks_decoded"] == 6  # each once
     np.testing.assert_array_equal(pixels(k.read_file("c/2/1.tiff")), data[16:24, 16:32])
     assert spawned == [(3, 0), (3, 1), (4, 0), (4, 1)]  # (2, 1) was ready
+
+
+def test_a_commit_checks_the_next_chunks_so_their_lookups_need_no_io(tmp_path: Path, clock: Clock) -> None:
+    """A writer going through the chunk files in order looks up the next one next: a commit
+    checks whether the next chunks in C order exist (on a local store: one stat each, in
+    the commit's worker thread), so that lookup answers from memory, and rightly. A
+    shard's chunks are checked ahead only while its index is in memory."""
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src)  # grid 3 x 2
+    (src / "c" / "1" / "0").unlink()  # not stored: the check ahead must say so
+    fs, k = make_fs(src, clock)
+    new = stores.values((8, 16), "uint16", seed=3)
+    k.write_file(CHUNK, tiff(new))
+    assert not fs.view.needs_io(("c", "0", "1.tiff"))
+    assert not fs.view.needs_io(("c", "1", "0.tiff"))
+    assert fs.view.needs_io(("c", "1", "1.tiff"))  # not next: asked when looked up
+    assert k.exists("c/0/1.tiff") and not k.exists("c/1/0.tiff")
+    np.testing.assert_array_equal(pixels(k.read_file("c/0/1.tiff"))[:, :14], data[0:8, 16:30])  # an edge chunk
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), new)
+
+    sharded = tmp_path / "s.zarr"
+    stores.sharded(sharded)  # shards of 2 x 2 chunks: (0, 0)-(1, 1) and (2, 0)-(2, 1)
+    fs, k = make_fs(sharded, clock)
+    k.write_file(CHUNK, tiff(new))
+    assert not fs.view.needs_io(("c", "0", "1.tiff"))  # the index just written is in memory
+    assert not fs.view.needs_io(("c", "1", "0.tiff"))
+    k.write_file("c/1/1.tiff", tiff(new))
+    assert fs.view.needs_io(("c", "2", "0.tiff"))  # another shard, its index not read yet
+    assert k.exists("c/2/0.tiff")

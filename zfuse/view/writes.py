@@ -67,6 +67,7 @@ NAME_MAX = 255
 RENAME_NOREPLACE = 1
 REPLACE_WINDOW = 30.0  # seconds an unlinked chunk stays in the store for a replacement (converters take seconds between deleting and creating their output)
 PENDING_TIMEOUT = 300.0  # seconds an incomplete closed file waits to be completed
+CHECKED_AHEAD = 2  # chunks after a committed one whose existence the commit checks (local stores)
 
 
 class Phase(Enum):
@@ -689,3 +690,18 @@ def _commit_chunk(arr: ArrayView, coords: tuple[int, ...], data: bytes,
     arr.add_chunk(coords)
     if stored is not None:
         stored()
+    _check_ahead(arr, coords)
+
+
+def _check_ahead(arr: ArrayView, coords: tuple[int, ...]) -> None:
+    """A writer going through the chunk files in order (`cp` in a loop, a script per
+    chunk) looks up the next file next. Where that lookup would cost a thread hop for
+    one stat of a local file (or a shard index already in memory), the commit's worker
+    thread answers it now, so the lookup answers from memory: the mirror of the
+    read-ahead's existence checks. Other stores are not asked ahead."""
+    try:
+        for nxt in arr.successors(coords, CHECKED_AHEAD):
+            if arr.known(nxt) is None and arr.source.exists_is_local(nxt):
+                arr.exists(nxt)
+    except Exception as e:  # the lookup itself asks again and reports it
+        log.debug("checking chunks after %s failed: %s", coords, e)
