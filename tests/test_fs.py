@@ -158,7 +158,8 @@ def clock() -> Clock:
 def make_fs(src: Path, clock: Clock, **kw: object) -> tuple[FileSystem, Kernel]:
     config = MountConfig(sources=[str(src)], mountpoint="", read_only=bool(kw.pop("read_only", False)))
     view = make_view(config)
-    fs = FileSystem(view, read_only=config.read_only, stats=Stats(), clock=clock, process=lambda pid: pid,
+    process = kw.pop("process", lambda pid: pid)
+    fs = FileSystem(view, read_only=config.read_only, stats=Stats(), clock=clock, process=process,
                     reload=lambda: make_view(config), **kw)  # type: ignore[arg-type]
     kernel = Kernel(fs)
     fs.kernel = kernel
@@ -695,3 +696,45 @@ def test_a_commit_checks_the_next_chunks_so_their_lookups_need_no_io(tmp_path: P
     k.write_file("c/1/1.tiff", tiff(new))
     assert fs.view.needs_io(("c", "2", "0.tiff"))  # another shard, its index not read yet
     assert k.exists("c/2/0.tiff")
+
+
+def test_process_of_a_request_thread() -> None:
+    """A request's thread id maps to its process (the writer sees its own bytes from any
+    of its threads); an id that is not a live thread stands for itself."""
+    import threading
+
+    from zfuse.fs import process_of
+
+    found: list[int] = []
+    thread = threading.Thread(target=lambda: found.append(process_of(threading.get_native_id())))
+    thread.start()
+    thread.join()
+    assert found == [os.getpid()]
+    assert process_of(os.getpid()) == os.getpid()
+    assert process_of(2**31 - 1) == 2**31 - 1
+
+
+def test_the_writing_thread_needs_no_process_look_up(tmp_path: Path, clock: Clock) -> None:
+    """[write-2] The thread that opened a file for writing sees its bytes without its
+    process being looked up again (cp's fstat after its open); another thread of the same
+    process sees them too, another process does not."""
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src)
+    asked: list[int] = []
+    processes = {WRITER: WRITER, WRITER + 1: WRITER, OTHER: OTHER}  # WRITER + 1: a second thread
+
+    def process(tid: int) -> int:
+        asked.append(tid)
+        return processes[tid]
+
+    fs, k = make_fs(src, clock, process=process)
+    stored_size = k.stat(CHUNK).size
+    fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC, WRITER)
+    k.write(fh, b"II*\0")
+    asked.clear()
+    assert k.stat(CHUNK, WRITER).size == 4
+    assert asked == []
+    assert k.stat(CHUNK, WRITER + 1).size == 4 and set(asked) == {WRITER + 1}
+    assert k.stat(CHUNK, OTHER).size == stored_size
+    k.write(fh, tiff(chunk00(data)))
+    k.close(fh)

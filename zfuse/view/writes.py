@@ -106,6 +106,9 @@ class FileState:
     generation: int = 0  # bumped by every change: a commit only clears what it stored
     handles: int = 0
     writers: set[int] = field(default_factory=set)  # processes that wrote it (see their bytes)
+    # the threads that opened it for writing: asking again from one of them (cp's fstat
+    # after its open) needs no look-up of its process
+    writer_threads: set[int] = field(default_factory=set)
     incomplete: str | None = None  # why the last close left it pending
     mtime_ns: int = field(default_factory=time.time_ns)
     changed_at: float = 0.0  # the Writes clock: pending files expire from here
@@ -209,7 +212,11 @@ class Writes:
         """
         if state.scratch or not self.stored(state) or state.committed:
             return True
-        return pid is not None and self.process(pid) in state.writers
+        return pid is not None and (pid in state.writer_threads or self.process(pid) in state.writers)
+
+    def _add_writer(self, state: FileState, pid: int) -> None:
+        state.writers.add(self.process(pid))
+        state.writer_threads.add(pid)
 
     def entry_for(self, path: Path, pid: int | None) -> Entry | None:
         """The entry of a path with a state, as process `pid` sees it (None: no state)."""
@@ -295,7 +302,7 @@ class Writes:
             state.buffer = bytearray()
             state.changed(self.clock())
         if pid is not None:
-            state.writers.add(self.process(pid))
+            self._add_writer(state, pid)
         state.handles += 1
         return state
 
@@ -314,7 +321,7 @@ class Writes:
             state.dirty = not state.scratch
             state.phase = Phase.OPEN
         if pid is not None:
-            state.writers.add(self.process(pid))
+            self._add_writer(state, pid)
         state.handles += 1
         return state
 
@@ -353,7 +360,7 @@ class Writes:
         if size > state.limit:
             raise FileTooLargeError(f"size {size} exceeds the {state.limit}-byte limit")
         if pid is not None:
-            state.writers.add(self.process(pid))
+            self._add_writer(state, pid)
         try:
             buffer = await self.run(load_buffer, state)
             if size == len(buffer) and not state.dirty:
