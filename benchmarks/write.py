@@ -1,4 +1,10 @@
-"""Issue 4 figure: `cp` of prepared chunk TIFFs into the mount vs zarr-python writes."""
+"""Issue 4 figure: `cp` of prepared chunk TIFFs into the mount vs zarr-python writes.
+
+The copy is Python's `shutil.copyfile` (sendfile: nine 64 KiB write requests per
+chunk file; coreutils `cp` sends one, sized by `st_blksize`, but a process per file
+would cost more than the copy). With ZFUSE_BENCH_OTHER_CODE=CHECKOUT the daemon of
+another checkout takes the same copies in the same repetitions (before/after).
+"""
 
 from __future__ import annotations
 
@@ -29,6 +35,9 @@ from benchmarks.common import (
 )
 
 NEW_SEED = 1  # the written pixels differ from the stored ones
+# Another checkout whose daemon takes the same copies in the same repetitions
+# (interleaved, so a busy machine weighs on both alike): a "before" figure.
+OTHER_CODE = os.environ.get("ZFUSE_BENCH_OTHER_CODE")
 
 
 def prepared_tiffs(cfg: Config, spec: Spec) -> Path:
@@ -122,10 +131,12 @@ def zarr_write_all(arr: zarr.Array, spec: Spec, blocks: list[np.ndarray]) -> Non
         arr[spec.region(i, j)] = b
 
 
-def cp_into_fresh_mount(cfg: Config, src: Path, spec: Spec, tiff_paths: list[str], *mount_args: str) -> CopyRun:
-    """`cp` of each prepared TIFF onto its chunk file, in a fresh mount of a fresh copy of `src`."""
+def cp_into_fresh_mount(cfg: Config, src: Path, spec: Spec, tiff_paths: list[str], *mount_args: str,
+                        code: Path | None = None) -> CopyRun:
+    """`cp` of each prepared TIFF onto its chunk file, in a fresh mount (of the daemon in
+    checkout `code`, default this one) of a fresh copy of `src`."""
     store = fresh_copy(src, f"w-{spec.name}.zarr")
-    with mounted([store], *mount_args) as m:
+    with mounted([store], *mount_args, code=code) as m:
         dests = chunk_paths(m.path, spec.coords())
         drop_caches(cfg)
         warm(tiff_paths)
@@ -157,19 +168,24 @@ def bench_write(cfg: Config) -> list[Result]:
         r_t, a_t = [], []
         disk: list[CopyRun] = []
         process: list[CopyRun] = []
+        other: dict[str, list[CopyRun]] = {"disk": [], "process": []}  # OTHER_CODE's daemon
         cpu: dict[str, list[float]] = {"zarr": [], "zarr_fsync": []}
         problem = ""
         nbytes = sum(Path(p).stat().st_size for p in tiff_paths)
-        for _ in range(cfg.reps):
+        for rep in range(cfg.reps):
             try:
-                # zfuse: cp of each prepared TIFF onto its chunk file (commit at close)
-                disk.append(cp_into_fresh_mount(cfg, src, spec, tiff_paths))
-                # zfuse with -o durability=process: close() survives the daemon, not a power cut
-                process.append(cp_into_fresh_mount(cfg, src, spec, tiff_paths, "-o", "durability=process"))
+                for code in ([None, OTHER_CODE] if rep % 2 == 0 else [OTHER_CODE, None]) if OTHER_CODE else [None]:
+                    daemon = Path(code) if code else None
+                    # zfuse: cp of each prepared TIFF onto its chunk file (commit at close)
+                    run = cp_into_fresh_mount(cfg, src, spec, tiff_paths, code=daemon)
+                    (other["disk"] if code else disk).append(run)
+                    # zfuse with -o durability=process: close() survives the daemon, not a power cut
+                    run_p = cp_into_fresh_mount(cfg, src, spec, tiff_paths, "-o", "durability=process", code=daemon)
+                    (other["process"] if code else process).append(run_p)
+                    problem = problem or run.problem or run_p.problem
             except OSError as e:
                 problem = f"{type(e).__name__}: {e}"
                 break
-            problem = problem or disk[-1].problem or process[-1].problem
             # zarr-python in-process: array[region] = data for the same chunks (data in memory)
             t, used = zarr_into_fresh_copy(cfg, src, spec, blocks, str)
             r_t.append(t)
@@ -193,22 +209,34 @@ def bench_write(cfg: Config) -> list[Result]:
             name=f"write_{spec.name}", what=what + " (close() on disk)", zfuse_s=zt, ref_s=at,
             ref_name="zarr-python array[region] = data on an fdatasync-per-object store",
             nbytes=nbytes, ref_nbytes=spec.nbytes, ratio=at / zt, goal=">= 0.8x", met=at / zt >= 0.8,
-            extra={"zfuse_runs_s": z_t, "zarr_fsync_runs_s": a_t, **_cpu(disk, cpu["zarr_fsync"])},
+            extra={"zfuse_runs_s": z_t, "zarr_fsync_runs_s": a_t, **_cpu(disk, cpu["zarr_fsync"]),
+                   **_other(other["disk"], at)},
         ))
         results.append(Result(
             name=f"write_{spec.name}_process", what=what + " (-o durability=process)", zfuse_s=pt, ref_s=rt,
             ref_name="zarr-python array[region] = data (LocalStore, no sync)",
             nbytes=nbytes, ref_nbytes=spec.nbytes, ratio=rt / pt, goal=">= 0.8x", met=rt / pt >= 0.8,
-            extra={"zfuse_runs_s": p_t, "zarr_runs_s": r_t, **_cpu(process, cpu["zarr"])},
+            extra={"zfuse_runs_s": p_t, "zarr_runs_s": r_t, **_cpu(process, cpu["zarr"]),
+                   **_other(other["process"], rt)},
         ))
         cfg.log(f"  {spec.name}: zfuse cp {zt:.3f}s (process {pt:.3f}s) zarr {rt:.3f}s zarr+fsync store {at:.3f}s")
     return results
 
 
-def _cpu(runs: list[CopyRun], zarr_cpu: list[float]) -> dict[str, str]:
-    """CPU figures of the zfuse runs against zarr's (steadier than wall time on a busy machine)."""
+def _cpu(runs: list[CopyRun], zarr_cpu: list[float] | None = None) -> dict[str, str]:
+    """CPU figures of the zfuse runs (against zarr's): steadier than wall time on a busy machine."""
+    cpu = (f"{median([r.daemon_cpu for r in runs]) * 1e3:.0f} + {median([r.client_cpu for r in runs]) * 1e3:.0f}"
+           + (f" / {median(zarr_cpu) * 1e3:.0f}" if zarr_cpu else ""))
     return {
-        "cpu_ms (daemon + cp / zarr)": f"{median([r.daemon_cpu for r in runs]) * 1e3:.0f} + "
-        f"{median([r.client_cpu for r in runs]) * 1e3:.0f} / {median(zarr_cpu) * 1e3:.0f}",
+        "cpu_ms (daemon + cp" + (" / zarr)" if zarr_cpu else ")"): cpu,
         "daemon context switches": f"{median([r.daemon_switches for r in runs]):.0f}",
     }
+
+
+def _other(runs: list[CopyRun], ref_s: float) -> dict[str, Any]:
+    """The other checkout's daemon in the same repetitions (ZFUSE_BENCH_OTHER_CODE)."""
+    if not runs:
+        return {}
+    return {"other_code": OTHER_CODE, "other_runs_s": [r.seconds for r in runs],
+            "other_ratio": f"{ref_s / median([r.seconds for r in runs]):.2f}x",
+            **{f"other {k}": v for k, v in _cpu(runs).items()}}
