@@ -738,3 +738,37 @@ def test_the_writing_thread_needs_no_process_look_up(tmp_path: Path, clock: Cloc
     assert k.stat(CHUNK, OTHER).size == stored_size
     k.write(fh, tiff(chunk00(data)))
     k.close(fh)
+
+
+def test_a_commit_drops_cached_data_in_its_own_worker_thread(tmp_path: Path, clock: Clock) -> None:
+    """[write-4] Readers see the new values at once: the commit drops the kernel's cached
+    data of the file in the worker thread that stored the chunk, before close returns
+    (not in a thread of its own afterwards); a failure there does not fail the close."""
+    src = tmp_path / "a.zarr"
+    stores.v3(src)
+    in_worker: list[bool] = []
+
+    async def run(fn, *args):  # noqa: ANN001, ANN202 - a worker thread, modelled
+        in_worker.append(True)
+        try:
+            return fn(*args)
+        finally:
+            in_worker.pop()
+
+    fs, k = make_fs(src, clock, run=run)
+    dropped: list[tuple[int, bool]] = []
+    k.invalidate_inode_here = lambda ino: dropped.append((ino, bool(in_worker)))  # type: ignore[method-assign]
+    ino = k.walk(CHUNK)
+    k.invalidated.clear()
+    new = stores.values((8, 16), "uint16", seed=5)
+    k.write_file(CHUNK, tiff(new))
+    assert dropped == [(ino, True)] and k.invalidated == []
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), new)
+
+    def broken(ino: int) -> None:
+        raise RuntimeError("the kernel said no")
+
+    k.invalidate_inode_here = broken  # type: ignore[method-assign]
+    newer = stores.values((8, 16), "uint16", seed=6)
+    k.write_file(CHUNK, tiff(newer))  # close succeeds: the chunk is stored
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), newer)

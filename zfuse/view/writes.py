@@ -696,7 +696,10 @@ def _commit_chunk(arr: ArrayView, coords: tuple[int, ...], data: bytes,
     arr.forget(coords)
     arr.add_chunk(coords)
     if stored is not None:
-        stored()
+        try:
+            stored()
+        except Exception as e:  # the chunk is stored: a failed cache drop is not a failed close
+            log.warning("%s: stored, but dropping cached data failed: %s", arr.key_name(coords), e)
     _check_ahead(arr, coords)
 
 
