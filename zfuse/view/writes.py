@@ -86,8 +86,8 @@ class Released(Enum):
     VANISHED = 2  # a never-stored file is gone: drop the directory entry
     PENDING = 3  # kept as an incomplete file: its size is the buffer's
     REVERTED = 4  # a refused replacement is dropped: the path reads the stored chunk again
-    # stored by a flush or fsync and unchanged since: the caller dropped cached data
-    # when that commit returned, so there is nothing more to drop (a `cp` is this)
+    # stored by a flush or fsync and unchanged since: that commit dropped cached data
+    # (the caller's `stored`), so there is nothing more to drop (a `cp` is this)
     FLUSHED = 5
 
 
