@@ -772,3 +772,29 @@ def test_a_commit_drops_cached_data_in_its_own_worker_thread(tmp_path: Path, clo
     newer = stores.values((8, 16), "uint16", seed=6)
     k.write_file(CHUNK, tiff(newer))  # close succeeds: the chunk is stored
     np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), newer)
+
+
+def test_old_bytes_in_the_page_cache_never_reach_new_readers(tmp_path: Path, clock: Clock) -> None:
+    """[write-2] A reader open through the page cache across a replacement keeps reading
+    the old bytes, which the kernel keeps in the file's (shared) page cache: until it
+    closes, readers opening the new chunk bypass that cache; when it closes, it is dropped."""
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src)
+    fs, k = make_fs(src, clock, reader_grace=0.01)
+    ino = k.walk(CHUNK)
+    early = k.call(fs.open, ino, os.O_RDONLY, OTHER)
+    assert early.keep_cache and not early.direct_io
+    new = stores.values((8, 16), "uint16", seed=8)
+    k.write_file(CHUNK, tiff(new))  # goes on once the grace for the early reader is over
+    np.testing.assert_array_equal(pixels(k.read(early.fh)), chunk00(data))
+    late = k.call(fs.open, ino, os.O_RDONLY, OTHER)
+    assert late.direct_io and not late.keep_cache
+    np.testing.assert_array_equal(pixels(k.read(late.fh)), new)
+    fs.release(late.fh)
+    k.invalidated.clear()
+    fs.release(early.fh)
+    assert k.invalidated == [ino]  # what the early reader read is dropped
+    after = k.call(fs.open, ino, os.O_RDONLY, OTHER)
+    assert after.keep_cache and not after.direct_io
+    np.testing.assert_array_equal(pixels(k.read(after.fh)), new)
+    fs.release(after.fh)

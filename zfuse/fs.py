@@ -299,6 +299,10 @@ class FileSystem:
         self.reader_grace = reader_grace
         self._cached_readers: dict[Path, int] = {}  # open page-cache handles per path
         self._readers_gone: dict[Path, trio.Event] = {}  # replacing writers waiting on them
+        # page-cache readers still reading a replaced chunk's old bytes, per path: what they
+        # read fills the kernel's page cache of the path, so new readers bypass it until the
+        # last of them closes, and then it is dropped
+        self._old_bytes_cached: dict[Path, int] = {}
         self._image_versions: dict[Path, Any] = {}  # whole-image files: the version last opened
         self.read_only = read_only
         self.stats = stats or Stats()
@@ -700,7 +704,7 @@ class FileSystem:
         if entry is None or entry.node is not Node.CHUNK:
             raise FsError(errno.ENOENT)
         handle.array, handle.coords = entry.array, entry.coords
-        if state is not None or path in self._readers_gone:
+        if state is not None or path in self._readers_gone or path in self._old_bytes_cached:
             if state is not None and self.writes.sees_buffer(state, pid):
                 handle.state = state
             return OpenReply(self._new_handle(handle), direct_io=True)
@@ -765,6 +769,8 @@ class FileSystem:
                 waiting = self._readers_gone.get(handle.path)
                 if waiting is not None:
                     waiting.set()
+            if handle.content is not None and handle.path in self._old_bytes_cached:
+                self._release_old_bytes(handle.path)
         if handle is None or handle.state is None or not handle.writable:
             return
         outcome = self.writes.release(handle.state)
@@ -772,6 +778,16 @@ class FileSystem:
             self._invalidate_path(handle.path)  # new bytes or size: drop cached data
         elif outcome is Released.VANISHED:
             self._forget_name(handle.path)
+
+    def _release_old_bytes(self, path: Path) -> None:
+        """A page-cache reader of a replaced chunk's old bytes closed: after the last one,
+        the old bytes it may have put in the kernel's page cache are dropped."""
+        left = self._old_bytes_cached[path] - 1
+        if left > 0:
+            self._old_bytes_cached[path] = left
+        else:
+            del self._old_bytes_cached[path]
+            self._invalidate_path(path)
 
     async def _wait_for_cached_readers(self, path: Path) -> None:
         """Before `cp` truncates a chunk, let readers that read it through the page cache
@@ -854,11 +870,13 @@ class FileSystem:
 
     async def _keep_readers(self, path: Path) -> None:
         """Readers of a chunk about to be replaced or deleted keep its current bytes."""
-        for handle in list(self.handles.values()):
+        for fh, handle in list(self.handles.items()):
             if handle.path == path and handle.state is None and handle.content is None and handle.array is not None:
                 # (an unlinked chunk is no longer listed but still stored: it reads as it was)
                 arr, coords = handle.array, handle.coords
                 handle.content = await self.run(arr.read, coords, 0, arr.file_size(coords))
+                if handle.page_cached and self.handles.get(fh) is handle:
+                    self._old_bytes_cached[path] = self._old_bytes_cached.get(path, 0) + 1
 
     @operation(_by_child)
     async def unlink(self, parent: int, name: str) -> None:
