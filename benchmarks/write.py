@@ -1,10 +1,17 @@
-"""Issue 4 figure: `cp` of prepared chunk TIFFs into the mount vs zarr-python writes."""
+"""Issue 4 figure: `cp` of prepared chunk TIFFs into the mount vs zarr-python writes.
+
+The copy is Python's `shutil.copyfile` (sendfile: nine 64 KiB write requests per
+chunk file; coreutils `cp` sends one, sized by `st_blksize`, but a process per file
+would cost more than the copy). With ZFUSE_BENCH_OTHER_CODE=CHECKOUT the daemon of
+another checkout takes the same copies in the same repetitions (before/after).
+"""
 
 from __future__ import annotations
 
 import os
 import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -28,6 +35,9 @@ from benchmarks.common import (
 )
 
 NEW_SEED = 1  # the written pixels differ from the stored ones
+# Another checkout whose daemon takes the same copies in the same repetitions
+# (interleaved, so a busy machine weighs on both alike): a "before" figure.
+OTHER_CODE = os.environ.get("ZFUSE_BENCH_OTHER_CODE")
 
 
 def prepared_tiffs(cfg: Config, spec: Spec) -> Path:
@@ -65,6 +75,19 @@ def cpu_s(pid: int) -> float:
     return total / 1e9
 
 
+def switches(pid: int) -> int:
+    """Context switches of the threads of process `pid` so far: each thread hop and each
+    request that wakes the event loop is at least one (threads that ended are not counted)."""
+    total = 0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                total += sum(int(line.split()[1]) for line in f if "ctxt_switches" in line)
+        except OSError:
+            pass  # the thread ended meanwhile
+    return total
+
+
 def warm(paths: list[str]) -> None:
     """Read the prepared TIFFs into the page cache: zarr-python's side has its blocks in
     memory, so the copies start from memory too (the figure is the write, not a disk read)."""
@@ -73,12 +96,23 @@ def warm(paths: list[str]) -> None:
             f.read()
 
 
-def copy_timed(m: object, srcs: list[str], dests: list[str]) -> tuple[float, float, float]:
-    """Wall time of copying, the daemon's CPU time and this process's (the copying client)."""
+@dataclass
+class CopyRun:
+    """One `cp` of every prepared TIFF onto its chunk file."""
+
+    seconds: float
+    daemon_cpu: float  # seconds
+    client_cpu: float  # seconds, this process (the copying client)
+    daemon_switches: int
+    problem: str = ""  # what is wrong with the store afterwards ('' : every chunk written)
+
+
+def copy_timed(m: object, srcs: list[str], dests: list[str]) -> CopyRun:
+    """Wall time of copying, the daemon's CPU time and context switches, and the client's CPU time."""
     pid = m.pid  # type: ignore[attr-defined]
-    d0, c0 = cpu_s(pid), cpu_s(os.getpid())
+    d0, c0, s0 = cpu_s(pid), cpu_s(os.getpid()), switches(pid)
     t, _ = timed(partial(copy_all, srcs, dests))
-    return t, cpu_s(pid) - d0, cpu_s(os.getpid()) - c0
+    return CopyRun(t, cpu_s(pid) - d0, cpu_s(os.getpid()) - c0, switches(pid) - s0)
 
 
 def zarr_timed(arr: zarr.Array, spec: Spec, blocks: list[np.ndarray]) -> tuple[float, float]:
@@ -97,17 +131,18 @@ def zarr_write_all(arr: zarr.Array, spec: Spec, blocks: list[np.ndarray]) -> Non
         arr[spec.region(i, j)] = b
 
 
-def cp_into_fresh_mount(cfg: Config, src: Path, spec: Spec, tiff_paths: list[str],
-                        *mount_args: str) -> tuple[float, float, float, str]:
-    """`cp` of each prepared TIFF onto its chunk file, in a fresh mount of a fresh copy
-    of `src`: (seconds, daemon CPU, cp CPU, what is wrong with the store afterwards)."""
+def cp_into_fresh_mount(cfg: Config, src: Path, spec: Spec, tiff_paths: list[str], *mount_args: str,
+                        code: Path | None = None) -> CopyRun:
+    """`cp` of each prepared TIFF onto its chunk file, in a fresh mount (of the daemon in
+    checkout `code`, default this one) of a fresh copy of `src`."""
     store = fresh_copy(src, f"w-{spec.name}.zarr")
-    with mounted([store], *mount_args) as m:
+    with mounted([store], *mount_args, code=code) as m:
         dests = chunk_paths(m.path, spec.coords())
         drop_caches(cfg)
         warm(tiff_paths)
-        t, daemon, client = copy_timed(m, tiff_paths, dests)
-    return t, daemon, client, check_store(store, spec)
+        run = copy_timed(m, tiff_paths, dests)
+    run.problem = check_store(store, spec)
+    return run
 
 
 def zarr_into_fresh_copy(cfg: Config, src: Path, spec: Spec, blocks: list[np.ndarray],
@@ -130,28 +165,27 @@ def bench_write(cfg: Config) -> list[Result]:
         tiff_paths = chunk_paths(tiffs, spec.coords())
         data = image(spec.shape, NEW_SEED)
         blocks = [np.ascontiguousarray(data[spec.region(i, j)]) for i, j in spec.coords()]
-        z_t, r_t, a_t, p_t = [], [], [], []
-        cpu: dict[str, list[float]] = {k: [] for k in ("zfuse_daemon", "zfuse_client", "zfuse_process_daemon",
-                                                    "zfuse_process_client", "zarr", "zarr_fsync")}
+        r_t, a_t = [], []
+        disk: list[CopyRun] = []
+        process: list[CopyRun] = []
+        other: dict[str, list[CopyRun]] = {"disk": [], "process": []}  # OTHER_CODE's daemon
+        cpu: dict[str, list[float]] = {"zarr": [], "zarr_fsync": []}
         problem = ""
         nbytes = sum(Path(p).stat().st_size for p in tiff_paths)
-        for _ in range(cfg.reps):
+        for rep in range(cfg.reps):
             try:
-                # zfuse: cp of each prepared TIFF onto its chunk file (commit at close)
-                t, daemon, client, bad = cp_into_fresh_mount(cfg, src, spec, tiff_paths)
+                for code in ([None, OTHER_CODE] if rep % 2 == 0 else [OTHER_CODE, None]) if OTHER_CODE else [None]:
+                    daemon = Path(code) if code else None
+                    # zfuse: cp of each prepared TIFF onto its chunk file (commit at close)
+                    run = cp_into_fresh_mount(cfg, src, spec, tiff_paths, code=daemon)
+                    (other["disk"] if code else disk).append(run)
+                    # zfuse with -o durability=process: close() survives the daemon, not a power cut
+                    run_p = cp_into_fresh_mount(cfg, src, spec, tiff_paths, "-o", "durability=process", code=daemon)
+                    (other["process"] if code else process).append(run_p)
+                    problem = problem or run.problem or run_p.problem
             except OSError as e:
                 problem = f"{type(e).__name__}: {e}"
                 break
-            z_t.append(t)
-            cpu["zfuse_daemon"].append(daemon)
-            cpu["zfuse_client"].append(client)
-            problem = problem or bad
-            # zfuse with -o durability=process: close() survives the daemon, not a power cut
-            t, daemon, client, bad = cp_into_fresh_mount(cfg, src, spec, tiff_paths, "-o", "durability=process")
-            p_t.append(t)
-            cpu["zfuse_process_daemon"].append(daemon)
-            cpu["zfuse_process_client"].append(client)
-            problem = problem or bad
             # zarr-python in-process: array[region] = data for the same chunks (data in memory)
             t, used = zarr_into_fresh_copy(cfg, src, spec, blocks, str)
             r_t.append(t)
@@ -162,11 +196,12 @@ def bench_write(cfg: Config) -> list[Result]:
             cpu["zarr_fsync"].append(used)
         what = (f"cp of {len(spec.coords())} chunk TIFFs into the mount, {spec.name}"
                 + (f" shards {spec.shards}" if spec.shards else ""))
-        if not z_t or problem:
+        if not process or problem:
             results.append(Result(name=f"write_{spec.name}", what=what, goal=">= 0.8x", met=False,
                                   error=problem or "no run"))
             cfg.log(f"  {spec.name}: write failed: {problem}")
             continue
+        z_t, p_t = [r.seconds for r in disk], [r.seconds for r in process]
         zt, rt, at, pt = median(z_t), median(r_t), median(a_t), median(p_t)
         # at the same durability: fdatasync per object on both sides (zfuse's default),
         # and neither side syncing (zfuse -o durability=process, zarr's LocalStore)
@@ -174,17 +209,34 @@ def bench_write(cfg: Config) -> list[Result]:
             name=f"write_{spec.name}", what=what + " (close() on disk)", zfuse_s=zt, ref_s=at,
             ref_name="zarr-python array[region] = data on an fdatasync-per-object store",
             nbytes=nbytes, ref_nbytes=spec.nbytes, ratio=at / zt, goal=">= 0.8x", met=at / zt >= 0.8,
-            extra={"zfuse_runs_s": z_t, "zarr_fsync_runs_s": a_t,
-                   "cpu_ms (daemon + cp / zarr)": f"{median(cpu['zfuse_daemon']) * 1e3:.0f} + "
-                   f"{median(cpu['zfuse_client']) * 1e3:.0f} / {median(cpu['zarr_fsync']) * 1e3:.0f}"},
+            extra={"zfuse_runs_s": z_t, "zarr_fsync_runs_s": a_t, **_cpu(disk, cpu["zarr_fsync"]),
+                   **_other(other["disk"], at)},
         ))
         results.append(Result(
             name=f"write_{spec.name}_process", what=what + " (-o durability=process)", zfuse_s=pt, ref_s=rt,
             ref_name="zarr-python array[region] = data (LocalStore, no sync)",
             nbytes=nbytes, ref_nbytes=spec.nbytes, ratio=rt / pt, goal=">= 0.8x", met=rt / pt >= 0.8,
-            extra={"zfuse_runs_s": p_t, "zarr_runs_s": r_t,
-                   "cpu_ms (daemon + cp / zarr)": f"{median(cpu['zfuse_process_daemon']) * 1e3:.0f} + "
-                   f"{median(cpu['zfuse_process_client']) * 1e3:.0f} / {median(cpu['zarr']) * 1e3:.0f}"},
+            extra={"zfuse_runs_s": p_t, "zarr_runs_s": r_t, **_cpu(process, cpu["zarr"]),
+                   **_other(other["process"], rt)},
         ))
         cfg.log(f"  {spec.name}: zfuse cp {zt:.3f}s (process {pt:.3f}s) zarr {rt:.3f}s zarr+fsync store {at:.3f}s")
     return results
+
+
+def _cpu(runs: list[CopyRun], zarr_cpu: list[float] | None = None) -> dict[str, str]:
+    """CPU figures of the zfuse runs (against zarr's): steadier than wall time on a busy machine."""
+    cpu = (f"{median([r.daemon_cpu for r in runs]) * 1e3:.0f} + {median([r.client_cpu for r in runs]) * 1e3:.0f}"
+           + (f" / {median(zarr_cpu) * 1e3:.0f}" if zarr_cpu else ""))
+    return {
+        "cpu_ms (daemon + cp" + (" / zarr)" if zarr_cpu else ")"): cpu,
+        "daemon context switches": f"{median([r.daemon_switches for r in runs]):.0f}",
+    }
+
+
+def _other(runs: list[CopyRun], ref_s: float) -> dict[str, Any]:
+    """The other checkout's daemon in the same repetitions (ZFUSE_BENCH_OTHER_CODE)."""
+    if not runs:
+        return {}
+    return {"other_code": OTHER_CODE, "other_runs_s": [r.seconds for r in runs],
+            "other_ratio": f"{ref_s / median([r.seconds for r in runs]):.2f}x",
+            **{f"other {k}": v for k, v in _cpu(runs).items()}}

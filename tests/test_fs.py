@@ -52,6 +52,9 @@ class Kernel:
     def invalidate_inode(self, ino: int) -> None:
         self.invalidated.append(ino)
 
+    def invalidate_inode_here(self, ino: int) -> None:
+        self.invalidated.append(ino)
+
     def invalidate_entry(self, parent_ino: int, name: str) -> None:
         self.forgotten_names.append((parent_ino, name))
 
@@ -163,7 +166,8 @@ def clock() -> Clock:
 def make_fs(src: Path, clock: Clock, **kw: object) -> tuple[FileSystem, Kernel]:
     config = MountConfig(sources=[str(src)], mountpoint="", read_only=bool(kw.pop("read_only", False)))
     view = make_view(config)
-    fs = FileSystem(view, read_only=config.read_only, stats=Stats(), clock=clock, process=lambda pid: pid,
+    process = kw.pop("process", lambda pid: pid)
+    fs = FileSystem(view, read_only=config.read_only, stats=Stats(), clock=clock, process=process,
                     reload=lambda: make_view(config), **kw)  # type: ignore[arg-type]
     kernel = Kernel(fs)
     fs.kernel = kernel
@@ -718,3 +722,134 @@ def test_read_only_mount_turns_flush_off(tmp_path: Path, clock: Clock) -> None:
         k.close(fh)
     assert fs.stats.snapshot()["flush_requests"] == 2  # the call above, and the first close
     assert not fs.errors  # not an error: nothing logged or journaled
+
+
+def test_a_commit_checks_the_next_chunks_so_their_lookups_need_no_io(tmp_path: Path, clock: Clock) -> None:
+    """A writer going through the chunk files in order looks up the next one next: a commit
+    checks whether the next chunks in C order exist (on a local store: one stat each, in
+    the commit's worker thread), so that lookup answers from memory, and rightly. A
+    shard's chunks are checked ahead only while its index is in memory."""
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src)  # grid 3 x 2
+    (src / "c" / "1" / "0").unlink()  # not stored: the check ahead must say so
+    fs, k = make_fs(src, clock)
+    new = stores.values((8, 16), "uint16", seed=3)
+    k.write_file(CHUNK, tiff(new))
+    assert not fs.view.needs_io(("c", "0", "1.tiff"))
+    assert not fs.view.needs_io(("c", "1", "0.tiff"))
+    assert fs.view.needs_io(("c", "1", "1.tiff"))  # not next: asked when looked up
+    assert k.exists("c/0/1.tiff") and not k.exists("c/1/0.tiff")
+    np.testing.assert_array_equal(pixels(k.read_file("c/0/1.tiff"))[:, :14], data[0:8, 16:30])  # an edge chunk
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), new)
+
+    sharded = tmp_path / "s.zarr"
+    stores.sharded(sharded)  # shards of 2 x 2 chunks: (0, 0)-(1, 1) and (2, 0)-(2, 1)
+    fs, k = make_fs(sharded, clock)
+    k.write_file(CHUNK, tiff(new))
+    assert not fs.view.needs_io(("c", "0", "1.tiff"))  # the index just written is in memory
+    assert not fs.view.needs_io(("c", "1", "0.tiff"))
+    k.write_file("c/1/1.tiff", tiff(new))
+    assert fs.view.needs_io(("c", "2", "0.tiff"))  # another shard, its index not read yet
+    assert k.exists("c/2/0.tiff")
+
+
+def test_process_of_a_request_thread() -> None:
+    """A request's thread id maps to its process (the writer sees its own bytes from any
+    of its threads); an id that is not a live thread stands for itself."""
+    import threading
+
+    from zfuse.fs import process_of
+
+    found: list[int] = []
+    thread = threading.Thread(target=lambda: found.append(process_of(threading.get_native_id())))
+    thread.start()
+    thread.join()
+    assert found == [os.getpid()]
+    assert process_of(os.getpid()) == os.getpid()
+    assert process_of(2**31 - 1) == 2**31 - 1
+
+
+def test_the_writing_thread_needs_no_process_look_up(tmp_path: Path, clock: Clock) -> None:
+    """[write-2] The thread that opened a file for writing sees its bytes without its
+    process being looked up again (cp's fstat after its open); another thread of the same
+    process sees them too, another process does not."""
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src)
+    asked: list[int] = []
+    processes = {WRITER: WRITER, WRITER + 1: WRITER, OTHER: OTHER}  # WRITER + 1: a second thread
+
+    def process(tid: int) -> int:
+        asked.append(tid)
+        return processes[tid]
+
+    fs, k = make_fs(src, clock, process=process)
+    stored_size = k.stat(CHUNK).size
+    fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC, WRITER)
+    k.write(fh, b"II*\0")
+    asked.clear()
+    assert k.stat(CHUNK, WRITER).size == 4
+    assert asked == []
+    assert k.stat(CHUNK, WRITER + 1).size == 4 and set(asked) == {WRITER + 1}
+    assert k.stat(CHUNK, OTHER).size == stored_size
+    k.write(fh, tiff(chunk00(data)))
+    k.close(fh)
+
+
+def test_a_commit_drops_cached_data_in_its_own_worker_thread(tmp_path: Path, clock: Clock) -> None:
+    """[write-4] Readers see the new values at once: the commit drops the kernel's cached
+    data of the file in the worker thread that stored the chunk, before close returns
+    (not in a thread of its own afterwards); a failure there does not fail the close."""
+    src = tmp_path / "a.zarr"
+    stores.v3(src)
+    in_worker: list[bool] = []
+
+    async def run(fn, *args):  # noqa: ANN001, ANN202 - a worker thread, modelled
+        in_worker.append(True)
+        try:
+            return fn(*args)
+        finally:
+            in_worker.pop()
+
+    fs, k = make_fs(src, clock, run=run)
+    dropped: list[tuple[int, bool]] = []
+    k.invalidate_inode_here = lambda ino: dropped.append((ino, bool(in_worker)))  # type: ignore[method-assign]
+    ino = k.walk(CHUNK)
+    k.invalidated.clear()
+    new = stores.values((8, 16), "uint16", seed=5)
+    k.write_file(CHUNK, tiff(new))
+    assert dropped == [(ino, True)] and k.invalidated == []
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), new)
+
+    def broken(ino: int) -> None:
+        raise RuntimeError("the kernel said no")
+
+    k.invalidate_inode_here = broken  # type: ignore[method-assign]
+    newer = stores.values((8, 16), "uint16", seed=6)
+    k.write_file(CHUNK, tiff(newer))  # close succeeds: the chunk is stored
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), newer)
+
+
+def test_old_bytes_in_the_page_cache_never_reach_new_readers(tmp_path: Path, clock: Clock) -> None:
+    """[write-2] A reader open through the page cache across a replacement keeps reading
+    the old bytes, which the kernel keeps in the file's (shared) page cache: until it
+    closes, readers opening the new chunk bypass that cache; when it closes, it is dropped."""
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src)
+    fs, k = make_fs(src, clock, reader_grace=0.01)
+    ino = k.walk(CHUNK)
+    early = k.call(fs.open, ino, os.O_RDONLY, OTHER)
+    assert early.keep_cache and not early.direct_io
+    new = stores.values((8, 16), "uint16", seed=8)
+    k.write_file(CHUNK, tiff(new))  # goes on once the grace for the early reader is over
+    np.testing.assert_array_equal(pixels(k.read(early.fh)), chunk00(data))
+    late = k.call(fs.open, ino, os.O_RDONLY, OTHER)
+    assert late.direct_io and not late.keep_cache
+    np.testing.assert_array_equal(pixels(k.read(late.fh)), new)
+    fs.release(late.fh)
+    k.invalidated.clear()
+    fs.release(early.fh)
+    assert k.invalidated == [ino]  # what the early reader read is dropped
+    after = k.call(fs.open, ino, os.O_RDONLY, OTHER)
+    assert after.keep_cache and not after.direct_io
+    np.testing.assert_array_equal(pixels(k.read(after.fh)), new)
+    fs.release(after.fh)

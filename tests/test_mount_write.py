@@ -841,3 +841,31 @@ def test_cp_writes_a_chunk_in_one_request(tmp_path: Path, mount) -> None:
     subprocess.run(["cp", str(tmp_path / "new.tif"), str(chunk)], check=True)
     assert m.log().count("write(") - before == 1
     np.testing.assert_array_equal(zarr.open_array(str(src))[:512, :512], new)
+
+
+def test_a_reader_open_across_a_cp_leaves_no_old_bytes_for_new_readers(tmp_path: Path, mount) -> None:
+    """[write-2][write-4] A reader that keeps a chunk open through the page cache across a
+    cp onto it (the cp goes on after at most 2 s) keeps reading the old bytes; readers
+    opening afterwards read the new chunk, while that reader is still open and after it
+    has closed: its old bytes never reach them through the file's shared page cache."""
+    src = tmp_path / "a.zarr"
+    arr = zarr.create_array(str(src), shape=(512, 512), chunks=(512, 512), dtype="uint16", fill_value=0,
+                            compressors=None, zarr_format=3)
+    arr[...] = 1
+    m = mount(src)
+    chunk = m.path / "c" / "0" / "0.tiff"
+    old = chunk.read_bytes()
+    new = np.arange(512 * 512, dtype="uint16").reshape(512, 512)
+    tifffile.imwrite(tmp_path / "new.tif", new)
+    at = 300 * 1024  # a page the early reader reads only after the cp
+    fd = os.open(chunk, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no read-ahead: only what is asked
+        assert os.pread(fd, 4096, 0) == old[:4096]
+        shutil.copyfile(tmp_path / "new.tif", chunk)
+        assert os.pread(fd, 4096, at) == old[at : at + 4096]
+        np.testing.assert_array_equal(tifffile.imread(chunk), new)
+    finally:
+        os.close(fd)
+    np.testing.assert_array_equal(tifffile.imread(chunk), new)
+    np.testing.assert_array_equal(zarr.open_array(str(src))[...], new)

@@ -95,6 +95,11 @@ class Kernel(Protocol):
 
     def invalidate_inode(self, ino: int) -> None: ...
 
+    def invalidate_inode_here(self, ino: int) -> None:
+        """`invalidate_inode` in the calling worker thread (it may wait on the kernel,
+        which may wait on the event loop: never on the loop itself)."""
+        ...
+
     def invalidate_entry(self, parent_ino: int, name: str) -> None: ...
 
 
@@ -196,15 +201,19 @@ class _Walk:
 
 
 def process_of(tid: int) -> int:
-    """The process (thread group) a FUSE request's thread id belongs to."""
+    """The process (thread group) a FUSE request's thread id belongs to (on the event
+    loop for every write open: one unbuffered read, 13 µs instead of 34 µs through a
+    buffered file read line by line)."""
     try:
-        with open(f"/proc/{tid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"Tgid:"):
-                    return int(line.split()[1])
+        fd = os.open(f"/proc/{tid}/status", os.O_RDONLY)
+        try:
+            head = os.read(fd, 1024)  # Name (at most 64 bytes), Umask, State, Tgid
+        finally:
+            os.close(fd)
+        at = head.index(b"\nTgid:") + 6
+        return int(head[at : head.index(b"\n", at)])
     except (OSError, ValueError):
-        pass
-    return tid
+        return tid
 
 
 async def _run_here(fn: Callable[..., T], *args: Any) -> T:
@@ -290,6 +299,10 @@ class FileSystem:
         self.reader_grace = reader_grace
         self._cached_readers: dict[Path, int] = {}  # open page-cache handles per path
         self._readers_gone: dict[Path, trio.Event] = {}  # replacing writers waiting on them
+        # page-cache readers still reading a replaced chunk's old bytes, per path: what they
+        # read fills the kernel's page cache of the path, so new readers bypass it until the
+        # last of them closes, and then it is dropped
+        self._old_bytes_cached: dict[Path, int] = {}
         self._image_versions: dict[Path, Any] = {}  # whole-image files: the version last opened
         self.read_only = read_only
         self.stats = stats or Stats()
@@ -691,7 +704,7 @@ class FileSystem:
         if entry is None or entry.node is not Node.CHUNK:
             raise FsError(errno.ENOENT)
         handle.array, handle.coords = entry.array, entry.coords
-        if state is not None or path in self._readers_gone:
+        if state is not None or path in self._readers_gone or path in self._old_bytes_cached:
             if state is not None and self.writes.sees_buffer(state, pid):
                 if state.committed and state.buffer is not None and not self.writes.is_writer(state, pid):
                     # a stored replacement another process wrote: a next one may rewrite
@@ -746,14 +759,14 @@ class FileSystem:
             self.stats.count("flush_requests")
             raise FsError(errno.ENOSYS)
         handle = self.handles[fh]
-        if handle.state is not None and handle.writable and await self.writes.flush(handle.state):
-            self._invalidate_path(handle.path)
+        if handle.state is not None and handle.writable:
+            await self.writes.flush(handle.state, self._invalidation_of(handle.path))
 
     @operation(_by_handle)
     async def fsync(self, fh: int) -> None:
         handle = self.handles[fh]
-        if handle.state is not None and handle.writable and await self.writes.fsync(handle.state):
-            self._invalidate_path(handle.path)
+        if handle.state is not None and handle.writable:
+            await self.writes.fsync(handle.state, self._invalidation_of(handle.path))
         if not self.durable:
             await self.run(os.sync)  # what was stored without fdatasync reaches the disk
 
@@ -768,6 +781,8 @@ class FileSystem:
                 waiting = self._readers_gone.get(handle.path)
                 if waiting is not None:
                     waiting.set()
+            if handle.content is not None and handle.path in self._old_bytes_cached:
+                self._release_old_bytes(handle.path)
         if handle is None or handle.state is None or not handle.writable:
             return
         outcome = self.writes.release(handle.state)
@@ -775,6 +790,16 @@ class FileSystem:
             self._invalidate_path(handle.path)  # new bytes or size: drop cached data
         elif outcome is Released.VANISHED:
             self._forget_name(handle.path)
+
+    def _release_old_bytes(self, path: Path) -> None:
+        """A page-cache reader of a replaced chunk's old bytes closed: after the last one,
+        the old bytes it may have put in the kernel's page cache are dropped."""
+        left = self._old_bytes_cached[path] - 1
+        if left > 0:
+            self._old_bytes_cached[path] = left
+        else:
+            del self._old_bytes_cached[path]
+            self._invalidate_path(path)
 
     async def _wait_for_cached_readers(self, path: Path) -> None:
         """Before `cp` truncates a chunk, let readers that read it through the page cache
@@ -857,11 +882,13 @@ class FileSystem:
 
     async def _keep_readers(self, path: Path) -> None:
         """Readers of a chunk about to be replaced or deleted keep its current bytes."""
-        for handle in list(self.handles.values()):
+        for fh, handle in list(self.handles.items()):
             if handle.path == path and handle.state is None and handle.content is None and handle.array is not None:
                 # (an unlinked chunk is no longer listed but still stored: it reads as it was)
                 arr, coords = handle.array, handle.coords
                 handle.content = await self.run(arr.read, coords, 0, arr.file_size(coords))
+                if handle.page_cached and self.handles.get(fh) is handle:
+                    self._old_bytes_cached[path] = self._old_bytes_cached.get(path, 0) + 1
 
     @operation(_by_child)
     async def unlink(self, parent: int, name: str) -> None:
@@ -983,6 +1010,15 @@ class FileSystem:
         ino = self._ino_of.get(path)
         if ino is not None:
             self._invalidate(ino)
+
+    def _invalidation_of(self, path: Path) -> Callable[[], None] | None:
+        """What drops the kernel's cached data of `path` from a worker thread: a commit
+        calls it in its own thread once the chunk is stored (a thread of its own per
+        commit was ~10 % of the daemon's CPU in a `cp` loop)."""
+        ino = self._ino_of.get(path)
+        if ino is None or self.kernel is None:
+            return None
+        return functools.partial(self.kernel.invalidate_inode_here, ino)
 
     def _forget_name(self, path: Path) -> None:
         """A name that no longer resolves: the kernel must not keep its dentry."""

@@ -41,13 +41,13 @@ class _Kernel:
         self.ops = ops
 
     def invalidate_inode(self, ino: int) -> None:
-        def call() -> None:
-            try:
-                pyfuse3.invalidate_inode(ino)
-            except OSError:
-                pass
+        self.ops.spawn_thread(functools.partial(self.invalidate_inode_here, ino))
 
-        self.ops.spawn_thread(call)
+    def invalidate_inode_here(self, ino: int) -> None:
+        try:
+            pyfuse3.invalidate_inode(ino)
+        except OSError:
+            pass
 
     def invalidate_entry(self, parent_ino: int, name: str) -> None:
         try:

@@ -161,6 +161,11 @@ class ChunkSource(ABC):
         store-backed sources; this fallback uses the whole-array listing)."""
         return coords in {c for c, _ in self._all_chunk_keys()}
 
+    def exists_is_local(self, coords: Coords) -> bool:
+        """Whether `chunk_exists(coords)` answers from a local file's stat or from memory
+        (no server, no zarr event loop): cheap enough to ask ahead of a writer."""
+        return False
+
     def _all_chunk_keys(self) -> list[tuple[Coords, str]]:
         listed = getattr(self, "_listed_keys", None)
         if listed is None:
@@ -591,6 +596,14 @@ class ZarrChunkSource(ChunkSource):
         if index is None:  # not cached: read (and cache) it on zarr's event loop
             index = sync(self._shard_index(shard))
         return index is not None and index.get_chunk_slice(coords) is not None
+
+    def exists_is_local(self, coords: Coords) -> bool:
+        if self._local_store is None or not self.in_grid(coords):
+            return False
+        if self.sharding is None:
+            return True
+        shard = self._storage_coords(coords)
+        return self._index_cache.get((id(self), self.prefix + self._encode_storage_key(shard))) is not None
 
     async def _load_indexes(self, shard_coords: Sequence[Coords]) -> list[Any]:
         sem = asyncio.Semaphore(16)

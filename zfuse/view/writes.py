@@ -67,6 +67,7 @@ NAME_MAX = 255
 RENAME_NOREPLACE = 1
 REPLACE_WINDOW = 30.0  # seconds an unlinked chunk stays in the store for a replacement (converters take seconds between deleting and creating their output)
 PENDING_TIMEOUT = 300.0  # seconds an incomplete closed file waits to be completed
+CHECKED_AHEAD = 2  # chunks after a committed one whose existence the commit checks (local stores)
 
 
 class Phase(Enum):
@@ -85,8 +86,8 @@ class Released(Enum):
     VANISHED = 2  # a never-stored file is gone: drop the directory entry
     PENDING = 3  # kept as an incomplete file: its size is the buffer's
     REVERTED = 4  # a refused replacement is dropped: the path reads the stored chunk again
-    # stored by a flush or fsync and unchanged since: the caller dropped cached data
-    # when that commit returned, so there is nothing more to drop (a `cp` is this)
+    # stored by a flush or fsync and unchanged since: that commit dropped cached data
+    # (the caller's `stored`), so there is nothing more to drop (a `cp` is this)
     FLUSHED = 5
 
 
@@ -105,6 +106,9 @@ class FileState:
     generation: int = 0  # bumped by every change: a commit only clears what it stored
     handles: int = 0
     writers: set[int] = field(default_factory=set)  # processes that wrote it (see their bytes)
+    # the threads that opened it for writing: asking again from one of them (cp's fstat
+    # after its open) needs no look-up of its process
+    writer_threads: set[int] = field(default_factory=set)
     incomplete: str | None = None  # why the last close left it pending
     mtime_ns: int = field(default_factory=time.time_ns)
     changed_at: float = 0.0  # the Writes clock: pending files expire from here
@@ -214,7 +218,11 @@ class Writes:
 
     def is_writer(self, state: FileState, pid: int | None) -> bool:
         """Whether the requester `pid` (a thread id) belongs to a process that wrote `state`."""
-        return pid is not None and self.process(pid) in state.writers
+        return pid is not None and (pid in state.writer_threads or self.process(pid) in state.writers)
+
+    def _add_writer(self, state: FileState, pid: int) -> None:
+        state.writers.add(self.process(pid))
+        state.writer_threads.add(pid)
 
     def entry_for(self, path: Path, pid: int | None) -> Entry | None:
         """The entry of a path with a state, as process `pid` sees it (None: no state)."""
@@ -300,7 +308,7 @@ class Writes:
             state.buffer = bytearray()
             state.changed(self.clock())
         if pid is not None:
-            state.writers.add(self.process(pid))
+            self._add_writer(state, pid)
         state.handles += 1
         return state
 
@@ -319,7 +327,7 @@ class Writes:
             state.dirty = not state.scratch
             state.phase = Phase.OPEN
         if pid is not None:
-            state.writers.add(self.process(pid))
+            self._add_writer(state, pid)
         state.handles += 1
         return state
 
@@ -358,7 +366,7 @@ class Writes:
         if size > state.limit:
             raise FileTooLargeError(f"size {size} exceeds the {state.limit}-byte limit")
         if pid is not None:
-            state.writers.add(self.process(pid))
+            self._add_writer(state, pid)
         try:
             buffer = await self.run(load_buffer, state)
             if size == len(buffer) and not state.dirty:
@@ -378,10 +386,12 @@ class Writes:
             if standalone and not state.scratch:
                 self.states.pop(path, None)
 
-    async def flush(self, state: FileState) -> bool:
+    async def flush(self, state: FileState, stored: Callable[[], None] | None = None) -> bool:
         """close() of a descriptor open for writing: commit if complete; pending if
-        incomplete; InvalidTiffError if complete but not this chunk. True: committed
-        (the caller drops the kernel's cached data of the path; release relies on it)."""
+        incomplete; InvalidTiffError if complete but not this chunk. True: committed.
+        `stored` runs in the commit's worker thread once the chunk is stored: the
+        caller drops the kernel's cached data of the path there (release relies on it),
+        without a thread of its own."""
         if not state.dirty or state.scratch or state.phase is Phase.DETACHED:
             return False
         buffer = state.buffer if state.buffer is not None else bytearray()
@@ -390,15 +400,15 @@ class Writes:
             state.incomplete = reason
             return False
         state.incomplete = None
-        await self._commit(state)
+        await self._commit(state, stored)
         return True
 
-    async def fsync(self, state: FileState) -> bool:
+    async def fsync(self, state: FileState, stored: Callable[[], None] | None = None) -> bool:
         """fsync(): store the file if it is already complete; an incomplete file stays
         buffered and fsync succeeds (programs that sync mid-write must not fail)."""
-        return await self.flush(state)
+        return await self.flush(state, stored)
 
-    async def _commit(self, state: FileState) -> None:
+    async def _commit(self, state: FileState, stored: Callable[[], None] | None = None) -> None:
         arr, coords = state.array, state.coords
         assert arr is not None and coords is not None and arr.layout is not None
         # One commit at a time per file; writes landing while it runs bump the
@@ -406,17 +416,19 @@ class Writes:
         async with state.commit_lock:
             generation = state.generation
             await self.before_replace(state.path)
-            await self.store_tiff(arr, coords, bytes(state.buffer or b""))
+            await self.store_tiff(arr, coords, bytes(state.buffer or b""), stored)
             self.removed.pop(state.path, None)  # a replacement: nothing left to delete
             if state.generation == generation:
                 state.dirty = False
             state.committed = True
         self.mtimes[state.path] = state.mtime_ns
 
-    async def store_tiff(self, arr: ArrayView, coords: tuple[int, ...], data: bytes) -> None:
-        """Parse `data` as a TIFF of chunk `coords` and store it; errors name the chunk's key."""
+    async def store_tiff(self, arr: ArrayView, coords: tuple[int, ...], data: bytes,
+                         stored: Callable[[], None] | None = None) -> None:
+        """Parse `data` as a TIFF of chunk `coords` and store it, then call `stored` (in
+        the same worker thread); errors name the chunk's key."""
         try:
-            await self.run(_commit_chunk, arr, coords, data)
+            await self.run(_commit_chunk, arr, coords, data, stored)
         except InvalidTiffError as e:
             self.stats.count("rejected_writes")
             raise InvalidTiffError(f"{arr.key_name(coords)}: {e}") from e
@@ -671,8 +683,10 @@ def _looks_like_chunk(arr: ArrayView, rest: Path) -> bool:
     return shape_of == origin
 
 
-def _commit_chunk(arr: ArrayView, coords: tuple[int, ...], data: bytes) -> None:
-    """Parse a written TIFF and store its values as chunk `coords` (blocking)."""
+def _commit_chunk(arr: ArrayView, coords: tuple[int, ...], data: bytes,
+                  stored: Callable[[], None] | None = None) -> None:
+    """Parse a written TIFF and store its values as chunk `coords`, then call `stored`
+    (blocking)."""
     assert arr.layout is not None
     source = arr.source
     region = source.chunk_region(coords)
@@ -687,3 +701,23 @@ def _commit_chunk(arr: ArrayView, coords: tuple[int, ...], data: bytes) -> None:
     source.write_chunk(coords, values)
     arr.forget(coords)
     arr.add_chunk(coords)
+    if stored is not None:
+        try:
+            stored()
+        except Exception as e:  # the chunk is stored: a failed cache drop is not a failed close
+            log.warning("%s: stored, but dropping cached data failed: %s", arr.key_name(coords), e)
+    _check_ahead(arr, coords)
+
+
+def _check_ahead(arr: ArrayView, coords: tuple[int, ...]) -> None:
+    """A writer going through the chunk files in order (`cp` in a loop, a script per
+    chunk) looks up the next file next. Where that lookup would cost a thread hop for
+    one stat of a local file (or a shard index already in memory), the commit's worker
+    thread answers it now, so the lookup answers from memory: the mirror of the
+    read-ahead's existence checks. Other stores are not asked ahead."""
+    try:
+        for nxt in arr.successors(coords, CHECKED_AHEAD):
+            if arr.known(nxt) is None and arr.source.exists_is_local(nxt):
+                arr.exists(nxt)
+    except Exception as e:  # the lookup itself asks again and reports it
+        log.debug("checking chunks after %s failed: %s", coords, e)
