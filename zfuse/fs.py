@@ -97,6 +97,10 @@ class Kernel(Protocol):
 
     def invalidate_entry(self, parent_ino: int, name: str) -> None: ...
 
+    # optional: store bytes in a file's page cache (whole-image tiles pushed ahead
+    # of a region reader); called from a worker thread
+    # def store(self, ino: int, offset: int, data: bytes) -> None: ...
+
 
 class Attributes(NamedTuple):
     """What `stat` shows of one file (a tuple: one is built per entry of every listing)."""
@@ -722,7 +726,36 @@ class FileSystem:
         if data is None:
             data = await self.run(handle.read, off, size)
         self.stats.count("bytes_read", len(data))
+        if handle.reader is not None:
+            self._push_image_tiles(handle, off, len(data))
         return data
+
+    def _push_image_tiles(self, handle: Handle, off: int, size: int) -> None:
+        """Whole-image files: after a read, store the tiles a region reader needs next
+        in the kernel's page cache (the file decides which: WholeImage.pushes_after),
+        so its next reads are no FUSE round trips. In the background, after the reply."""
+        store = getattr(self.kernel, "store", None)
+        if self.spawn is None or store is None:
+            return
+        for start, length in handle.reader.pushes_after(off, size):
+            self.spawn(self._push_image_range, (handle.inode.ino, handle.path, handle.reader, start, length))
+
+    def _push_image_range(self, job: tuple[int, Path, Any, int, int]) -> None:
+        ino, path, reader, start, length = job
+        try:
+            if not reader.push_wanted(start):
+                return
+            data = reader.read(start, length)
+            # only bytes of the version the kernel caches for this file (see _open)
+            if self._image_versions.get(path) != reader.version:
+                return
+            self.kernel.store(ino, start, data)  # type: ignore[union-attr]
+            if self._image_versions.get(path) != reader.version:  # changed meanwhile
+                self.kernel.invalidate_inode(ino)  # type: ignore[union-attr]
+                return
+            self.stats.count("image_tiles_pushed")
+        except Exception as e:  # the reader's own read reports it, with its errno
+            log.debug("%s: pushing bytes %d+%d failed: %s", "/".join(path), start, length, e)
 
     @operation(_by_handle)
     async def write(self, fh: int, off: int, buf: bytes) -> int:
