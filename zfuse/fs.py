@@ -295,6 +295,7 @@ class FileSystem:
         self._cached_readers: dict[Path, int] = {}  # open page-cache handles per path
         self._readers_gone: dict[Path, trio.Event] = {}  # replacing writers waiting on them
         self._image_versions: dict[Path, Any] = {}  # whole-image files: the version last opened
+        self._image_epoch = 0  # reloads so far (whole-image tiles pushed before one are stale)
         self.read_only = read_only
         self.stats = stats or Stats()
         self.run = run  # blocking work, in a worker thread on a mount
@@ -734,24 +735,29 @@ class FileSystem:
         """Whole-image files: after a read, store the tiles a region reader needs next
         in the kernel's page cache (the file decides which: WholeImage.pushes_after),
         so its next reads are no FUSE round trips. In the background, after the reply."""
-        store = getattr(self.kernel, "store", None)
-        if self.spawn is None or store is None:
+        if self.spawn is None or getattr(self.kernel, "store", None) is None:
             return
         for start, length in handle.reader.pushes_after(off, size):
-            self.spawn(self._push_image_range, (handle.inode.ino, handle.path, handle.reader, start, length))
+            self.spawn(self._push_image_range,
+                       (handle.inode.ino, handle.path, handle.reader, self._image_epoch, start, length))
 
-    def _push_image_range(self, job: tuple[int, Path, Any, int, int]) -> None:
-        ino, path, reader, start, length = job
+    def _push_image_range(self, job: tuple[int, Path, Any, int, int, int]) -> None:
+        ino, path, reader, epoch, start, length = job
+
+        def current() -> bool:
+            """The bytes the kernel caches for this file are still `reader`'s (no reload,
+            no reopen after a change: see _open)."""
+            return epoch == self._image_epoch and self._image_versions.get(path) == reader.version
+
         try:
-            if not reader.push_wanted(start):
+            if not reader.push_wanted(start) or not current():
                 return
             data = reader.read(start, length)
-            # only bytes of the version the kernel caches for this file (see _open)
-            if self._image_versions.get(path) != reader.version:
+            if not current():
                 return
             self.kernel.store(ino, start, data)  # type: ignore[union-attr]
-            if self._image_versions.get(path) != reader.version:  # changed meanwhile
-                self.kernel.invalidate_inode(ino)  # type: ignore[union-attr]
+            if not current():  # changed while storing: drop what may be old bytes
+                trio.from_thread.run_sync(self._invalidate, ino)
                 return
             self.stats.count("image_tiles_pushed")
         except Exception as e:  # the reader's own read reports it, with its errno
@@ -952,6 +958,7 @@ class FileSystem:
         byte ranges applied to rewritten objects.
         """
         old = self.view
+        self._image_epoch += 1  # whole-image tiles being pushed are of the old view
         view = None
         if self.reload is not None:
             try:

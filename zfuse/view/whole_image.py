@@ -969,21 +969,20 @@ class WholeImage:
                 self._asked.clear()
                 self._pushed.clear()
             self._asked.update(tiles)
-            if not self._region_reader:
-                return []
+            if not self._region_reader or not fresh:
+                return []  # a tile pushed (too late) or read before: its region is on its way
             level, plane, tile = first
             lv = self.levels[level]
             ty, tx = divmod(tile, lv.tiles_across)
             near: list[tuple[int, int]] = [(ty, tx + 1), (ty + 1, tx), (ty + 1, tx + 1)]
-            if fresh:
-                if any(r[:2] == (level, plane) and max(abs(r[2] - ty), abs(r[3] - tx)) <= _PUSH_RING
-                       for r in self._recent):
-                    ring = [(ty + dy, tx + dx) for dy in range(-_PUSH_RING, _PUSH_RING + 1)
-                            for dx in range(-_PUSH_RING, _PUSH_RING + 1)]
-                    # nearest first; at equal distance forward (right, below) first
-                    ring.sort(key=lambda p: (max(abs(p[0] - ty), abs(p[1] - tx)), p[0] < ty, p[1] < tx, p))
-                    near += ring
-                self._recent.append((level, plane, ty, tx))
+            if any(r[:2] == (level, plane) and max(abs(r[2] - ty), abs(r[3] - tx)) <= _PUSH_RING
+                   for r in self._recent):
+                ring = [(ty + dy, tx + dx) for dy in range(-_PUSH_RING, _PUSH_RING + 1)
+                        for dx in range(-_PUSH_RING, _PUSH_RING + 1)]
+                # nearest first; at equal distance forward (right, below) first
+                ring.sort(key=lambda p: (max(abs(p[0] - ty), abs(p[1] - tx)), p[0] < ty, p[1] < tx, p))
+                near += ring
+            self._recent.append((level, plane, ty, tx))
             out = []
             for ny, nx in near:
                 if not (0 <= ny < lv.tiles_down and 0 <= nx < lv.tiles_across):
