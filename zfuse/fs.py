@@ -737,12 +737,17 @@ class FileSystem:
         so its next reads are no FUSE round trips. In the background, after the reply."""
         if self.spawn is None or getattr(self.kernel, "store", None) is None:
             return
-        for start, length in handle.reader.pushes_after(off, size):
-            self.spawn(self._push_image_range,
-                       (handle.inode.ino, handle.path, handle.reader, self._image_epoch, start, length))
+        spans = handle.reader.pushes_after(off, size)
+        if spans:
+            self.spawn(self._push_image_spans, (handle.inode.ino, handle.path, handle.reader, self._image_epoch, spans))
 
-    def _push_image_range(self, job: tuple[int, Path, Any, int, int, int]) -> None:
-        ino, path, reader, epoch, start, length = job
+    def _push_image_spans(self, job: tuple[int, Path, Any, int, list[tuple[int, int]]]) -> None:
+        """One after another, nearest first: the disk serves the reader's own reads in between."""
+        ino, path, reader, epoch, spans = job
+        for start, length in spans:
+            self._push_image_range(ino, path, reader, epoch, start, length)
+
+    def _push_image_range(self, ino: int, path: Path, reader: Any, epoch: int, start: int, length: int) -> None:
 
         def current() -> bool:
             """The bytes the kernel caches for this file are still `reader`'s (no reload,
