@@ -43,6 +43,7 @@ import time
 import zlib
 from collections import OrderedDict, deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import quoteattr
@@ -795,6 +796,23 @@ class WholeImage:
                     self._inflight.pop(key, None)
             return data
 
+    def _decode_side_by_side(self, keys: list[tuple[int, int, int]]) -> None:
+        """Start decoding the chunks of these tiles (the second and further tiles of one
+        read: the kernel's read-ahead asks for two) in other threads, so they decode
+        while this thread decodes the first; the read then finds them in the chunk
+        cache, or waits for the decode under way (single flight)."""
+        if not keys:
+            return
+        self.header()
+        assert self._modes is not None
+        for level, plane, tile in keys:
+            lv = self.levels[level]
+            if self._modes[level] is not None:
+                continue  # passed through: nothing to decode
+            coords = self._direct_chunk(lv, plane, tile)
+            if coords is not None and not lv.array.is_cached(coords):
+                _decoder().submit(lv.array.pixel_bytes, coords)  # a failure: the read reports it
+
     def _read_ahead(self, level: int, plane: int, tile: int) -> None:
         """Ask the OS to start reading the chunk files of the tiles a region reader needs
         next: right, below and below right (the kernel's read-ahead of this file only
@@ -1073,6 +1091,8 @@ class WholeImage:
         out: memoryview | None = None
         single: bytes | memoryview | None = None
         touched: list[tuple[int, int, int]] = []  # tiles read from the store
+        if blocking and end - offset > self.levels[-1].slot:
+            self._decode_side_by_side(self._tiles_in(offset, end - offset)[1:])
         pos = offset
         if pos < self.data_start:
             header = self._header if not blocking else self.header()
@@ -1165,6 +1185,17 @@ class _Advisor:
 
 
 _ADVISOR = _Advisor()
+_DECODER: ThreadPoolExecutor | None = None
+_DECODER_LOCK = threading.Lock()
+
+
+def _decoder() -> ThreadPoolExecutor:
+    """Threads decoding the further tiles of one read (created on first use: after any fork)."""
+    global _DECODER
+    with _DECODER_LOCK:
+        if _DECODER is None:
+            _DECODER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zfuse-tile-decode")
+        return _DECODER
 
 
 def _setter(values: dict[int, tuple[int, int, bytes]]) -> Any:
