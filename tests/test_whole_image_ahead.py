@@ -98,6 +98,22 @@ def test_region_reader_gets_the_rest_of_its_regions_then_the_rings_around(tmp_pa
     assert asked(img, (4, 6)) == []  # asked before (evicted, say): nothing new
 
 
+def test_ring_is_at_most_16_mib_per_read(tmp_path: Path) -> None:
+    """[image-3] big tiles: a read brings its region's tiles and at most 16 MiB of the ring,
+    nearest first."""
+    zarr.create_array(str(tmp_path / "a.zarr"), shape=(8192, 8192), chunks=(1024, 1024), dtype="uint16",
+                      fill_value=0, compressors=None)  # 2 MiB tiles, nothing stored
+    img = planned(tmp_path / "a.zarr")
+    assert img.levels[0].tile_bytes == 2 << 20
+    assert asked(img, (2, 2, 2)) == []
+    assert asked(img, (3, 2)) == [(3, 3), (4, 2), (4, 3)]
+    got = asked(img, (2, 4))
+    assert got[:3] == [(2, 5), (3, 4), (3, 5)]
+    dist = [max(abs(y - 2), abs(x - 4)) for y, x in got[3:]]
+    assert len(dist) == 8 and dist == sorted(dist)  # 8 x 2 MiB of the ring, nearest first
+    assert got[3:6] == [(1, 4), (1, 5), (1, 3)]  # the ring's tiles at distance 1 not asked or pushed yet
+
+
 def test_pushed_ranges_are_whole_pages_of_the_tiles_bytes(tmp_path: Path) -> None:
     """[image-3] a pushed range starts at the tile's slot, page aligned, and covers the tile's
     bytes (the same bytes a read returns); a change of the array starts the rule over."""

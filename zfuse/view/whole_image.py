@@ -85,6 +85,7 @@ _PUSH_MIN_TILE = 4 * _PAGE
 _PUSH_MAX_TILE = _READ_AHEAD_MAX_TILE
 _TILES_REMEMBERED = 1 << 16  # tiles asked for or pushed, per file (then forgotten)
 _PUSH_RING = 2  # tiles around a read in an area already read, pushed ahead
+_PUSH_RING_BYTES = 16 * 1024**2  # at most this much of the ring per read (big tiles: the nearest)
 _PUSH_RECENT = 8  # the reader's last reads of new tiles: whether it works in an area
 
 # TIFF field types and compressions
@@ -965,9 +966,9 @@ class WholeImage:
         brings the rest of its region: the tiles right, below and below right. If it
         also lies near one of the last few such tiles (within two tiles: the reader
         works in an area, as a viewer panning does), it brings the ring of tiles two
-        around it, so the neighbouring regions are read while the reader works. A
-        reader jumping about a large image gets no more than its own regions. Tiles
-        already asked for or pushed are left out.
+        around it (up to 16 MiB of it, nearest first), so the neighbouring regions
+        are read while the reader works. A reader jumping about a large image gets
+        no more than its own regions. Tiles already asked for or pushed are left out.
         """
         with self._tiles_lock:
             marks = self._change_marks()
@@ -1002,16 +1003,22 @@ class WholeImage:
                 near += ring
             self._recent.append((level, plane, ty, tx))
             out = []
-            for ny, nx in near:
+            ring_bytes = 0
+            for k, (ny, nx) in enumerate(near):
                 if not (0 <= ny < lv.tiles_down and 0 <= nx < lv.tiles_across):
                     continue
                 key = (level, plane, ny * lv.tiles_across + nx)
                 if key in self._asked or key in self._pushed:
                     continue
                 span = self._push_span(*key)
-                if span is not None:
-                    self._pushed.add(key)
-                    out.append(span)
+                if span is None:
+                    continue
+                if k >= 3:  # the ring, beyond the region's own tiles
+                    ring_bytes += span[1]
+                    if ring_bytes > _PUSH_RING_BYTES:
+                        break
+                self._pushed.add(key)
+                out.append(span)
             return out
 
     def push_wanted(self, offset: int) -> bool:
