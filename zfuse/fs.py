@@ -97,9 +97,9 @@ class Kernel(Protocol):
 
     def invalidate_entry(self, parent_ino: int, name: str) -> None: ...
 
-    # optional: store bytes in a file's page cache (whole-image tiles pushed ahead
-    # of a region reader); called from a worker thread
-    # def store(self, ino: int, offset: int, data: bytes) -> None: ...
+    def store(self, ino: int, offset: int, data: bytes) -> None:
+        """Put bytes into a file's page cache (whole-image tiles ahead of a region
+        reader). Called from a worker thread. Optional: without it nothing is pushed."""
 
 
 class Attributes(NamedTuple):
@@ -748,6 +748,8 @@ class FileSystem:
             self._push_image_range(ino, path, reader, epoch, start, length)
 
     def _push_image_range(self, ino: int, path: Path, reader: Any, epoch: int, start: int, length: int) -> None:
+        """Read one range of a whole-image file and store it in the kernel's page cache,
+        unless the kernel asked for it meanwhile or the file's bytes changed."""
 
         def current() -> bool:
             """The bytes the kernel caches for this file are still `reader`'s (no reload,
