@@ -4,7 +4,8 @@
    through zarr) on a fresh mount, against zarr-python reading the same
    regions from the store in-process. Goal: >= 0.8x. Also reported: the same
    reads from a plain local copy of the file (what the reader itself costs),
-   the daemon's CPU time, and with ZFUSE_BENCH_OTHER_CODE=CHECKOUT the daemon
+   the daemon's and the reader's CPU time, the MiB the kernel asked the daemon
+   for, the tiles pushed ahead, and with ZFUSE_BENCH_OTHER_CODE=CHECKOUT the daemon
    of another checkout in the same repetitions (a before/after figure).
 2. Bio-Formats `ImageInfo -nopix` on the `pyramid.ome.tif` of a 64 GiB
    (sparse) OME-Zarr: wall time of the command (JVM start included), and no
@@ -29,6 +30,7 @@ from benchmarks.arrays import Spec, build
 from benchmarks.common import (
     DATA,
     Config,
+    MiB,
     Result,
     build_once,
     drop_caches,
@@ -80,13 +82,22 @@ def bench_regions(cfg: Config) -> list[Result]:
         plain = tmp_dir() / f"{spec.name}.ome.tif"
         with mounted([path], "-o", "ro") as m:
             shutil.copyfile(m.path / "image.ome.tif", plain)
-        z_t, r_t, p_t, o_t, cpu = [], [], [], [], []
+        z_t, r_t, p_t, o_t, cpu, reader_cpu, requested, pushed = [], [], [], [], [], [], [], []
         for _ in range(cfg.reps):
             with mounted([path], "-o", "ro") as m:
                 drop_caches(cfg)
-                before = cpu_seconds(m.pid)
+                stats_file = m.path / ".zfuse" / "stats"
+                raw_before = stats_file.read_bytes()  # (its bytes count in the next figures)
+                before, mine = cpu_seconds(m.pid), os.times()
                 t, z_sum = timed(lambda m=m, where=where: read_through_mount(m.path / "image.ome.tif", where))
+                mine_after = os.times()
                 cpu.append(cpu_seconds(m.pid) - before)
+                reader_cpu.append(mine_after.user + mine_after.system - mine.user - mine.system)
+                stats, stats_before = m.stats(), json.loads(raw_before)
+                # what the kernel asked the daemon for (less the stats file read before),
+                # and the tiles the daemon stored in the page cache ahead of the reader
+                requested.append((stats.get("bytes_read", 0) - stats_before.get("bytes_read", 0) - len(raw_before)) / MiB)
+                pushed.append(stats.get("image_tiles_pushed", 0))
                 z_t.append(t)
             if OTHER_CODE:
                 with mounted([path], "-o", "ro", code=Path(OTHER_CODE)) as m:
@@ -113,7 +124,8 @@ def bench_regions(cfg: Config) -> list[Result]:
                  f"({'zstd chunks, decoded tiles' if spec.zstd else 'raw chunks, passthrough'}), cold mount",
             zfuse_s=zs, ref_s=rs, ref_name="zarr-python in-process", nbytes=nbytes, ref_nbytes=nbytes,
             ratio=ratio, goal=">= 0.8x", met=ratio >= 0.8,
-            extra={"zfuse_runs": z_t, "ref_runs": r_t, "daemon_cpu_s": cpu, "plain_file_runs": p_t,
+            extra={"zfuse_runs": z_t, "ref_runs": r_t, "daemon_cpu_s": cpu, "reader_cpu_s": reader_cpu,
+                   "mib_requested": requested, "tiles_pushed": pushed, "plain_file_runs": p_t,
                    "plain_file_ratio": rs / median(p_t),
                    **({"other_code": OTHER_CODE, "other_runs": o_t, "other_ratio": rs / median(o_t)}
                       if OTHER_CODE else {})},

@@ -102,6 +102,10 @@ class Kernel(Protocol):
 
     def invalidate_entry(self, parent_ino: int, name: str) -> None: ...
 
+    def store(self, ino: int, offset: int, data: bytes) -> None:
+        """Put bytes into a file's page cache (whole-image tiles ahead of a region
+        reader). Called from a worker thread. Optional: without it nothing is pushed."""
+
 
 class Attributes(NamedTuple):
     """What `stat` shows of one file (a tuple: one is built per entry of every listing)."""
@@ -304,6 +308,7 @@ class FileSystem:
         # last of them closes, and then it is dropped
         self._old_bytes_cached: dict[Path, int] = {}
         self._image_versions: dict[Path, Any] = {}  # whole-image files: the version last opened
+        self._image_epoch = 0  # reloads so far (whole-image tiles pushed before one are stale)
         self.read_only = read_only
         self.stats = stats or Stats()
         self.run = run  # blocking work, in a worker thread on a mount
@@ -740,7 +745,48 @@ class FileSystem:
         if data is None:
             data = await self.run(handle.read, off, size)
         self.stats.count("bytes_read", len(data))
+        if handle.reader is not None:
+            self._push_image_tiles(handle, off, len(data))
         return data
+
+    def _push_image_tiles(self, handle: Handle, off: int, size: int) -> None:
+        """Whole-image files: after a read, store the tiles a region reader needs next
+        in the kernel's page cache (the file decides which: WholeImage.pushes_after),
+        so its next reads are no FUSE round trips. In the background, after the reply."""
+        if self.spawn is None or getattr(self.kernel, "store", None) is None:
+            return
+        spans = handle.reader.pushes_after(off, size)
+        if spans:
+            self.spawn(self._push_image_spans, (handle.inode.ino, handle.path, handle.reader, self._image_epoch, spans))
+
+    def _push_image_spans(self, job: tuple[int, Path, Any, int, list[tuple[int, int]]]) -> None:
+        """One after another, nearest first: the disk serves the reader's own reads in between."""
+        ino, path, reader, epoch, spans = job
+        for start, length in spans:
+            self._push_image_range(ino, path, reader, epoch, start, length)
+
+    def _push_image_range(self, ino: int, path: Path, reader: Any, epoch: int, start: int, length: int) -> None:
+        """Read one range of a whole-image file and store it in the kernel's page cache,
+        unless the kernel asked for it meanwhile or the file's bytes changed."""
+
+        def current() -> bool:
+            """The bytes the kernel caches for this file are still `reader`'s (no reload,
+            no reopen after a change: see _open)."""
+            return epoch == self._image_epoch and self._image_versions.get(path) == reader.version
+
+        try:
+            if not reader.push_wanted(start) or not current():
+                return
+            data = reader.read(start, length)
+            if not current():
+                return
+            self.kernel.store(ino, start, data)  # type: ignore[union-attr]
+            if not current():  # changed while storing: drop what may be old bytes
+                trio.from_thread.run_sync(self._invalidate, ino)
+                return
+            self.stats.count("image_tiles_pushed")
+        except Exception as e:  # the reader's own read reports it, with its errno
+            log.debug("%s: pushing bytes %d+%d failed: %s", "/".join(path), start, length, e)
 
     @operation(_by_handle)
     async def write(self, fh: int, off: int, buf: bytes) -> int:
@@ -958,6 +1004,7 @@ class FileSystem:
         byte ranges applied to rewritten objects.
         """
         old = self.view
+        self._image_epoch += 1  # whole-image tiles being pushed are of the old view
         view = None
         if self.reload is not None:
             try:

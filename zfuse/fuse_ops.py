@@ -49,6 +49,13 @@ class _Kernel:
         except OSError:
             pass
 
+    def store(self, ino: int, offset: int, data: bytes) -> None:
+        """Bytes into the file's page cache (called from a worker thread)."""
+        try:
+            pyfuse3.notify_store(ino, offset, data)
+        except OSError:
+            pass  # the kernel forgot the inode, or has no notify_store: reads ask us
+
     def invalidate_entry(self, parent_ino: int, name: str) -> None:
         try:
             pyfuse3.invalidate_entry_async(parent_ino, os.fsencode(name), ignore_enoent=True)

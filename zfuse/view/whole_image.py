@@ -43,6 +43,7 @@ import time
 import zlib
 from collections import OrderedDict, deque
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import quoteattr
@@ -76,6 +77,16 @@ _TILE_CACHE_BYTES = 64 * 1024**2
 # Chunk files of tiles up to this size are read ahead (three neighbours): bigger
 # tiles would make the disk read more than a small region needs.
 _READ_AHEAD_MAX_TILE = 8 * 1024**2
+# Tiles stored ahead in the kernel's page cache (see `pushes_after`): at least a
+# few pages (smaller tiles are many requests' worth of bookkeeping for little), at
+# most the read-ahead's limit.
+_PAGE = 4096
+_PUSH_MIN_TILE = 4 * _PAGE
+_PUSH_MAX_TILE = _READ_AHEAD_MAX_TILE
+_TILES_REMEMBERED = 1 << 16  # tiles asked for or pushed, per file (then forgotten)
+_PUSH_RING = 2  # tiles around a read in an area already read, pushed ahead
+_PUSH_RING_BYTES = 16 * 1024**2  # at most this much of the ring per read (big tiles: the nearest)
+_PUSH_RECENT = 8  # the reader's last reads of new tiles: whether it works in an area
 
 # TIFF field types and compressions
 _SHORT, _LONG, _ASCII, _LONG8 = 3, 4, 2, 16
@@ -426,6 +437,12 @@ class WholeImage:
         self._fills: dict[tuple[int, int], bytes] = {}
         self._inflight: dict[tuple[int, int, int], threading.Lock] = {}
         self._advised: set[tuple[int, int, int]] = set()  # tiles whose chunk file was read ahead
+        # region readers (pushes_after): tiles the kernel asked for, and tiles pushed
+        self._asked: set[tuple[int, int, int]] = set()
+        self._pushed: set[tuple[int, int, int]] = set()
+        self._region_reader = False
+        self._recent: deque[tuple[int, int, int, int]] = deque(maxlen=_PUSH_RECENT)  # (level, plane, row, column)
+        self._push_marks: tuple[int, ...] = self._change_marks()
 
     # -- layout -------------------------------------------------------------------
     def _entries(self, level: int, first: bool) -> list[int]:
@@ -780,6 +797,23 @@ class WholeImage:
                     self._inflight.pop(key, None)
             return data
 
+    def _decode_side_by_side(self, keys: list[tuple[int, int, int]]) -> None:
+        """Start decoding the chunks of these tiles (the second and further tiles of one
+        read: the kernel's read-ahead asks for two) in other threads, so they decode
+        while this thread decodes the first; the read then finds them in the chunk
+        cache, or waits for the decode under way (single flight)."""
+        if not keys:
+            return
+        self.header()
+        assert self._modes is not None
+        for level, plane, tile in keys:
+            lv = self.levels[level]
+            if self._modes[level] is not None:
+                continue  # passed through: nothing to decode
+            coords = self._direct_chunk(lv, plane, tile)
+            if coords is not None and not lv.array.is_cached(coords):
+                _decoder().submit(lv.array.pixel_bytes, coords)  # a failure: the read reports it
+
     def _read_ahead(self, level: int, plane: int, tile: int) -> None:
         """Ask the OS to start reading the chunk files of the tiles a region reader needs
         next: right, below and below right (the kernel's read-ahead of this file only
@@ -804,9 +838,13 @@ class WholeImage:
                 paths.append(path)
         _ADVISOR.will_need(paths)
 
-    def _stored_piece(self, level: int, plane: int, tile: int, within: int, length: int) -> bytes | None:
+    def _stored_piece(
+        self, level: int, plane: int, tile: int, within: int, length: int, into: memoryview | None = None
+    ) -> bytes | memoryview | None:
         """Bytes [within, within+length) of a passthrough tile read straight from its
-        stored chunk file (blocking), or None when the level has no such file.
+        stored chunk file (blocking), or None when the level has no such file. With
+        `into` (a buffer of at least `length` bytes) the file is read into it, and
+        the part of it read is returned.
 
         A local store's chunk file *is* the tile's stream (no checksum to strip), so a
         read takes just the range asked for: no whole-chunk fetch through zarr's event
@@ -832,7 +870,12 @@ class WholeImage:
             try:
                 size = os.fstat(fd).st_size
                 want = max(0, min(length, size - within))
-                data = os.pread(fd, want, within) if want else b""
+                if not want:
+                    data: bytes | memoryview = b""
+                elif into is not None:
+                    data = into[: os.preadv(fd, [into[:want]], within)]
+                else:
+                    data = os.pread(fd, want, within)
             finally:
                 os.close(fd)
             if len(data) != want:
@@ -909,6 +952,125 @@ class WholeImage:
         self.stats.count("tile_assembly_seconds", time.perf_counter() - started)
         return out.tobytes()
 
+    # -- tiles pushed ahead of a region reader -------------------------------------------
+    def pushes_after(self, offset: int, size: int) -> list[tuple[int, int]]:
+        """Byte ranges (offset, length) worth storing in the kernel's page cache ahead of
+        the reader, nearest first, after the kernel asked for [offset, offset+size).
+
+        A region reader (tifffile `aszarr`, napari, GDAL) reads a region's tiles one
+        after another, each a FUSE round trip and a disk read when cold, and the
+        kernel's read-ahead of this file follows tile rows only. Nothing is pushed
+        until the reads show such a reader: a tile asked for next to one an earlier
+        read asked for (so reading one tile decodes only the chunks it covers). Then
+        the first tile of each read that was neither asked for nor pushed before
+        brings the rest of its region: the tiles right, below and below right. If it
+        also lies near one of the last few such tiles (within two tiles: the reader
+        works in an area, as a viewer panning does), it brings the ring of tiles two
+        around it (up to 16 MiB of it, nearest first), so the neighbouring regions
+        are read while the reader works. A reader jumping about a large image gets
+        no more than its own regions. Tiles already asked for or pushed are left out.
+        """
+        with self._tiles_lock:
+            marks = self._change_marks()
+            if marks != self._push_marks:  # other bytes now: start over
+                self._asked.clear()
+                self._pushed.clear()
+                self._recent.clear()
+                self._push_marks = marks
+            tiles = self._tiles_in(offset, size)
+            if not tiles:
+                return []
+            first = tiles[0]
+            fresh = first not in self._asked and first not in self._pushed
+            if not self._region_reader:
+                self._region_reader = any(self._next_to_asked(t) for t in tiles if t not in self._asked)
+            if len(self._asked) + len(tiles) > _TILES_REMEMBERED or len(self._pushed) > _TILES_REMEMBERED:
+                self._asked.clear()
+                self._pushed.clear()
+            self._asked.update(tiles)
+            if not self._region_reader or not fresh:
+                return []  # a tile pushed (too late) or read before: its region is on its way
+            level, plane, tile = first
+            lv = self.levels[level]
+            ty, tx = divmod(tile, lv.tiles_across)
+            near: list[tuple[int, int]] = [(ty, tx + 1), (ty + 1, tx), (ty + 1, tx + 1)]
+            if any(r[:2] == (level, plane) and max(abs(r[2] - ty), abs(r[3] - tx)) <= _PUSH_RING
+                   for r in self._recent):
+                ring = [(ty + dy, tx + dx) for dy in range(-_PUSH_RING, _PUSH_RING + 1)
+                        for dx in range(-_PUSH_RING, _PUSH_RING + 1)]
+                # nearest first; at equal distance forward (right, below) first
+                ring.sort(key=lambda p: (max(abs(p[0] - ty), abs(p[1] - tx)), p[0] < ty, p[1] < tx, p))
+                near += ring
+            self._recent.append((level, plane, ty, tx))
+            out = []
+            ring_bytes = 0
+            for k, (ny, nx) in enumerate(near):
+                if not (0 <= ny < lv.tiles_down and 0 <= nx < lv.tiles_across):
+                    continue
+                key = (level, plane, ny * lv.tiles_across + nx)
+                if key in self._asked or key in self._pushed:
+                    continue
+                span = self._push_span(*key)
+                if span is None:
+                    continue
+                if k >= 3:  # the ring, beyond the region's own tiles
+                    ring_bytes += span[1]
+                    if ring_bytes > _PUSH_RING_BYTES:
+                        break
+                self._pushed.add(key)
+                out.append(span)
+            return out
+
+    def push_wanted(self, offset: int) -> bool:
+        """Whether the tile at `offset` is still worth pushing: the kernel has not asked
+        for it since it was chosen (the push would only repeat that read)."""
+        found = self._locate(offset)
+        return found is not None and found[:3] not in self._asked
+
+    def _tiles_in(self, offset: int, size: int) -> list[tuple[int, int, int]]:
+        """(level, plane, tile) of the slots that bytes [offset, offset+size) touch."""
+        out = []
+        pos, end = max(offset, self.data_start), min(offset + size, self.size)
+        while pos < end:
+            found = self._locate(pos)
+            if found is None:
+                break
+            level, plane, tile, within = found
+            out.append((level, plane, tile))
+            pos += self.levels[level].slot - within
+        return out
+
+    def _next_to_asked(self, key: tuple[int, int, int]) -> bool:
+        level, plane, tile = key
+        lv = self.levels[level]
+        ty, tx = divmod(tile, lv.tiles_across)
+        for dy in (-1, 0, 1):
+            for dx in (-1, 0, 1):
+                ny, nx = ty + dy, tx + dx
+                if (dy or dx) and 0 <= ny < lv.tiles_down and 0 <= nx < lv.tiles_across:
+                    if (level, plane, ny * lv.tiles_across + nx) in self._asked:
+                        return True
+        return False
+
+    def _push_span(self, level: int, plane: int, tile: int) -> tuple[int, int] | None:
+        """The whole pages of a tile's slot that hold its bytes, or None when the tile
+        is not worth pushing (tiny or huge tiles, slots not page aligned, a passthrough
+        level whose byte counts are not known yet)."""
+        lv = self.levels[level]
+        if not _PUSH_MIN_TILE <= lv.tile_bytes <= _PUSH_MAX_TILE:
+            return None
+        start = self.slot_offset(level, plane, tile)
+        if start % _PAGE or lv.slot % _PAGE:
+            return None
+        count = lv.tile_bytes
+        if lv.passthrough is not None:
+            if self._modes is None or self._counts is None:
+                return None
+            if self._modes[level] is not None:
+                count = int(self._counts[level][plane * lv.tiles + tile])
+        length = min(-(-count // _PAGE) * _PAGE, lv.slot)
+        return (start, length) if length else None
+
     # -- bytes -------------------------------------------------------------------------
     def _check(self) -> None:
         if self._failed is not None:
@@ -926,12 +1088,18 @@ class WholeImage:
         assert data is not None
         return data
 
-    def _read(self, offset: int, size: int, *, blocking: bool) -> bytes | memoryview | None:
+    def _read(self, offset: int, size: int, *, blocking: bool) -> bytes | bytearray | memoryview | None:
         end = min(offset + size, self.size)
         if offset >= end:
             return b""
-        parts: list[bytes | memoryview] = []
+        # A read of more than one piece (header and tiles, or two tiles: the kernel's
+        # read-ahead asks for 1 MiB) is put together in one buffer, the chunk files
+        # read straight into it: no copy of each piece, then of the whole.
+        out: memoryview | None = None
+        single: bytes | memoryview | None = None
         touched: list[tuple[int, int, int]] = []  # tiles read from the store
+        if blocking and end - offset > self.levels[-1].slot:
+            self._decode_side_by_side(self._tiles_in(offset, end - offset)[1:])
         pos = offset
         if pos < self.data_start:
             header = self._header if not blocking else self.header()
@@ -939,21 +1107,26 @@ class WholeImage:
                 return None
             stop = min(end, self.data_start)
             piece = header[pos:stop]
-            parts.append(piece + bytes(stop - pos - len(piece)))  # alignment padding
+            if stop == end and len(piece) == stop - pos:
+                return piece
+            out = memoryview(bytearray(end - offset))
+            out[: len(piece)] = piece  # the rest: alignment padding and the gap, zeros
             pos = stop
         while pos < end:
             found = self._locate(pos)
             if found is None:
-                parts.append(bytes(end - pos))
-                break
+                break  # past the last slot: the trailer's zeros
             level, plane, tile, within = found
             lv = self.levels[level]
             stop = min(end, pos - within + lv.slot)
+            if out is None and stop < end:
+                out = memoryview(bytearray(end - offset))
+            target = out[pos - offset : stop - offset] if out is not None else None
             if self._modes is None and self.levels[level].passthrough is not None:
                 if not blocking:
                     return None  # the header decides whether this level passes through
                 self.header()
-            piece = self._stored_piece(level, plane, tile, within, stop - pos) if blocking else None
+            piece = self._stored_piece(level, plane, tile, within, stop - pos, target) if blocking else None
             if blocking:
                 touched.append((level, plane, tile))
             if piece is None:
@@ -961,14 +1134,18 @@ class WholeImage:
                 if data is None:
                     return None
                 piece = data[within : stop - pos + within]  # a view of a cached chunk: no copy
-            parts.append(piece)
-            if len(piece) < stop - pos:
-                parts.append(bytes(stop - pos - len(piece)))  # rest of the slot
+            if target is None:
+                single = piece
+                if len(piece) < stop - pos:  # rest of the slot: zeros
+                    single = bytes(piece) + bytes(stop - pos - len(piece))
+            elif not (isinstance(piece, memoryview) and piece.obj is target.obj):  # not read into it
+                target[: len(piece)] = piece
             pos = stop
-        data = b"".join(parts) if len(parts) != 1 else parts[0]
         for key in touched:  # after these reads: the disk serves them first
             self._read_ahead(*key)
-        return data
+        if out is not None:
+            return out.obj  # type: ignore[return-value]
+        return single if single is not None else bytes(end - offset)
 
 
 _SERIALS = itertools.count(1)
@@ -1015,6 +1192,17 @@ class _Advisor:
 
 
 _ADVISOR = _Advisor()
+_DECODER: ThreadPoolExecutor | None = None
+_DECODER_LOCK = threading.Lock()
+
+
+def _decoder() -> ThreadPoolExecutor:
+    """Threads decoding the further tiles of one read (created on first use: after any fork)."""
+    global _DECODER
+    with _DECODER_LOCK:
+        if _DECODER is None:
+            _DECODER = ThreadPoolExecutor(max_workers=2, thread_name_prefix="zfuse-tile-decode")
+        return _DECODER
 
 
 def _setter(values: dict[int, tuple[int, int, bytes]]) -> Any:

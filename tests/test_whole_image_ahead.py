@@ -1,0 +1,198 @@
+"""Whole-image files: tiles pushed into the kernel's page cache ahead of a region reader.
+
+The rule (which tiles, when) is decided in the FUSE-free layer and tested with
+plain calls on a planned file; one real mount shows that pushed tiles reach the
+page cache (read afterwards without a FUSE request, same bytes).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import mmap
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from zarr.codecs import ZstdCodec
+
+from zfuse.daemon import MountConfig
+from zfuse.open_view import make_view
+from zfuse.stats import Stats
+from zfuse.testing import wait_until
+
+import stores
+
+
+def planned(source: Path, rel: tuple[str, ...] = ("image.ome.tif",)):
+    """The file planned in this process, its header built (as the reader's first read does)."""
+    view = make_view(MountConfig([str(source)], "/unused", read_only=True), Stats())
+    img = view.whole_images(rel[:-1])[rel[-1]]
+    img.header()
+    return img
+
+
+def tile_array(path: Path, tiles: int, compressors=None, edge: int = 128) -> np.ndarray:
+    """A (tiles*edge)^2 uint16 array in edge x edge chunks (one tile = one chunk; 128: 32 KiB)."""
+    a = zarr.create_array(str(path), shape=(tiles * edge, tiles * edge), chunks=(edge, edge),
+                          dtype="uint16", fill_value=0, compressors=compressors)
+    a[...] = data = stores.values(a.shape, "uint16")
+    return data
+
+
+def asked(img, *reads: tuple[int, int] | tuple[int, int, int]) -> list[tuple[int, int]]:
+    """What the kernel asking for these tiles brings, as (row, column), after the last read.
+    Each read is (row, column) or (row, column, tiles): that many tiles in one request
+    (the kernel's read-ahead takes the next tiles of the row with a tile)."""
+    lv = img.levels[0]
+    out = []
+    for ty, tx, *n in reads:
+        out = img.pushes_after(img.slot_offset(0, 0, ty * lv.tiles_across + tx), lv.slot * (n[0] if n else 1))
+    return [divmod((start - lv.data_start) // lv.slot, lv.tiles_across) for start, _ in out]
+
+
+def test_nothing_pushed_for_one_tile_or_tiles_far_apart(tmp_path: Path) -> None:
+    """[image-3] a read of one tile pushes nothing (it decodes only the chunks it covers),
+    nor do reads of tiles that are not next to each other, nor header reads."""
+    tile_array(tmp_path / "a.zarr", 8)
+    img = planned(tmp_path / "a.zarr")
+    assert img.pushes_after(0, 4096) == []  # the header
+    assert asked(img, (3, 3)) == []
+    assert asked(img, (0, 0)) == []
+    assert asked(img, (6, 0, 2)) == []  # two tiles in one request (the kernel's read-ahead)
+    assert asked(img, (3, 3)) == []  # the same tile again
+
+
+def test_region_reader_gets_the_rest_of_its_regions_then_the_rings_around(tmp_path: Path) -> None:
+    """[image-3] once a read asks for a tile next to one asked before, each read's first new
+    tile brings the tiles right, below and below right (not those asked already); a new
+    tile near the last ones brings the ring of two around it, nearest first; a tile far
+    from them only its region's."""
+    tile_array(tmp_path / "a.zarr", 16, edge=32)  # 2 KiB tiles: not worth a push of their own
+    assert asked(planned(tmp_path / "a.zarr"), (0, 0), (0, 1)) == []  # tiny tiles: not worth a push
+
+    tile_array(tmp_path / "b.zarr", 16)
+    img = planned(tmp_path / "b.zarr")
+    assert asked(img, (4, 4, 2)) == []  # one request: (4, 4) and the kernel's read-ahead (4, 5)
+    # the reader now asks for (5, 4), next to them: a region reader
+    assert asked(img, (5, 4)) == [(5, 5), (6, 4), (6, 5)]
+    # a new region starting near the last one: its own three, then the ring of two, nearest first
+    got = asked(img, (4, 6))
+    assert got[:3] == [(4, 7), (5, 6), (5, 7)]
+    ring = {(4 + dy, 6 + dx) for dy in range(-2, 3) for dx in range(-2, 3)}
+    before = {(4, 4), (4, 5), (5, 4), (4, 6), (5, 5), (6, 4), (6, 5)}  # asked or pushed
+    assert set(got) == ring - before
+    assert len(got) == len(set(got))
+    dist = [max(abs(y - 4), abs(x - 6)) for y, x in got]
+    assert dist == sorted(dist)
+    # far from everything read lately (a reader jumping about): only its own region
+    assert asked(img, (12, 0)) == [(12, 1), (13, 0), (13, 1)]
+    # pushed tiles are not pushed again, and no longer wanted once the kernel asks for them
+    lv = img.levels[0]
+    at = img.slot_offset(0, 0, 13 * lv.tiles_across + 1)
+    assert img.push_wanted(at)
+    assert asked(img, (13, 1)) == []  # a pushed tile asked for (pushed too late): nothing new
+    assert not img.push_wanted(at)
+    assert asked(img, (4, 6)) == []  # asked before (evicted, say): nothing new
+
+
+def test_ring_is_at_most_16_mib_per_read(tmp_path: Path) -> None:
+    """[image-3] big tiles: a read brings its region's tiles and at most 16 MiB of the ring,
+    nearest first."""
+    zarr.create_array(str(tmp_path / "a.zarr"), shape=(8192, 8192), chunks=(1024, 1024), dtype="uint16",
+                      fill_value=0, compressors=None)  # 2 MiB tiles, nothing stored
+    img = planned(tmp_path / "a.zarr")
+    assert img.levels[0].tile_bytes == 2 << 20
+    assert asked(img, (2, 2, 2)) == []
+    assert asked(img, (3, 2)) == [(3, 3), (4, 2), (4, 3)]
+    got = asked(img, (2, 4))
+    assert got[:3] == [(2, 5), (3, 4), (3, 5)]
+    dist = [max(abs(y - 2), abs(x - 4)) for y, x in got[3:]]
+    assert len(dist) == 8 and dist == sorted(dist)  # 8 x 2 MiB of the ring, nearest first
+    assert got[3:6] == [(1, 4), (1, 5), (1, 3)]  # the ring's tiles at distance 1 not asked or pushed yet
+
+
+def test_pushed_ranges_are_whole_pages_of_the_tiles_bytes(tmp_path: Path) -> None:
+    """[image-3] a pushed range starts at the tile's slot, page aligned, and covers the tile's
+    bytes (the same bytes a read returns); a change of the array starts the rule over."""
+    data = tile_array(tmp_path / "a.zarr", 4, compressors=[ZstdCodec(level=1)])
+    img = planned(tmp_path / "a.zarr")
+    lv = img.levels[0]
+    img.pushes_after(img.slot_offset(0, 0, 0), lv.tile_bytes)
+    spans = img.pushes_after(img.slot_offset(0, 0, 1), lv.tile_bytes)
+    assert spans
+    for start, length in spans:
+        assert start % 4096 == 0 and length % 4096 == 0 and length >= lv.tile_bytes
+        index = (start - lv.data_start) // lv.slot
+        ty, tx = divmod(index, lv.tiles_across)
+        got = np.frombuffer(bytes(img.read(start, length))[: lv.tile_bytes], dtype="<u2").reshape(128, 128)
+        np.testing.assert_array_equal(got, data[ty * 128 : ty * 128 + 128, tx * 128 : tx * 128 + 128])
+
+
+def test_reads_of_several_pieces_equal_one_sequential_read(tmp_path: Path) -> None:
+    """[image-5] reads spanning the header, gaps, several passthrough or decoded tiles and
+    the trailer (put together in one buffer) equal the same bytes read in small pieces."""
+    for name, compressors in (("raw", None), ("zstd", [ZstdCodec(level=1)])):
+        tile_array(tmp_path / f"{name}.zarr", 3, compressors=compressors, edge=48)  # 4.5 KiB tiles
+        img = planned(tmp_path / f"{name}.zarr")
+        whole = b"".join(bytes(img.read(at, 4096)) for at in range(0, img.size, 4096))
+        assert len(whole) == img.size
+        rng = np.random.default_rng(3)
+        starts = [0, img.data_start - 100, img.size - 70000, *rng.integers(0, img.size, 40)]
+        for at in starts:
+            n = int(rng.integers(1, 3 << 20))
+            assert bytes(img.read(int(at), n)) == whole[int(at) : int(at) + n], (name, at, n)
+
+
+def resident(fd: int, offset: int, length: int) -> bool:
+    """Whether every page of [offset, offset+length) of the open file is in the page cache
+    (mincore on a mapping: looks, reads nothing)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    assert offset % mmap.PAGESIZE == 0
+    pages = -(-length // mmap.PAGESIZE)
+    addr = libc.mmap(None, length, mmap.PROT_READ, mmap.MAP_SHARED, fd, offset)
+    assert addr not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+    vec = (ctypes.c_ubyte * pages)()
+    try:
+        assert libc.mincore(addr, length, vec) == 0, os.strerror(ctypes.get_errno())
+    finally:
+        libc.munmap(addr, length)
+    return all(v & 1 for v in vec)
+
+
+@pytest.mark.mount
+@pytest.mark.parametrize("compressors", [None, [ZstdCodec(level=1)]], ids=["passthrough", "decoded"])
+def test_pushed_tiles_are_in_the_page_cache_before_they_are_read(tmp_path: Path, mount, compressors) -> None:
+    """[image-3] a region reader's next tiles reach the kernel's page cache before it asks
+    for them (the rest of its region), with the array's values; other tiles do not."""
+    data = tile_array(tmp_path / "a.zarr", 8, compressors=compressors)
+    m = mount(tmp_path / "a.zarr", "-o", "ro")
+    img = planned(tmp_path / "a.zarr")
+    lv = img.levels[0]
+
+    def at(ty: int, tx: int) -> int:
+        return img.slot_offset(0, 0, ty * lv.tiles_across + tx)
+
+    def tile(fd: int, ty: int, tx: int) -> np.ndarray:
+        return np.frombuffer(os.pread(fd, lv.tile_bytes, at(ty, tx)), dtype="<u2").reshape(128, 128)
+
+    fd = os.open(m.path / "image.ome.tif", os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no kernel read-ahead: one tile per read
+        tile(fd, 2, 2)
+        tile(fd, 2, 3)  # next to the first: a region reader
+        region = ((2, 4), (3, 3), (3, 4))  # the rest of the region of (2, 3)
+        wait_until(lambda: all(resident(fd, at(ty, tx), lv.tile_bytes) for ty, tx in region),
+                   what="the region's tiles pushed into the page cache")
+        assert not resident(fd, at(6, 6), lv.tile_bytes)
+        assert json.loads((m.path / ".zfuse" / "stats").read_text())["image_tiles_pushed"] >= 3
+        for ty, tx in (*region, (6, 6)):
+            np.testing.assert_array_equal(tile(fd, ty, tx), data[ty * 128 : ty * 128 + 128, tx * 128 : tx * 128 + 128])
+    finally:
+        os.close(fd)
