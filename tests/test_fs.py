@@ -346,32 +346,6 @@ def test_not_a_tiff_is_refused(v3) -> None:
 # -------------------------------------------------------------- who sees what
 
 
-def test_a_second_replacement_before_the_first_release_is_not_seen_half_written(v3) -> None:
-    """[write-2] `cp` twice in a row: the kernel sends the first close's RELEASE after
-    close() returned, so the second O_TRUNC open can find the first replacement still
-    open and committed. Until the second commits, other processes read the first one
-    whole, never the second's bytes so far (the stress test's torn read)."""
-    src, data, fs, k = v3
-    stored_size = k.stat(CHUNK, OTHER).size  # zfuse's own TIFF of a stored chunk
-    first, second = stores.values((8, 16), "uint16", seed=14), stores.values((8, 16), "uint16", seed=15)
-    fh1 = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC, WRITER)
-    k.write(fh1, tiff(first))
-    k.call(fs.flush, fh1)  # close(): committed; its release is still to come
-    np.testing.assert_array_equal(pixels(k.read_file(CHUNK, OTHER)), first)
-    reader = k.open(CHUNK, os.O_RDONLY, OTHER)  # held across the next replacement
-    fh2 = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC, WRITER)
-    k.write(fh2, tiff(second)[:100])
-    np.testing.assert_array_equal(pixels(k.read(reader)), first)  # the bytes it opened
-    fs.release(reader)
-    assert k.stat(CHUNK, OTHER).size == stored_size
-    np.testing.assert_array_equal(pixels(k.read_file(CHUNK, OTHER)), first)
-    fs.release(fh1)
-    np.testing.assert_array_equal(pixels(k.read_file(CHUNK, OTHER)), first)
-    k.write(fh2, tiff(second)[100:], 100)
-    k.close(fh2)
-    np.testing.assert_array_equal(pixels(k.read_file(CHUNK, OTHER)), second)
-
-
 def test_other_processes_see_the_stored_chunk_until_commit(v3) -> None:
     """[write-2] while a replacement is written, other processes read the stored chunk
     (bytes and size); the writer sees its own bytes; after close everyone sees the new one."""
@@ -853,3 +827,25 @@ def test_old_bytes_in_the_page_cache_never_reach_new_readers(tmp_path: Path, clo
     assert after.keep_cache and not after.direct_io
     np.testing.assert_array_equal(pixels(k.read(after.fh)), new)
     fs.release(after.fh)
+
+
+def test_a_decode_overtaken_by_a_write_is_not_cached(v3) -> None:
+    """[read-7] a read-ahead decode that read the store before a commit landed serves its
+    caller but is not cached: readers after the commit decode the new chunk."""
+    src, data, fs, k = v3
+    arr = fs.view.entry(("c", "0", "0.tiff")).array
+    read_chunk = arr.source.read_chunk
+
+    def overtaken(coords, must_exist=False):  # noqa: ANN001, ANN202
+        values = read_chunk(coords, must_exist)
+        arr.forget(coords)  # a commit of this chunk lands while the decode runs
+        return values
+
+    arr.source.read_chunk = overtaken
+    try:
+        arr.file_bytes((0, 0))
+    finally:
+        arr.source.read_chunk = read_chunk
+    assert not arr.is_cached((0, 0))
+    arr.file_bytes((0, 0))
+    assert arr.is_cached((0, 0))

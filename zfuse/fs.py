@@ -711,12 +711,7 @@ class FileSystem:
         handle.array, handle.coords = entry.array, entry.coords
         if state is not None or path in self._readers_gone or path in self._old_bytes_cached:
             if state is not None and self.writes.sees_buffer(state, pid):
-                if state.committed and state.buffer is not None and not self.writes.is_writer(state, pid):
-                    # a stored replacement another process wrote: a next one may rewrite
-                    # the buffer while this reader reads; it keeps the bytes it opened
-                    handle.content = bytes(state.buffer)
-                else:
-                    handle.state = state
+                handle.state = state
             return OpenReply(self._new_handle(handle), direct_io=True)
         handle.page_cached = True
         self._cached_readers[path] = self._cached_readers.get(path, 0) + 1

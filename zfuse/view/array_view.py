@@ -415,12 +415,16 @@ class ArrayView:
             data = self.cache.get(key)
             if data is not None:
                 return memoryview(data).toreadonly()
+            changes = self.changes
             try:
                 data = self._decode(coords)
             finally:
                 with self._lock:
                     self._inflight.pop(coords, None)
-            self.cache.put(key, data)
+            # a chunk written (forget) while this decode read the store may have
+            # been read before the write: serve it to this caller, never cache it
+            if self.changes == changes:
+                self.cache.put(key, data)
             return memoryview(data).toreadonly()
 
     def _decode(self, coords: Coords) -> bytes:

@@ -210,14 +210,8 @@ class Writes:
         sees the stored chunk until the replacement commits. Where nothing is
         stored, the buffer is the file.
         """
-        if state.scratch or not self.stored(state) or (state.committed and not state.dirty):
-            # (committed and changed since, e.g. a second `cp` before the first's
-            # release: others read the stored chunk, never the new bytes so far)
+        if state.scratch or not self.stored(state) or state.committed:
             return True
-        return self.is_writer(state, pid)
-
-    def is_writer(self, state: FileState, pid: int | None) -> bool:
-        """Whether the requester `pid` (a thread id) belongs to a process that wrote `state`."""
         return pid is not None and (pid in state.writer_threads or self.process(pid) in state.writers)
 
     def _add_writer(self, state: FileState, pid: int) -> None:
