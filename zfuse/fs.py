@@ -870,10 +870,12 @@ class FileSystem:
         if arr.cache.max_bytes < 4 * arr.layout.data_size:
             return  # no room to keep what is decoded ahead
         key = (id(arr), coords)
-        scanning = self._ahead_unopened.pop(key, False) is None
-        if not scanning and arr.is_cached(coords):
+        scanning = key in self._ahead_unopened
+        self._ahead_unopened.pop(key, None)
+        cached = arr.is_cached(coords)
+        if cached and not scanning:
             return
-        if key not in self._reading_ahead and not arr.is_cached(coords):
+        if not cached and key not in self._reading_ahead:
             # this file's own chunk first, starting now rather than at its first read
             self._reading_ahead.add(key)
             self.spawn(self._decode_ahead, (arr, coords, key, False))

@@ -698,11 +698,9 @@ class ZarrChunkSource(ChunkSource):
     def _listing_store(self) -> Any:
         """`_local_store` for listings, decided from memory only (`ls` reads nothing
         but the listing: not even ``zarr.json`` again); None when that is not known."""
-        if self.zarr_format != 2 and getattr(self, "_transformers", None) is None:
-            recorded = self._recorded_transformers()
-            if recorded is None:
-                return None
-            self._transformers = recorded
+        if (self.zarr_format != 2 and getattr(self, "_transformers", None) is None
+                and self._recorded_transformers() is None):
+            return None  # only reading zarr.json again would tell
         return self._local_store
 
     def _recorded_transformers(self) -> bool | None:
