@@ -366,6 +366,36 @@ def test_other_processes_see_the_stored_chunk_until_commit(v3) -> None:
     np.testing.assert_array_equal(pixels(k.read_file(CHUNK, OTHER)), new)
 
 
+def test_a_second_replacement_before_the_first_is_released(v3) -> None:
+    """[write-2] A `cp` right after a `cp`: the second O_TRUNC open comes while the first
+    replacement is committed but not yet released. Other processes read the first
+    replacement, never the second one's bytes so far, and are told its stored size; the
+    writer sees its own bytes. Once a committed file's size was reported, its release
+    drops the kernel's cached attributes (the file then reads as the rendered chunk)."""
+    src, data, fs, k = v3
+    first, second = stores.values((8, 16), "uint16", seed=21), stores.values((8, 16), "uint16", seed=22)
+    one = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC, WRITER)
+    k.write(one, tiff(first))
+    k.call(fs.flush, one)  # close() of the first cp; its RELEASE has not arrived
+    rendered = k.read_file(CHUNK, OTHER)
+    np.testing.assert_array_equal(pixels(rendered), first)
+    assert k.stat(CHUNK, OTHER).size == len(rendered)
+    two = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC, WRITER)
+    k.write(two, tiff(second)[:60])
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK, OTHER)), first)
+    assert k.stat(CHUNK, OTHER).size == len(rendered)
+    assert k.stat(CHUNK, WRITER).size == 60
+    k.write(two, tiff(second)[60:], 60)
+    k.close(two)
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK, OTHER)), second)
+    ino = k.walk(CHUNK)
+    k.invalidated.clear()
+    assert k.stat(CHUNK, WRITER).size == len(tiff(second))  # the writer's bytes, still open
+    fs.release(one)
+    assert k.invalidated == [ino]
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK, WRITER)), second)
+
+
 def test_rename_onto_a_chunk_never_loses_the_name(v3) -> None:
     """[ns-2] the atomic-save pattern: a process that looked the chunk up just before the
     rename can still stat and open that inode; an open reader keeps the old bytes."""

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import errno
+import io
 import mmap
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import threading
 import time
@@ -869,3 +871,63 @@ def test_a_reader_open_across_a_cp_leaves_no_old_bytes_for_new_readers(tmp_path:
         os.close(fd)
     np.testing.assert_array_equal(tifffile.imread(chunk), new)
     np.testing.assert_array_equal(zarr.open_array(str(src))[...], new)
+
+
+_HOLDING_READER = """
+import sys
+with open(sys.argv[1], "rb") as f:
+    head = f.read(64)
+    print("opened", flush=True)
+    sys.stdin.readline()
+    sys.stdout.buffer.write(head + f.read())
+"""
+
+
+def test_a_second_cp_before_the_first_is_released_is_not_seen_half_written(tmp_path: Path, mount) -> None:
+    """[write-2] A replacement that starts while the previous one is committed but still open
+    (a `cp` right after a `cp`: the kernel's RELEASE of the first arrives after its close()
+    returned; here a dup keeps it open) is invisible to other processes until it commits:
+    they read the first replacement whole, never the second one's bytes so far, and a reader
+    that opened before the second started keeps what it opened."""
+    src = tmp_path / "a.zarr"
+    stores.v3(src, shape=(16, 32), chunks=(8, 16), dtype="uint16")
+    m = mount(src)
+    chunk = m.path / "c" / "0" / "0.tiff"
+    first, second = tiff_bytes(np.full((8, 16), 1, "u2")), tiff_bytes(np.full((8, 16), 2, "u2"))
+
+    def other_process_reads() -> int:
+        """The value of the uniform chunk another process reads (a torn file fails to decode)."""
+        data = subprocess.run(["cat", str(chunk)], check=True, capture_output=True).stdout
+        return uniform_value(data)
+
+    fd1 = os.open(chunk, os.O_WRONLY | os.O_TRUNC)
+    try:
+        os.write(fd1, first)
+        os.close(os.dup(fd1))  # close() of a copy: the commit point; fd1 keeps it open
+        assert other_process_reads() == 1
+        holder = subprocess.Popen([sys.executable, "-c", _HOLDING_READER, str(chunk)],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        assert holder.stdout.readline() == b"opened\n"
+        fd2 = os.open(chunk, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd2, second[: len(second) // 2])
+            assert other_process_reads() == 1
+            size = subprocess.run(["stat", "-c", "%s", str(chunk)], check=True, capture_output=True, text=True)
+            assert int(size.stdout) == len(subprocess.run(["cat", str(chunk)], capture_output=True).stdout)
+            held, _ = holder.communicate(b"\n", timeout=60)
+            assert uniform_value(held) == 1
+            os.write(fd2, second[len(second) // 2 :])
+        finally:
+            os.close(fd2)
+        assert other_process_reads() == 2
+    finally:
+        os.close(fd1)
+    assert other_process_reads() == 2
+    assert (zarr.open_array(str(src))[:8, :16] == 2).all()
+
+
+def uniform_value(tiff: bytes) -> int:
+    """The one value of a uniform TIFF image (AssertionError if it is not uniform)."""
+    values = tifffile.imread(io.BytesIO(tiff))
+    assert (values == values.flat[0]).all(), "not uniform: torn"
+    return int(values.flat[0])

@@ -86,8 +86,8 @@ class Released(Enum):
     VANISHED = 2  # a never-stored file is gone: drop the directory entry
     PENDING = 3  # kept as an incomplete file: its size is the buffer's
     REVERTED = 4  # a refused replacement is dropped: the path reads the stored chunk again
-    # stored by a flush or fsync and unchanged since: that commit dropped cached data
-    # (the caller's `stored`), so there is nothing more to drop (a `cp` is this)
+    # stored by a flush or fsync, unchanged and its size not reported since: that commit
+    # dropped cached data (the caller's `stored`), nothing more to drop (a `cp` is this)
     FLUSHED = 5
 
 
@@ -103,6 +103,9 @@ class FileState:
     phase: Phase = Phase.OPEN
     dirty: bool = False
     committed: bool = False  # stored at least once while open
+    # the buffer's size was reported after the last commit's start (that commit's cache
+    # drop may precede it): the kernel may hold it as the size until the release drops it
+    size_shown: bool = False
     generation: int = 0  # bumped by every change: a commit only clears what it stored
     handles: int = 0
     writers: set[int] = field(default_factory=set)  # processes that wrote it (see their bytes)
@@ -210,8 +213,10 @@ class Writes:
         sees the stored chunk until the replacement commits. Where nothing is
         stored, the buffer is the file.
         """
-        if state.scratch or not self.stored(state) or state.committed:
+        if state.scratch or not self.stored(state):
             return True
+        # Even once committed: the stored chunk is what the path reads as after the
+        # release, and a next `cp` may empty the buffer before that release arrives.
         return pid is not None and (pid in state.writer_threads or self.process(pid) in state.writers)
 
     def _add_writer(self, state: FileState, pid: int) -> None:
@@ -227,6 +232,8 @@ class Writes:
             return None
         if self.sees_buffer(state, pid):
             size = len(state.buffer) if state.buffer is not None else None
+            if size is not None:
+                state.size_shown = True  # the kernel may keep it: the release must drop it
         else:
             size = None
         if size is None:
@@ -409,6 +416,7 @@ class Writes:
         # generation, so the file stays dirty and the next close stores them.
         async with state.commit_lock:
             generation = state.generation
+            state.size_shown = False  # the commit's cache drop (`stored`) comes after this
             await self.before_replace(state.path)
             await self.store_tiff(arr, coords, bytes(state.buffer or b""), stored)
             self.removed.pop(state.path, None)  # a replacement: nothing left to delete
@@ -448,7 +456,7 @@ class Writes:
         if state.dirty and not state.committed:
             # refused at close: the file goes, the stored chunk (if any) stays
             return self._reinstate(state.path)
-        if state.committed and not state.dirty:
+        if state.committed and not state.dirty and not state.size_shown:
             return Released.FLUSHED
         if state.committed or self.stored(state):
             return Released.COMMITTED
