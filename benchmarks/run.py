@@ -3,7 +3,7 @@
     python -m benchmarks.run [--only NAME ...] [--quick] [--reps N] [--no-drop-caches]
 
 NAME is one of: read (cold + warm), ls, rss, write, concat, s3, replace, stress, big, wholeimage,
-parallel. Results are
+parallel, startstop, floor. Results are
 printed as a table and written to benchmarks/results.json. Timings never go
 in pass/fail tests; this is where they live (see benchmarks/README.md).
 """
@@ -39,6 +39,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "wholeimage": ("benchmarks.wholeimage", "bench_wholeimage"),
     "parallel": ("benchmarks.parallel", "bench_parallel"),
     "startstop": ("benchmarks.startstop", "bench_startstop"),
+    "floor": ("benchmarks.floor", "bench_floor"),
 }
 
 
