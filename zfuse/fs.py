@@ -32,6 +32,7 @@ import functools
 import json
 import logging
 import os
+import queue
 import stat as stat_mod
 import threading
 import time
@@ -232,6 +233,37 @@ def _fetch_after(listed: threading.Event, reader: DirReader) -> None:
     reader.fetch(0)
 
 
+class WorkerThreads:
+    """A few daemon threads running background jobs from a queue: `submit` costs the
+    event loop one queue put, where a `trio.to_thread` job costs a task, a thread
+    hand-off and a wake-up of the loop to deliver the result (about 100 µs of the
+    loop's time per listed-ahead directory). Jobs report nothing back; a failing job
+    is logged. Threads start at the first job and end with the process."""
+
+    def __init__(self, count: int, name: str) -> None:
+        self.count = count
+        self.name = name
+        self._jobs: queue.SimpleQueue[tuple[Callable[[Any], None], Any]] = queue.SimpleQueue()
+        self._started = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[[Any], None], arg: Any) -> None:
+        self._jobs.put((fn, arg))
+        if self._started < self.count:
+            with self._lock:
+                if self._started < self.count:
+                    self._started += 1
+                    threading.Thread(target=self._work, name=f"{self.name}-{self._started}", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            fn, arg = self._jobs.get()
+            try:
+                fn(arg)
+            except Exception:
+                log.exception("background job %s failed", getattr(fn, "__name__", fn))
+
+
 def operation(path_of: Callable[..., Path | None]) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[T]]]:
     """Every public operation: any failure is logged once with its store key,
     counted, journaled, and leaves as FsError(errno)."""
@@ -288,6 +320,7 @@ class FileSystem:
         run: Run = _run_here,
         kernel: Kernel | None = None,
         spawn: Callable[[Callable[..., Any], Any], None] | None = None,
+        spawn_listing: Callable[[Callable[..., Any], Any], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         uid: int | None = None,
         gid: int | None = None,
@@ -314,6 +347,7 @@ class FileSystem:
         self.run = run  # blocking work, in a worker thread on a mount
         self.kernel = kernel
         self.spawn = spawn  # background blocking work (read-ahead); None: no read-ahead
+        self.spawn_listing = spawn_listing or spawn  # directories listed ahead
         self.reload = reload
         # what `.zfuse/mount` shows (the daemon sets it; without it there is no such file)
         self.mount_info: Callable[[], dict[str, Any]] | None = None
@@ -615,7 +649,7 @@ class FileSystem:
         `LIST_AHEAD` are listed in the background, so a recursive walk finds each
         directory in memory instead of waiting for a listing per directory. A single
         `ls` of one directory lists that directory only."""
-        if self.spawn is None or not path:
+        if self.spawn_listing is None or not path:
             return
         parent = path[:-1]
         walk = self._walks.get(parent)
@@ -642,7 +676,7 @@ class FileSystem:
             if nxt in self._listing_ahead or not view.needs_io(nxt, listing=True):
                 continue
             done = self._listing_ahead[nxt] = threading.Event()
-            self.spawn(self._list_dir_ahead, (view, nxt, done))
+            self.spawn_listing(self._list_dir_ahead, (view, nxt, done))
 
     def _list_dir_ahead(self, job: tuple[View, Path, threading.Event]) -> None:
         view, path, done = job

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from zfuse.fs import Attributes, FileSystem, FsError, OpenReply
+from zfuse.fs import Attributes, FileSystem, FsError, OpenReply, WorkerThreads
 from zfuse.stats import Stats
 from zfuse.view.tree import View
 
@@ -31,6 +31,7 @@ log = logging.getLogger("zfuse.fuse")
 T = TypeVar("T")
 
 READ_AHEAD_THREADS = 4
+LISTING_THREADS = 4  # directories listed ahead of a recursive walker
 
 
 class _Kernel:
@@ -137,7 +138,8 @@ class ZfuseOperations(pyfuse3.Operations):
                                     ("pending_timeout", pending_timeout)) if v is not None}
         self.fs = FileSystem(
             view, read_only=read_only, stats=stats, run=self._thread, kernel=_Kernel(self),
-            spawn=self._spawn_ahead, durable=durable, **timing,
+            spawn=self._spawn_ahead, spawn_listing=WorkerThreads(LISTING_THREADS, "list-ahead").submit,
+            durable=durable, **timing,
         )
 
     @property
