@@ -140,7 +140,7 @@ class Kernel:
     def listdir(self, path: str) -> list[str]:
         fh = self.call(self.fs.opendir, self.walk(path))
         names: list[str] = []
-        self.call(self.fs.readdir, fh, 0, lambda name, attrs, nxt: names.append(name) or True)
+        self.call(self.fs.readdir, fh, 0, lambda name, ino, attrs, nxt: names.append(name) or True)
         self.fs.releasedir(fh)
         return names
 
@@ -638,7 +638,7 @@ def test_chunk_files_suggest_large_writes(v3) -> None:
     assert k.stat("image.ome.tif").blksize == 128 << 10
     sizes = {}
     fh = k.call(fs.opendir, k.walk("c/0"))
-    k.call(fs.readdir, fh, 0, lambda name, attrs, nxt: sizes.setdefault(name, attrs.blksize) or True)
+    k.call(fs.readdir, fh, 0, lambda name, ino, attrs, nxt: sizes.setdefault(name, attrs.blksize) or True)
     fs.releasedir(fh)
     assert set(sizes.values()) == {1 << 20}, sizes
 

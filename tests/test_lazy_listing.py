@@ -245,7 +245,7 @@ def fs_listdir(fs: FileSystem, path: tuple[str, ...]) -> list[str]:
             ino = (await fs.lookup(ino, name)).ino
         fh = await fs.opendir(ino)
         out: list[str] = []
-        await fs.readdir(fh, 0, lambda name, attrs, next_id: out.append(name) or True)
+        await fs.readdir(fh, 0, lambda name, ino, attrs, next_id: out.append(name) or True)
         fs.releasedir(fh)
         return out
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import collections
 import errno
 import functools
+import itertools
 import json
 import logging
 import os
@@ -77,6 +78,7 @@ CHUNK_BLKSIZE = 1 << 20
 BLKSIZE = 128 << 10
 LIST_AHEAD = 8  # sibling directories listed ahead of a recursive walker (ls -R, find)
 LIST_AHEAD_WAIT = 60.0  # seconds an opendir waits for its directory's read-ahead listing
+PREPARED_KEPT = 2 * LIST_AHEAD  # directory readers made ahead, kept until opened
 WALKS_KEPT = 16  # parent directories whose subdirectory order is kept for walk detection
 ERRORS_KEPT = 500
 READER_GRACE = 2.0  # seconds a replacing writer waits for page-cache readers to close
@@ -192,6 +194,18 @@ class Handle:
 class _DirHandle:
     path: Path
     reader: DirReader
+    # inodes made ahead (in the listing thread) for the entries of the reader's snapshot,
+    # by offset: readdir registers the ones whose path has none yet (None: none made)
+    made: list[Inode] | None = None
+
+
+@dataclass
+class _Prepared:
+    """A directory listed ahead, ready for the walker's opendir: its reader's sorted
+    snapshot and its entries' inodes made in the listing thread, off the event loop."""
+
+    reader: DirReader
+    made: list[Inode]
 
 
 @dataclass
@@ -362,7 +376,8 @@ class FileSystem:
         )
         self.inodes: dict[int, Inode] = {ROOT_INODE: Inode(ROOT_INODE, (), lookups=1)}
         self._ino_of: dict[Path, int] = {(): ROOT_INODE}
-        self._next_ino = ROOT_INODE + 1
+        # inode numbers: `next` of a count is atomic, so listing threads take numbers too
+        self._ino_numbers = itertools.count(ROOT_INODE + 1)
         self.handles: dict[int, Handle] = {}
         self._dirs: dict[int, _DirHandle] = {}
         self._next_fh = 1
@@ -372,6 +387,9 @@ class FileSystem:
         self._ahead_unopened: collections.OrderedDict[Any, None] = collections.OrderedDict()
         self._walks: collections.OrderedDict[Path, _Walk] = collections.OrderedDict()
         self._listing_ahead: dict[Path, threading.Event] = {}  # listed ahead, not done yet
+        # readers of directories listed ahead, their sorted snapshot made in the listing
+        # thread: an opendir takes one if it is still current (oldest first; bounded)
+        self._prepared: collections.OrderedDict[Path, _Prepared] = collections.OrderedDict()
         self._journal_problems(view)
         # each node kind's mode, and the kinds whose attributes the kernel must not cache
         # (live counters): `attributes` runs once per entry of every listing
@@ -424,8 +442,7 @@ class FileSystem:
         ino = self._ino_of.get(path)
         if ino is not None:
             return self.inodes[ino]
-        inode = Inode(self._next_ino, path)
-        self._next_ino += 1
+        inode = Inode(next(self._ino_numbers), path)
         self.inodes[inode.ino] = inode
         self._ino_of[path] = inode.ino
         return inode
@@ -589,21 +606,34 @@ class FileSystem:
         else:
             # a small directory is one sorted snapshot (paging stays consistent); a big
             # one is read page by page in readdir. Files only the daemon holds come last.
-            reader = view.dir_reader(path, self.writes.scratch_in(path))
-            ahead = self._listing_ahead.get(path)
-            if ahead is not None:  # being listed ahead: wait for that, list nothing again
+            tail = self.writes.scratch_in(path)
+            prepared = self._prepared.pop(path, None)
+            if prepared is not None and not tail and prepared.reader.view is view and prepared.reader.current():
+                fh = self._allocate_fh()  # listed, sorted and given inodes in the listing thread
+                self._dirs[fh] = _DirHandle(path, prepared.reader, prepared.made)
+                self._list_ahead(view, path)
+                return fh
+            if (ahead := self._listing_ahead.get(path)) is not None:
+                # being listed ahead: wait for that, list nothing again
+                reader = view.dir_reader(path, tail)
                 await self.run(_fetch_after, ahead, reader)
-            elif view.needs_io(path, listing=True):
-                await self.run(reader.fetch, 0)  # that key prefix only
             else:
-                reader.fetch(0)
+                reader = view.dir_reader(path, tail)
+                if view.needs_io(path, listing=True):
+                    await self.run(reader.fetch, 0)  # that key prefix only
+                else:
+                    reader.fetch(0)
             self._list_ahead(view, path)
         fh = self._allocate_fh()
         self._dirs[fh] = _DirHandle(path, reader)
         return fh
 
-    async def readdir(self, fh: int, start: int, accept: Callable[[str, Attributes, int], bool]) -> None:
-        """Offer entries from `start` to `accept` until it returns False (buffer full)."""
+    async def readdir(self, fh: int, start: int, accept: Callable[[str, int, Attributes, int], bool]) -> None:
+        """Offer entries from `start` to `accept(name, ino, attrs, next_offset)` until it
+        returns False (buffer full). Entries with the same attributes but the inode
+        number share one `attrs` whose own `ino` is 0 (every stored chunk of a directory
+        and every chunk directory): a listing builds no tuple per entry, and the FUSE
+        adapter fills its reply's attributes once per run of such entries."""
         handle = self._dirs[fh]
         i = start
         while True:
@@ -620,25 +650,44 @@ class FileSystem:
             # Nothing written yet (no awaits in this loop): a stored chunk or a chunk
             # directory has the mount's mtime and cached attributes (`attributes`)
             base, writes, ino_of, inodes = handle.path, self.writes, self._ino_of, self.inodes
-            plain = () if writes.touched else (Node.CHUNK, Node.KEYDIR)
-            modes, started, uid, gid = self._modes, self.started_ns, self.uid, self.gid
-            new = tuple.__new__  # NamedTuple's own __new__ is a Python function, 0.5 µs a call
+            plain = not writes.touched
+            chunk, keydir, shared_node, shared_size, shared = Node.CHUNK, Node.KEYDIR, None, -1, None
+            made = handle.made if handle.made is not None and i + len(batch) <= len(handle.made) else None
             for name, entry in batch:
-                path = (*base, name)
+                if made is None:
+                    path = (*base, name)
+                    ino = ino_of.get(path)
+                    inode = self._inode(path) if ino is None else inodes[ino]
+                else:
+                    inode = made[i]  # made ahead for this entry (its path too)
+                    path = inode.path
+                    ino = ino_of.get(path)
+                    if ino is None:
+                        inodes[inode.ino] = inode
+                        ino_of[path] = inode.ino
+                    else:
+                        inode = inodes[ino]
                 i += 1
                 if writes.removed and writes.is_removed(path):
                     continue  # unlinked, its store deletion still pending
-                ino = ino_of.get(path)
-                inode = self._inode(path) if ino is None else inodes[ino]
                 node = entry.node
-                if node in plain and (entry.coords is not None or node is Node.KEYDIR):
-                    attrs = new(Attributes, (inode.ino, modes[node], entry.size, started, uid, gid, ATTR_TIMEOUT,
-                                             CHUNK_BLKSIZE if node is Node.CHUNK else BLKSIZE))
+                if plain and (node is keydir or node is chunk and entry.coords is not None):
+                    if node is not shared_node or entry.size != shared_size:
+                        shared_node, shared_size = node, entry.size
+                        shared = self._shared_attributes(node, shared_size)
+                    attrs = shared
                 else:
                     attrs = self.attributes(path, entry, inode.ino)
-                if not accept(name, attrs, i):
+                if not accept(name, inode.ino, attrs, i):  # type: ignore[arg-type]
                     return
                 inode.lookups += 1  # the kernel holds a reference per readdirplus entry
+
+    def _shared_attributes(self, node: Node, size: int) -> Attributes:
+        """Attributes of every stored chunk of `size` (or chunk directory) but the inode
+        number (0), while nothing is written: the mount's mtime, cached by the kernel."""
+        # tuple.__new__: a NamedTuple's own __new__ is a Python function
+        return tuple.__new__(Attributes, (0, self._modes[node], size, self.started_ns, self.uid, self.gid,
+                                          ATTR_TIMEOUT, CHUNK_BLKSIZE if node is Node.CHUNK else BLKSIZE))
 
     def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)
@@ -683,6 +732,19 @@ class FileSystem:
         try:
             if view.list_ahead(path):
                 self.stats.count("listing_read_ahead")
+            # the reader the walker's opendir will want, its snapshot sorted here (if the
+            # listing is kept in memory: never a second listing)
+            if not view.needs_io(path, listing=True):
+                time.sleep(0)  # let the event loop have the GIL between the steps
+                reader = view.dir_reader(path)
+                reader.fetch(0)
+                if reader.current():  # small enough to be one snapshot
+                    time.sleep(0)
+                    numbers = self._ino_numbers
+                    made = [Inode(next(numbers), (*path, name)) for name, _ in reader.at_hand(0) or ()]
+                    self._prepared[path] = _Prepared(reader, made)
+                    while len(self._prepared) > PREPARED_KEPT:
+                        self._prepared.pop(next(iter(self._prepared)), None)
         except Exception as e:  # the walker's own opendir lists it again and reports it
             log.debug("listing %s ahead failed: %s", "/".join(path), e)
         finally:

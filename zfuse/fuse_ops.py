@@ -31,7 +31,7 @@ log = logging.getLogger("zfuse.fuse")
 T = TypeVar("T")
 
 READ_AHEAD_THREADS = 4
-LISTING_THREADS = 4  # directories listed ahead of a recursive walker
+LISTING_THREADS = int(os.environ.get("ZL_THREADS", 4))  # directories listed ahead of a recursive walker
 
 
 class _Kernel:
@@ -202,17 +202,16 @@ class ZfuseOperations(pyfuse3.Operations):
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         # readdir_reply copies the attributes into the reply buffer, so one
-        # EntryAttributes serves every entry: refilled only when more than the inode
-        # number differs from the entry before (in a chunk directory it never does)
+        # EntryAttributes serves every entry: refilled only when the entry's attributes
+        # are not the ones filled last (entries of one kind and size share them)
         reply, out = pyfuse3.readdir_reply, pyfuse3.EntryAttributes()
-        filled: list[Any] = [None]
+        filled: list[Attributes | None] = [None]
 
-        def accept(name: str, attrs: Attributes, next_id: int) -> bool:
-            same = attrs[1:]  # all but the inode number
-            if same != filled[0]:
+        def accept(name: str, ino: int, attrs: Attributes, next_id: int) -> bool:
+            if attrs is not filled[0]:
                 _fill_attributes(out, attrs)
-                filled[0] = same
-            out.st_ino = attrs.ino
+                filled[0] = attrs
+            out.st_ino = ino
             return reply(token, name.encode("utf-8", "surrogateescape"), out, next_id)
 
         try:

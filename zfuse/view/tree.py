@@ -269,6 +269,12 @@ class View:
         names.sort()
         return names
 
+    def listing_version(self, path: tuple[str, ...]) -> Any:
+        """A token that changes whenever a listing of `path` could (a refresh, a chunk
+        added or removed in its array): a snapshot taken at an equal token is current."""
+        arr = self._split(path)[0].array
+        return None if arr is None else arr.listing_version
+
     def dir_reader(self, path: tuple[str, ...], tail: list[tuple[str, Entry]] | None = None) -> DirReader:
         """A reader of directory `path` for readdir, `tail` entries (scratch files) last."""
         return DirReader(self, path, tail or [])
@@ -330,6 +336,14 @@ class DirReader:
         self._buffer: list[tuple[str, Entry]] = []
         self._done = False
         self._started = False
+        self._version: Any = None  # the view's listing version when the listing started
+
+    def current(self) -> bool:
+        """Whether this reader, its snapshot taken (`fetch(0)`) and not read from yet,
+        shows what a new reader would: a whole snapshot, taken at the view's current
+        listing version (made ahead in another thread, it is then as good as new)."""
+        return self._started and self._done and self._base == 0 and \
+            self._version == self.view.listing_version(self.path)
 
     def at_hand(self, start: int) -> list[tuple[str, Entry]] | None:
         """Entries from offset `start` that are in memory; [] at the end; None: `fetch` first."""
@@ -356,6 +370,7 @@ class DirReader:
                 self._buffer = page
 
     def _restart(self) -> None:
+        self._version = self.view.listing_version(self.path)
         self._pages = self.view.iter_entries(self.path)
         self._base, self._done, self._started = 0, False, True
         first: list[tuple[str, Entry]] = []
