@@ -239,11 +239,14 @@ async def _run_here(fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
 
 
-def _fetch_after(listed: threading.Event, reader: DirReader) -> None:
+def _fetch_after(listing: threading.Lock, reader: DirReader) -> None:
     """A directory's first entries once its read-ahead listing is done (then from
     memory, unless the listing failed, was evicted, or has not finished in
-    `LIST_AHEAD_WAIT` seconds: then this lists it itself)."""
-    listed.wait(LIST_AHEAD_WAIT)
+    `LIST_AHEAD_WAIT` seconds: then this lists it itself). `listing` is held until
+    the listing ends (a Lock, not an Event: made on the event loop for every directory
+    listed ahead, and a Lock costs a tenth of an Event)."""
+    if listing.acquire(timeout=LIST_AHEAD_WAIT):
+        listing.release()
     reader.fetch(0)
 
 
@@ -386,7 +389,7 @@ class FileSystem:
         # goes on (keep the window full), not a re-read (oldest first; bounded)
         self._ahead_unopened: collections.OrderedDict[Any, None] = collections.OrderedDict()
         self._walks: collections.OrderedDict[Path, _Walk] = collections.OrderedDict()
-        self._listing_ahead: dict[Path, threading.Event] = {}  # listed ahead, not done yet
+        self._listing_ahead: dict[Path, threading.Lock] = {}  # listed ahead, held until done
         # readers of directories listed ahead, their sorted snapshot made in the listing
         # thread: an opendir takes one if it is still current (oldest first; bounded)
         self._prepared: collections.OrderedDict[Path, _Prepared] = collections.OrderedDict()
@@ -594,6 +597,15 @@ class FileSystem:
     @operation(_by_inode)
     async def opendir(self, ino: int) -> int:
         path = self._get(ino).path
+        prepared = self._prepared.pop(path, None) if self._prepared else None
+        if prepared is not None and prepared.reader.view is self.view and prepared.reader.current() \
+                and not self.writes.states and not self.writes.made_dirs:
+            # a chunk directory listed ahead (still as listed: nothing changed in its array,
+            # nothing written): its snapshot sorted and its inodes made in the listing thread
+            fh = self._allocate_fh()
+            self._dirs[fh] = _DirHandle(path, prepared.reader, prepared.made)
+            self._list_ahead(self.view, path)
+            return fh
         entry = await self._entry(path)
         if entry is None or not entry.node.is_dir:
             raise FsError(errno.ENOTDIR if entry else errno.ENOENT)
@@ -607,12 +619,6 @@ class FileSystem:
             # a small directory is one sorted snapshot (paging stays consistent); a big
             # one is read page by page in readdir. Files only the daemon holds come last.
             tail = self.writes.scratch_in(path)
-            prepared = self._prepared.pop(path, None)
-            if prepared is not None and not tail and prepared.reader.view is view and prepared.reader.current():
-                fh = self._allocate_fh()  # listed, sorted and given inodes in the listing thread
-                self._dirs[fh] = _DirHandle(path, prepared.reader, prepared.made)
-                self._list_ahead(view, path)
-                return fh
             if (ahead := self._listing_ahead.get(path)) is not None:
                 # being listed ahead: wait for that, list nothing again
                 reader = view.dir_reader(path, tail)
@@ -649,27 +655,24 @@ class FileSystem:
             # hot: once per entry of every listing; inodes looked up and counted inline.
             # Nothing written yet (no awaits in this loop): a stored chunk or a chunk
             # directory has the mount's mtime and cached attributes (`attributes`)
-            base, writes, ino_of, inodes = handle.path, self.writes, self._ino_of, self.inodes
+            base, writes, ino_of, inodes, removed = handle.path, self.writes, self._ino_of, self.inodes, self.writes.removed
             plain = not writes.touched
             chunk, keydir, shared_node, shared_size, shared = Node.CHUNK, Node.KEYDIR, None, -1, None
             made = handle.made if handle.made is not None and i + len(batch) <= len(handle.made) else None
             for name, entry in batch:
-                if made is None:
-                    path = (*base, name)
-                    ino = ino_of.get(path)
-                    inode = self._inode(path) if ino is None else inodes[ino]
-                else:
-                    inode = made[i]  # made ahead for this entry (its path too)
-                    path = inode.path
-                    ino = ino_of.get(path)
-                    if ino is None:
-                        inodes[inode.ino] = inode
-                        ino_of[path] = inode.ino
-                    else:
-                        inode = inodes[ino]
+                path = (*base, name) if made is None else made[i].path  # made ahead: its path too
                 i += 1
-                if writes.removed and writes.is_removed(path):
+                if removed and writes.is_removed(path):
                     continue  # unlinked, its store deletion still pending
+                ino = ino_of.get(path)
+                if ino is not None:
+                    inode = inodes[ino]
+                elif made is None:
+                    inode = self._inode(path)
+                else:
+                    inode = made[i - 1]
+                    inodes[inode.ino] = inode
+                    ino_of[path] = inode.ino
                 node = entry.node
                 if plain and (node is keydir or node is chunk and entry.coords is not None):
                     if node is not shared_node or entry.size != shared_size:
@@ -724,10 +727,11 @@ class FileSystem:
             nxt = (*parent, name)
             if nxt in self._listing_ahead or not view.needs_io(nxt, listing=True):
                 continue
-            done = self._listing_ahead[nxt] = threading.Event()
+            done = self._listing_ahead[nxt] = threading.Lock()
+            done.acquire()
             self.spawn_listing(self._list_dir_ahead, (view, nxt, done))
 
-    def _list_dir_ahead(self, job: tuple[View, Path, threading.Event]) -> None:
+    def _list_dir_ahead(self, job: tuple[View, Path, threading.Lock]) -> None:
         view, path, done = job
         try:
             if view.list_ahead(path):
@@ -750,7 +754,7 @@ class FileSystem:
         finally:
             if self._listing_ahead.get(path) is done:
                 del self._listing_ahead[path]
-            done.set()
+            done.release()
 
     # -- files -----------------------------------------------------------------
     def _allocate_fh(self) -> int:
