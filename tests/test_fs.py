@@ -849,3 +849,33 @@ def test_a_decode_overtaken_by_a_write_is_not_cached(v3) -> None:
     assert not arr.is_cached((0, 0))
     arr.file_bytes((0, 0))
     assert arr.is_cached((0, 0))
+
+
+def test_background_jobs_take_one_thread_and_more_only_for_long_jobs() -> None:
+    """Listing ahead runs on one thread while its jobs are short (threads listing at
+    once only take turns at the GIL); a job that takes longer than `SLOW` (a remote
+    store's listing) brings another thread, up to `count`."""
+    import threading
+
+    from zfuse.fs import WorkerThreads
+
+    release, done = threading.Event(), threading.Event()
+    pool = WorkerThreads(4, "test")
+    pool.SLOW = 3600.0  # no job is long
+    pool.submit(lambda _: release.wait(30), None)
+    pool.submit(lambda _: done.set(), None)
+    assert pool._started == 1  # the second job waits for the first thread
+    release.set()
+    assert done.wait(30)
+
+    release.clear()
+    done.clear()
+    began = threading.Event()
+    pool = WorkerThreads(4, "test")
+    pool.SLOW = -1.0  # every job is long
+    pool.submit(lambda _: began.set() or release.wait(30), None)
+    assert began.wait(30)
+    pool.submit(lambda _: done.set(), None)
+    assert done.wait(30) and not release.is_set()  # done by a second thread meanwhile
+    assert 2 <= pool._started <= 4
+    release.set()

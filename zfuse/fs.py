@@ -251,30 +251,51 @@ def _fetch_after(listing: threading.Lock, reader: DirReader) -> None:
 
 
 class WorkerThreads:
-    """A few daemon threads running background jobs from a queue: `submit` costs the
-    event loop one queue put, where a `trio.to_thread` job costs a task, a thread
-    hand-off and a wake-up of the loop to deliver the result (about 100 µs of the
-    loop's time per listed-ahead directory). Jobs report nothing back; a failing job
-    is logged. Threads start at the first job and end with the process."""
+    """Daemon threads running background jobs from a queue: `submit` costs the event
+    loop one queue put, where a `trio.to_thread` job costs a task, a thread hand-off
+    and a wake-up of the loop to deliver the result. Jobs report nothing back; a
+    failing job is logged.
+
+    One thread, and more (up to `count`) once jobs wait longer than `SLOW` seconds in
+    the queue: a local directory listing is short work holding the GIL,
+    and two threads listing at once only take turns at the GIL with each other and
+    with the event loop (twice the thread switches in `ls -lR`), while a remote
+    store's listings are long waits that overlap well. Threads end with the process."""
+
+    SLOW = 0.02  # a local listing takes well under a millisecond; a remote one, tens
 
     def __init__(self, count: int, name: str) -> None:
         self.count = count
         self.name = name
-        self._jobs: queue.SimpleQueue[tuple[Callable[[Any], None], Any]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[Any], None], Any, float]] = queue.SimpleQueue()
         self._started = 0
+        self._idle = 0  # threads waiting for a job
+        self._last_start = 0.0  # when a thread last took a job
         self._lock = threading.Lock()
 
     def submit(self, fn: Callable[[Any], None], arg: Any) -> None:
-        self._jobs.put((fn, arg))
-        if self._started < self.count:
-            with self._lock:
-                if self._started < self.count:
-                    self._started += 1
-                    threading.Thread(target=self._work, name=f"{self.name}-{self._started}", daemon=True).start()
+        now = time.monotonic()
+        self._jobs.put((fn, arg, now))
+        if not self._started or (not self._idle and now - self._last_start > self.SLOW):
+            self._start()  # none yet, or every one busy with a long job
+
+    def _start(self) -> None:
+        with self._lock:
+            if self._started < self.count:
+                self._started += 1
+                self._last_start = time.monotonic()  # as good as busy since now
+                threading.Thread(target=self._work, name=f"{self.name}-{self._started}", daemon=True).start()
 
     def _work(self) -> None:
         while True:
-            fn, arg = self._jobs.get()
+            with self._lock:
+                self._idle += 1
+            fn, arg, queued = self._jobs.get()
+            with self._lock:
+                self._idle -= 1
+            self._last_start = now = time.monotonic()
+            if now - queued > self.SLOW:
+                self._start()  # jobs are waiting for this one: another thread helps
             try:
                 fn(arg)
             except Exception:
@@ -739,11 +760,9 @@ class FileSystem:
             # the reader the walker's opendir will want, its snapshot sorted here (if the
             # listing is kept in memory: never a second listing)
             if not view.needs_io(path, listing=True):
-                time.sleep(0)  # let the event loop have the GIL between the steps
                 reader = view.dir_reader(path)
                 reader.fetch(0)
                 if reader.current():  # small enough to be one snapshot
-                    time.sleep(0)
                     numbers = self._ino_numbers
                     made = [Inode(next(numbers), (*path, name)) for name, _ in reader.at_hand(0) or ()]
                     self._prepared[path] = _Prepared(reader, made)
