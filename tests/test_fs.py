@@ -851,31 +851,19 @@ def test_a_decode_overtaken_by_a_write_is_not_cached(v3) -> None:
     assert arr.is_cached((0, 0))
 
 
-def test_background_jobs_take_one_thread_and_more_only_for_long_jobs() -> None:
-    """Listing ahead runs on one thread while its jobs are short (threads listing at
-    once only take turns at the GIL); a job that takes longer than `SLOW` (a remote
-    store's listing) brings another thread, up to `count`."""
-    import threading
-
-    from zfuse.fs import WorkerThreads
-
-    release, done = threading.Event(), threading.Event()
-    pool = WorkerThreads(4, "test")
-    pool.SLOW = 3600.0  # no job is long
-    pool.submit(lambda _: release.wait(30), None)
-    pool.submit(lambda _: done.set(), None)
-    assert pool._started == 1  # the second job waits for the first thread
-    release.set()
-    assert done.wait(30)
-
-    release.clear()
-    done.clear()
-    began = threading.Event()
-    pool = WorkerThreads(4, "test")
-    pool.SLOW = -1.0  # every job is long
-    pool.submit(lambda _: began.set() or release.wait(30), None)
-    assert began.wait(30)
-    pool.submit(lambda _: done.set(), None)
-    assert done.wait(30) and not release.is_set()  # done by a second thread meanwhile
-    assert 2 <= pool._started <= 4
-    release.set()
+def test_local_directories_are_listed_ahead_on_the_listing_thread(tmp_path: Path, clock: Clock) -> None:
+    """[read-3] A local store's directories are listed ahead through `spawn_listing`
+    (one thread of their own: short jobs holding the GIL), not through `spawn` (the
+    threads of decodes and of remote stores' listings, which wait and overlap)."""
+    stores.raw_chunks(tmp_path / "a.zarr", (6, 4))
+    jobs: list = []
+    fs, k = make_fs(tmp_path / "a.zarr", clock, spawn=lambda fn, arg: pytest.fail("not the listing thread"),
+                    spawn_listing=lambda fn, arg: jobs.append((fn, arg)))
+    rows = k.listdir("c")
+    for row in rows[:2]:  # a walk starts: the next rows are listed ahead
+        k.listdir(f"c/{row}")
+    assert [arg[1] for _, arg in jobs] == [("c", row) for row in rows[2:]]
+    for fn, arg in jobs:
+        fn(arg)
+    assert fs.stats.snapshot()["listing_read_ahead"] == len(rows) - 2
+    assert sorted(k.listdir(f"c/{rows[2]}")) == [f"{j}.tiff" for j in range(4)]

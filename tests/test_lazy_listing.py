@@ -397,3 +397,18 @@ def test_entries_of_one_kind_and_size_share_their_attributes(slash: Path) -> Non
         assert stat.ino == ino and stat[1:] == attrs[1:]  # type: ignore[index]
     subdirs = fs_listing(fs, ("c",))
     assert all(attrs is subdirs[0][2] and attrs.is_dir for _, _, attrs in subdirs)  # type: ignore[attr-defined]
+
+
+def test_listing_thread_runs_jobs_in_order_on_one_thread() -> None:
+    import threading
+
+    from zfuse.fs import WorkerThreads
+
+    ran: list[tuple[int, str]] = []
+    done = threading.Event()
+    pool = WorkerThreads(1, "test")
+    for i in range(5):
+        pool.submit(lambda i: ran.append((i, threading.current_thread().name)), i)
+    pool.submit(lambda _: done.set(), None)
+    assert done.wait(30)
+    assert [i for i, _ in ran] == list(range(5)) and {name for _, name in ran} == {"test-1"}

@@ -251,51 +251,26 @@ def _fetch_after(listing: threading.Lock, reader: DirReader) -> None:
 
 
 class WorkerThreads:
-    """Daemon threads running background jobs from a queue: `submit` costs the event
-    loop one queue put, where a `trio.to_thread` job costs a task, a thread hand-off
-    and a wake-up of the loop to deliver the result. Jobs report nothing back; a
-    failing job is logged.
-
-    One thread, and more (up to `count`) once jobs wait longer than `SLOW` seconds in
-    the queue: a local directory listing is short work holding the GIL,
-    and two threads listing at once only take turns at the GIL with each other and
-    with the event loop (twice the thread switches in `ls -lR`), while a remote
-    store's listings are long waits that overlap well. Threads end with the process."""
-
-    SLOW = 0.02  # a local listing takes well under a millisecond; a remote one, tens
+    """Daemon threads running background jobs from a queue, started at the first job:
+    `submit` costs the event loop one queue put, where a `trio.to_thread` job costs a
+    task, a thread hand-off and a wake-up of the loop to deliver the result. Jobs
+    report nothing back; a failing job is logged. Threads end with the process."""
 
     def __init__(self, count: int, name: str) -> None:
         self.count = count
         self.name = name
-        self._jobs: queue.SimpleQueue[tuple[Callable[[Any], None], Any, float]] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[Any], None], Any]] = queue.SimpleQueue()
         self._started = 0
-        self._idle = 0  # threads waiting for a job
-        self._last_start = 0.0  # when a thread last took a job
-        self._lock = threading.Lock()
 
     def submit(self, fn: Callable[[Any], None], arg: Any) -> None:
-        now = time.monotonic()
-        self._jobs.put((fn, arg, now))
-        if not self._started or (not self._idle and now - self._last_start > self.SLOW):
-            self._start()  # none yet, or every one busy with a long job
-
-    def _start(self) -> None:
-        with self._lock:
-            if self._started < self.count:
-                self._started += 1
-                self._last_start = time.monotonic()  # as good as busy since now
-                threading.Thread(target=self._work, name=f"{self.name}-{self._started}", daemon=True).start()
+        self._jobs.put((fn, arg))
+        while self._started < self.count:  # on the event loop only: no race
+            self._started += 1
+            threading.Thread(target=self._work, name=f"{self.name}-{self._started}", daemon=True).start()
 
     def _work(self) -> None:
         while True:
-            with self._lock:
-                self._idle += 1
-            fn, arg, queued = self._jobs.get()
-            with self._lock:
-                self._idle -= 1
-            self._last_start = now = time.monotonic()
-            if now - queued > self.SLOW:
-                self._start()  # jobs are waiting for this one: another thread helps
+            fn, arg = self._jobs.get()
             try:
                 fn(arg)
             except Exception:
@@ -385,7 +360,11 @@ class FileSystem:
         self.run = run  # blocking work, in a worker thread on a mount
         self.kernel = kernel
         self.spawn = spawn  # background blocking work (read-ahead); None: no read-ahead
-        self.spawn_listing = spawn_listing or spawn  # directories listed ahead
+        # directories of local stores listed ahead: short jobs holding the GIL, best on
+        # one thread of their own (threads listing at once only take turns at the GIL,
+        # with each other and the event loop); remote stores' listings, long waits that
+        # overlap well, go to `spawn`
+        self.spawn_listing = spawn_listing or spawn
         self.reload = reload
         # what `.zfuse/mount` shows (the daemon sets it; without it there is no such file)
         self.mount_info: Callable[[], dict[str, Any]] | None = None
@@ -750,7 +729,8 @@ class FileSystem:
                 continue
             done = self._listing_ahead[nxt] = threading.Lock()
             done.acquire()
-            self.spawn_listing(self._list_dir_ahead, (view, nxt, done))
+            spawn = self.spawn_listing if view.lists_locally(nxt) else self.spawn
+            spawn(self._list_dir_ahead, (view, nxt, done))
 
     def _list_dir_ahead(self, job: tuple[View, Path, threading.Lock]) -> None:
         view, path, done = job

@@ -31,7 +31,7 @@ log = logging.getLogger("zfuse.fuse")
 T = TypeVar("T")
 
 READ_AHEAD_THREADS = 4
-LISTING_THREADS = 4  # at most, listing directories ahead of a recursive walker (see WorkerThreads)
+LISTING_THREADS = 1  # listing local directories ahead of a recursive walker (FileSystem.spawn_listing)
 
 
 class _Kernel:

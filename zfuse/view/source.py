@@ -166,6 +166,12 @@ class ChunkSource(ABC):
         (no server, no zarr event loop): cheap enough to ask ahead of a writer."""
         return False
 
+    @property
+    def lists_locally(self) -> bool:
+        """Whether `iter_chunk_dir` lists a local directory in the calling thread (short
+        work), not a remote store (a long wait)."""
+        return False
+
     def _all_chunk_keys(self) -> list[tuple[Coords, str]]:
         listed = getattr(self, "_listed_keys", None)
         if listed is None:
@@ -596,6 +602,10 @@ class ZarrChunkSource(ChunkSource):
         if index is None:  # not cached: read (and cache) it on zarr's event loop
             index = sync(self._shard_index(shard))
         return index is not None and index.get_chunk_slice(coords) is not None
+
+    @property
+    def lists_locally(self) -> bool:
+        return self._listing_store() is not None
 
     def exists_is_local(self, coords: Coords) -> bool:
         if self._local_store is None or not self.in_grid(coords):

@@ -270,6 +270,12 @@ class View:
         names.sort()
         return names
 
+    def lists_locally(self, path: tuple[str, ...]) -> bool:
+        """Whether listing directory `path` reads a local disk (short work in the calling
+        thread), not a remote store."""
+        arr = self._split(path)[0].array
+        return arr is not None and arr.source.lists_locally
+
     def listing_version(self, path: tuple[str, ...]) -> Any:
         """A token that changes whenever a listing of `path` could (a refresh, a chunk
         added or removed in its array): a snapshot taken at an equal token is current."""
