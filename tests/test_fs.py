@@ -862,7 +862,7 @@ def test_local_directories_are_listed_ahead_on_the_listing_thread(tmp_path: Path
     rows = k.listdir("c")
     for row in rows[:2]:  # a walk starts: the next rows are listed ahead
         k.listdir(f"c/{row}")
-    assert [arg[1] for _, arg in jobs] == [("c", row) for row in rows[2:]]
+    assert [arg.path for _, arg in jobs] == [("c", row) for row in rows[2:]]
     for fn, arg in jobs:
         fn(arg)
     assert fs.stats.snapshot()["listing_read_ahead"] == len(rows) - 2

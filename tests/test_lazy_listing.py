@@ -271,7 +271,7 @@ def test_a_walk_lists_the_next_directories_ahead_and_one_ls_does_not(slash: Path
     fs_listdir(fs, ("c", "1"))
     assert listed() == ["5", "0", "1"]
     ahead = subdirs[2 : 2 + LIST_AHEAD]  # the next ones in listing order: 10, 11, ...
-    assert [arg[1] for _, arg in jobs] == [("c", name) for name in ahead]  # type: ignore[index]
+    assert [arg.path for _, arg in jobs] == [("c", name) for name in ahead]  # type: ignore[attr-defined]
     for fn, arg in jobs:  # the read-ahead threads' work
         fn(arg)  # type: ignore[operator]
     jobs.clear()
@@ -281,7 +281,7 @@ def test_a_walk_lists_the_next_directories_ahead_and_one_ls_does_not(slash: Path
     want = sorted(f"{j}.tiff" for j in range(GRID[1]) if (10 * GRID[1] + j) % 3 == 0)
     assert sorted(fs_listdir(fs, ("c", "10"))) == want
     assert listed() == ["5", "0", "1", *ahead]
-    assert [arg[1] for _, arg in jobs] == [("c", subdirs[2 + LIST_AHEAD])]  # type: ignore[index]
+    assert [arg.path for _, arg in jobs] == [("c", subdirs[2 + LIST_AHEAD])]  # type: ignore[attr-defined]
     # nothing is read but listings: no chunk data, no existence checks
     assert store.gets == [] and store.exists_checks == []
 
@@ -412,3 +412,27 @@ def test_listing_thread_runs_jobs_in_order_on_one_thread() -> None:
     pool.submit(lambda _: done.set(), None)
     assert done.wait(30)
     assert [i for i, _ in ran] == list(range(5)) and {name for _, name in ran} == {"test-1"}
+
+
+def test_a_walker_lists_a_directory_itself_when_the_listing_thread_has_not_got_to_it(slash: Path) -> None:
+    """[read-3] The walker does not wait behind the directories queued for the listing
+    thread (which falls behind under CPU load): its opendir lists a directory whose
+    job has not started, and the job then lists nothing. Each directory is still
+    listed once."""
+    view, store, stats = open_view(slash)
+    jobs: list = []
+    fs = FileSystem(view, stats=stats, spawn=lambda fn, arg: jobs.append((fn, arg)))
+    subdirs = fs_listdir(fs, ("c",))
+    fs_listdir(fs, ("c", subdirs[0]))
+    fs_listdir(fs, ("c", subdirs[1]))  # a walk: the next ones are queued, none started
+    assert [arg.path for _, arg in jobs] == [("c", name) for name in subdirs[2 : 2 + LIST_AHEAD]]
+    want = sorted(fs_listdir(FileSystem(open_view(slash)[0], stats=Stats()), ("c", subdirs[2])))
+    assert sorted(fs_listdir(fs, ("c", subdirs[2]))) == want  # listed by the opendir
+    lists = len(store.lists)
+    assert len(jobs) == LIST_AHEAD + 1  # the walk moved on: one more queued
+    for fn, arg in jobs:  # the listing thread catches up: nothing listed twice
+        fn(arg)
+    assert len(store.lists) == lists + LIST_AHEAD
+    assert stats.snapshot()["listing_read_ahead"] == LIST_AHEAD
+    listed = [p for kind, p in store.lists if p.count("/") == 2]
+    assert len(listed) == len(set(listed))

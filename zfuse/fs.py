@@ -239,15 +239,30 @@ async def _run_here(fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
 
 
-def _fetch_after(listing: threading.Lock, reader: DirReader) -> None:
-    """A directory's first entries once its read-ahead listing is done (then from
-    memory, unless the listing failed, was evicted, or has not finished in
-    `LIST_AHEAD_WAIT` seconds: then this lists it itself). `listing` is held until
-    the listing ends (a Lock, not an Event: made on the event loop for every directory
-    listed ahead, and a Lock costs a tenth of an Event)."""
-    if listing.acquire(timeout=LIST_AHEAD_WAIT):
-        listing.release()
-    reader.fetch(0)
+class _AheadJob:
+    """A directory scheduled to be listed ahead. Whoever takes it first lists it: the
+    listing thread, or the walker's own opendir when the thread has not got to it yet
+    (under CPU load the listing thread can fall behind; the opendir then does not wait
+    for the directories queued before). `done` is held until the listing ends."""
+
+    __slots__ = ("view", "path", "done", "taken")
+
+    def __init__(self, view: View, path: Path) -> None:
+        self.view = view
+        self.path = path
+        self.done = threading.Lock()  # a Lock, not an Event: a tenth of the cost to make
+        self.done.acquire()
+        self.taken = False
+
+
+_TAKE = threading.Lock()  # guards `_AheadJob.taken` (held for one test-and-set)
+
+
+def _take(job: _AheadJob) -> bool:
+    """Whether the caller is the one to list `job`'s directory."""
+    with _TAKE:
+        mine, job.taken = not job.taken, True
+    return mine
 
 
 class WorkerThreads:
@@ -389,7 +404,7 @@ class FileSystem:
         # goes on (keep the window full), not a re-read (oldest first; bounded)
         self._ahead_unopened: collections.OrderedDict[Any, None] = collections.OrderedDict()
         self._walks: collections.OrderedDict[Path, _Walk] = collections.OrderedDict()
-        self._listing_ahead: dict[Path, threading.Lock] = {}  # listed ahead, held until done
+        self._listing_ahead: dict[Path, _AheadJob] = {}  # scheduled to be listed ahead, not done yet
         # readers of directories listed ahead, their sorted snapshot made in the listing
         # thread: an opendir takes one if it is still current (oldest first; bounded)
         self._prepared: collections.OrderedDict[Path, _Prepared] = collections.OrderedDict()
@@ -620,9 +635,17 @@ class FileSystem:
             # one is read page by page in readdir. Files only the daemon holds come last.
             tail = self.writes.scratch_in(path)
             if (ahead := self._listing_ahead.get(path)) is not None:
-                # being listed ahead: wait for that, list nothing again
+                # scheduled to be listed ahead: list it now if the listing thread has not
+                # started it, else wait for that (never listed twice)
                 reader = view.dir_reader(path, tail)
-                await self.run(_fetch_after, ahead, reader)
+                await self.run(self._fetch_ahead_job, ahead, reader)
+                prepared = self._prepared.pop(path, None)
+                if prepared is not None and not tail and prepared.reader.view is view and prepared.reader.current():
+                    reader = prepared.reader  # made by the listing thread meanwhile
+                    self._list_ahead(view, path)
+                    fh = self._allocate_fh()
+                    self._dirs[fh] = _DirHandle(path, reader, prepared.made)
+                    return fh
             else:
                 reader = view.dir_reader(path, tail)
                 if view.needs_io(path, listing=True):
@@ -727,13 +750,34 @@ class FileSystem:
             nxt = (*parent, name)
             if nxt in self._listing_ahead or not view.needs_io(nxt, listing=True):
                 continue
-            done = self._listing_ahead[nxt] = threading.Lock()
-            done.acquire()
+            job = self._listing_ahead[nxt] = _AheadJob(view, nxt)
             spawn = self.spawn_listing if view.lists_locally(nxt) else self.spawn
-            spawn(self._list_dir_ahead, (view, nxt, done))
+            spawn(self._list_dir_ahead, job)
 
-    def _list_dir_ahead(self, job: tuple[View, Path, threading.Lock]) -> None:
-        view, path, done = job
+    def _fetch_ahead_job(self, job: _AheadJob, reader: DirReader) -> None:
+        """Opendir of a directory scheduled to be listed ahead (worker thread): list it
+        here if nobody has started to, else wait until that listing is done (then from
+        memory, unless it failed, was evicted, or has not finished in `LIST_AHEAD_WAIT`
+        seconds: then `reader` lists it itself)."""
+        if _take(job):
+            try:
+                reader.fetch(0)
+            finally:
+                self._ahead_done(job)
+            return
+        if job.done.acquire(timeout=LIST_AHEAD_WAIT):
+            job.done.release()
+        reader.fetch(0)
+
+    def _ahead_done(self, job: _AheadJob) -> None:
+        if self._listing_ahead.get(job.path) is job:
+            del self._listing_ahead[job.path]
+        job.done.release()
+
+    def _list_dir_ahead(self, job: _AheadJob) -> None:
+        if not _take(job):
+            return  # the walker got there first and listed it itself
+        view, path = job.view, job.path
         try:
             if view.list_ahead(path):
                 self.stats.count("listing_read_ahead")
@@ -751,9 +795,7 @@ class FileSystem:
         except Exception as e:  # the walker's own opendir lists it again and reports it
             log.debug("listing %s ahead failed: %s", "/".join(path), e)
         finally:
-            if self._listing_ahead.get(path) is done:
-                del self._listing_ahead[path]
-            done.release()
+            self._ahead_done(job)
 
     # -- files -----------------------------------------------------------------
     def _allocate_fh(self) -> int:
