@@ -32,6 +32,7 @@ import functools
 import itertools
 import json
 import logging
+import operator
 import os
 import queue
 import stat as stat_mod
@@ -212,13 +213,21 @@ class _Prepared:
 
     @classmethod
     def of(cls, reader: DirReader, numbers: Iterator[int]) -> _Prepared:
+        # C-level passes (map, zip, sets), not a Python statement per entry
         entries = reader.at_hand(0) or []
-        names = [name for name, _ in entries]
-        made = [Inode(next(numbers), (*reader.path, name)) for name in names]
-        kinds = {(e.node, e.size) if e.node is Node.KEYDIR or (e.node is Node.CHUNK and e.coords is not None)
-                 else None for _, e in entries}
-        uniform = next(iter(kinds)) if len(kinds) == 1 else None
+        n = len(entries)
+        names = list(map(_FIRST, entries))
+        paths = zip(*[itertools.repeat(part, n) for part in reader.path], names, strict=True)
+        made = list(map(Inode, itertools.islice(numbers, n), paths))
+        found = list(map(_SECOND, entries))
+        nodes, sizes = set(map(_FIRST, found)), set(map(_SECOND, found))
+        uniform = None
+        if len(sizes) == 1 and (nodes == {Node.KEYDIR} or (nodes == {Node.CHUNK} and None not in map(_FOURTH, found))):
+            uniform = (nodes.pop(), sizes.pop())  # every entry a stored chunk of one size, or a chunk directory
         return cls(reader, names, made, uniform)
+
+
+_FIRST, _SECOND, _FOURTH = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(3)
 
 
 @dataclass
