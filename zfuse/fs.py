@@ -80,6 +80,7 @@ BLKSIZE = 128 << 10
 LIST_AHEAD = 8  # sibling directories listed ahead of a recursive walker (ls -R, find)
 LIST_AHEAD_WAIT = 60.0  # seconds an opendir waits for its directory's read-ahead listing
 PREPARED_KEPT = 2 * LIST_AHEAD  # directory readers made ahead, kept until opened
+PREPARED_ENTRIES = 1000  # at most, per directory made ready ahead (bigger ones: listed ahead only)
 WALKS_KEPT = 16  # parent directories whose subdirectory order is kept for walk detection
 ERRORS_KEPT = 500
 READER_GRACE = 2.0  # seconds a replacing writer waits for page-cache readers to close
@@ -835,7 +836,8 @@ class FileSystem:
             if not view.needs_io(path, listing=True):
                 reader = view.dir_reader(path)
                 reader.fetch(0)
-                if reader.current():  # small enough to be one snapshot
+                # small enough to be one snapshot, and for its made-ahead inodes to be few
+                if reader.current() and len(reader.at_hand(0) or ()) <= PREPARED_ENTRIES:
                     self._prepared[path] = _Prepared.of(reader, self._ino_numbers)
                     while len(self._prepared) > PREPARED_KEPT:
                         self._prepared.pop(next(iter(self._prepared)), None)
