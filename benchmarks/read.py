@@ -166,23 +166,42 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _ls_fresh_mount(cfg: Config, store: Path, code: Path | None = None) -> tuple[float, int, float]:
+    """`ls -lR` of a fresh mount of `store` (daemon of `code`), page cache dropped:
+    seconds, .tiff files listed, daemon CPU seconds."""
+    with mounted([store], code=code) as m:
+        drop_caches(cfg)
+        c0 = cpu_seconds(m.pid)
+        t, seen = ls_lR(m.path)
+        return t, seen, cpu_seconds(m.pid) - c0
+
+
 def bench_ls(cfg: Config) -> list[Result]:
     """`ls -lR` of a fresh mount vs `ls -lR` of the flat store directory (100,000 files),
     in the same repetition: the sharded store itself is ten files, so the flat store's
-    listing is the reference for both. Also recorded: the daemon's CPU time."""
+    listing is the reference for both. Also recorded: the daemon's CPU time. With
+    ZFUSE_BENCH_OTHER_CODE=CHECKOUT that checkout's daemon lists in the same repetitions
+    too (before/after), the two daemons taking turns at going first."""
     results = []
     n = ls_shape(cfg)[0] * ls_shape(cfg)[1]
     flat = build_ls_flat(cfg)
+    other_code = os.environ.get("ZFUSE_BENCH_OTHER_CODE")
     for kind, builder in (("flat", build_ls_flat), ("sharded", build_ls_sharded)):
         store = builder(cfg)
         z_t, p_t, own_t, cpu, seen = [], [], [], [], 0
-        for _ in range(cfg.reps):
-            with mounted([store]) as m:
-                drop_caches(cfg)
-                c0 = cpu_seconds(m.pid)
-                t, seen = ls_lR(m.path)
-                cpu.append(cpu_seconds(m.pid) - c0)
-                z_t.append(t)
+        o_t: list[float] = []
+        o_cpu: list[float] = []
+        for rep in range(cfg.reps):
+            order = [None, other_code] if rep % 2 == 0 else [other_code, None]
+            for code in order if other_code else [None]:
+                t, listed, used = _ls_fresh_mount(cfg, store, Path(code) if code else None)
+                if code:
+                    o_t.append(t)
+                    o_cpu.append(used)
+                else:
+                    z_t.append(t)
+                    cpu.append(used)
+                    seen = listed
             drop_caches(cfg)
             p_t.append(ls_lR(flat)[0])
             if store != flat:
@@ -190,17 +209,25 @@ def bench_ls(cfg: Config) -> list[Result]:
                 own_t.append(ls_lR(store)[0])
         zt, pt = median(z_t), median(p_t)
         ratios = [p / z for p, z in zip(p_t, z_t, strict=True)]
+        extra = {"zfuse_runs_s": z_t, "store_runs_s": p_t, "ratios": ratios, "daemon_cpu_s": cpu,
+                 "own_store_runs_s": own_t, "listed": seen}
+        if other_code:
+            other_ratios = [p / o for p, o in zip(p_t, o_t, strict=True)]
+            extra.update(other_code=other_code, other_runs_s=o_t, other_ratios=other_ratios,
+                         other_ratio=f"{median(other_ratios):.2f}x", other_daemon_cpu_s=o_cpu)
         results.append(Result(
             name=f"ls_lR_{kind}",
             what=f"ls -lR of a fresh mount, {n} chunks ({kind} store), {seen} .tiff listed",
             zfuse_s=zt, ref_s=pt, ref_name="ls -lR of the flat store directory (100,000 files)",
             ratio=median(ratios), value=zt, unit="s", goal="zfuse <= store (ratio >= 1.0x)",
             met=median(ratios) >= 1.0 and seen == n,
-            extra={"zfuse_runs_s": z_t, "store_runs_s": p_t, "ratios": ratios, "daemon_cpu_s": cpu,
-                   "own_store_runs_s": own_t, "listed": seen},
+            extra=extra,
         ))
         cfg.log(f"  ls -lR {kind}: zfuse {zt:.2f}s (flat store dir {pt:.2f}s, ratio {median(ratios):.2f}x), "
                 f"daemon cpu {median(cpu):.2f}s, {seen} files")
+        if other_code:
+            cfg.log(f"  ls -lR {kind}, {other_code}: {median(o_t):.2f}s (ratio {median(other_ratios):.2f}x), "
+                    f"daemon cpu {median(o_cpu):.2f}s")
     return results
 
 

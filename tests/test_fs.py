@@ -140,7 +140,7 @@ class Kernel:
     def listdir(self, path: str) -> list[str]:
         fh = self.call(self.fs.opendir, self.walk(path))
         names: list[str] = []
-        self.call(self.fs.readdir, fh, 0, lambda name, attrs, nxt: names.append(name) or True)
+        self.call(self.fs.readdir, fh, 0, lambda name, ino, attrs, nxt: names.append(name) or True)
         self.fs.releasedir(fh)
         return names
 
@@ -668,7 +668,7 @@ def test_chunk_files_suggest_large_writes(v3) -> None:
     assert k.stat("image.ome.tif").blksize == 128 << 10
     sizes = {}
     fh = k.call(fs.opendir, k.walk("c/0"))
-    k.call(fs.readdir, fh, 0, lambda name, attrs, nxt: sizes.setdefault(name, attrs.blksize) or True)
+    k.call(fs.readdir, fh, 0, lambda name, ino, attrs, nxt: sizes.setdefault(name, attrs.blksize) or True)
     fs.releasedir(fh)
     assert set(sizes.values()) == {1 << 20}, sizes
 
@@ -879,3 +879,21 @@ def test_a_decode_overtaken_by_a_write_is_not_cached(v3) -> None:
     assert not arr.is_cached((0, 0))
     arr.file_bytes((0, 0))
     assert arr.is_cached((0, 0))
+
+
+def test_local_directories_are_listed_ahead_on_the_listing_thread(tmp_path: Path, clock: Clock) -> None:
+    """[read-3] A local store's directories are listed ahead through `spawn_listing`
+    (one thread of their own: short jobs holding the GIL), not through `spawn` (the
+    threads of decodes and of remote stores' listings, which wait and overlap)."""
+    stores.raw_chunks(tmp_path / "a.zarr", (6, 4))
+    jobs: list = []
+    fs, k = make_fs(tmp_path / "a.zarr", clock, spawn=lambda fn, arg: pytest.fail("not the listing thread"),
+                    spawn_listing=lambda fn, arg: jobs.append((fn, arg)))
+    rows = k.listdir("c")
+    for row in rows[:2]:  # a walk starts: the next rows are listed ahead
+        k.listdir(f"c/{row}")
+    assert [arg.path for _, arg in jobs] == [("c", row) for row in rows[2:]]
+    for fn, arg in jobs:
+        fn(arg)
+    assert fs.stats.snapshot()["listing_read_ahead"] == len(rows) - 2
+    assert sorted(k.listdir(f"c/{rows[2]}")) == [f"{j}.tiff" for j in range(4)]

@@ -245,7 +245,7 @@ def fs_listdir(fs: FileSystem, path: tuple[str, ...]) -> list[str]:
             ino = (await fs.lookup(ino, name)).ino
         fh = await fs.opendir(ino)
         out: list[str] = []
-        await fs.readdir(fh, 0, lambda name, attrs, next_id: out.append(name) or True)
+        await fs.readdir(fh, 0, lambda name, ino, attrs, next_id: out.append(name) or True)
         fs.releasedir(fh)
         return out
 
@@ -271,7 +271,7 @@ def test_a_walk_lists_the_next_directories_ahead_and_one_ls_does_not(slash: Path
     fs_listdir(fs, ("c", "1"))
     assert listed() == ["5", "0", "1"]
     ahead = subdirs[2 : 2 + LIST_AHEAD]  # the next ones in listing order: 10, 11, ...
-    assert [arg[1] for _, arg in jobs] == [("c", name) for name in ahead]  # type: ignore[index]
+    assert [arg.path for _, arg in jobs] == [("c", name) for name in ahead]  # type: ignore[attr-defined]
     for fn, arg in jobs:  # the read-ahead threads' work
         fn(arg)  # type: ignore[operator]
     jobs.clear()
@@ -281,7 +281,7 @@ def test_a_walk_lists_the_next_directories_ahead_and_one_ls_does_not(slash: Path
     want = sorted(f"{j}.tiff" for j in range(GRID[1]) if (10 * GRID[1] + j) % 3 == 0)
     assert sorted(fs_listdir(fs, ("c", "10"))) == want
     assert listed() == ["5", "0", "1", *ahead]
-    assert [arg[1] for _, arg in jobs] == [("c", subdirs[2 + LIST_AHEAD])]  # type: ignore[index]
+    assert [arg.path for _, arg in jobs] == [("c", subdirs[2 + LIST_AHEAD])]  # type: ignore[attr-defined]
     # nothing is read but listings: no chunk data, no existence checks
     assert store.gets == [] and store.exists_checks == []
 
@@ -293,3 +293,146 @@ def test_without_a_listed_parent_no_directory_is_listed_ahead(slash: Path) -> No
     for i in range(5):  # `ls c/0; ls c/1; ...` without listing c/ first
         fs_listdir(fs, ("c", str(i)))
     assert jobs == [] and len(store.lists) == 5
+
+
+def fs_listing(fs: FileSystem, path: tuple[str, ...]) -> list[tuple[str, int, object]]:
+    """As `fs_listdir`: (name, inode number, attributes) of every entry."""
+
+    async def run() -> list[tuple[str, int, object]]:
+        ino = ROOT_INODE
+        for name in path:
+            ino = (await fs.lookup(ino, name)).ino
+        fh = await fs.opendir(ino)
+        out: list[tuple[str, int, object]] = []
+        await fs.readdir(fh, 0, lambda name, ino, attrs, next_id: out.append((name, ino, attrs)) or True)
+        fs.releasedir(fh)
+        return out
+
+    return trio.run(run)
+
+
+def walk_to(fs: FileSystem, jobs: list, subdirs: list[str], count: int) -> None:
+    """`ls -R` through the first `count` subdirectories of c/, the read-ahead's jobs
+    done as they come (what the listing threads do)."""
+    for name in subdirs[:count]:
+        fs_listdir(fs, ("c", name))
+        while jobs:
+            fn, arg = jobs.pop(0)
+            fn(arg)
+
+
+def test_a_directory_listed_ahead_opens_as_listed_with_inodes_made_ahead(slash: Path) -> None:
+    """[read-3] A walker's next directory comes listed, sorted and with its entries'
+    inodes made in the listing thread: its opendir and readdir list nothing, and its
+    entries look exactly as a directory listed at opendir would (names, attributes,
+    one distinct inode per entry, the same inode for a name looked up before)."""
+    view, store, stats = open_view(slash)
+    jobs: list = []
+    fs = FileSystem(view, stats=stats, spawn=lambda fn, arg: jobs.append((fn, arg)))
+    subdirs = fs_listdir(fs, ("c",))
+    walk_to(fs, jobs, subdirs, 2)
+    nxt = subdirs[2]
+    assert ("c", nxt) in fs._prepared
+    lists = len(store.lists)
+    known = view.list_dir(("c", nxt))[-1][0]  # a name looked up before the directory is opened
+
+    async def lookup() -> int:
+        ino = ROOT_INODE
+        for name in ("c", nxt, known):
+            ino = (await fs.lookup(ino, name)).ino
+        return ino
+
+    known_ino = trio.run(lookup)
+    listing = fs_listing(fs, ("c", nxt))
+    assert len(store.lists) == lists  # nothing listed again
+    assert ("c", nxt) not in fs._prepared  # taken by the opendir
+    # what a directory listed at opendir shows: a second FileSystem without read-ahead
+    plain = FileSystem(open_view(slash)[0], stats=Stats())
+    plain.started_ns = fs.started_ns  # the mount's time: every file's mtime
+    expected = fs_listing(plain, ("c", nxt))
+    assert [name for name, _, _ in listing] == [name for name, _, _ in expected]
+    assert [attrs[1:] for _, _, attrs in listing] == [attrs[1:] for _, _, attrs in expected]  # type: ignore[index]
+    inos = [ino for _, ino, _ in listing]
+    assert len(set(inos)) == len(inos) and all(fs.inodes[ino].path == ("c", nxt, name) for name, ino, _ in listing)
+    assert dict((name, ino) for name, ino, _ in listing)[known] == known_ino
+    # one kernel reference per entry (two for the name looked up)
+    assert [fs.inodes[ino].lookups for ino in inos] == [2 if ino == known_ino else 1 for ino in inos]
+    # listed again: the same inodes (the names have them now), one more reference each
+    again = fs_listing(fs, ("c", nxt))
+    assert [ino for _, ino, _ in again] == inos
+    assert [fs.inodes[ino].lookups for ino in inos] == [3 if ino == known_ino else 2 for ino in inos]
+
+
+def test_a_directory_listed_ahead_then_written_to_is_listed_as_it_is_now(slash: Path) -> None:
+    """[read-3] A listing made ahead is not used once its array changed (a chunk
+    written or removed through the mount): the opendir shows the directory as it is."""
+    view, store, stats = open_view(slash)
+    jobs: list = []
+    fs = FileSystem(view, stats=stats, spawn=lambda fn, arg: jobs.append((fn, arg)))
+    subdirs = fs_listdir(fs, ("c",))
+    walk_to(fs, jobs, subdirs, 2)
+    nxt = subdirs[2]
+    assert ("c", nxt) in fs._prepared
+    before = fs_listdir(FileSystem(open_view(slash)[0], stats=Stats()), ("c", nxt))
+    row = int(nxt)
+    new = next(j for j in range(GRID[1]) if f"{j}.tiff" not in before)
+    arr = next(arr for _, arr in view.arrays())
+    arr.source.write_chunk((row, new), np.full((1, 1), 9, dtype="uint8"))
+    arr.add_chunk((row, new))  # what a commit through the mount does
+    assert sorted(fs_listdir(fs, ("c", nxt))) == sorted([*before, f"{new}.tiff"])
+
+
+def test_entries_of_one_kind_and_size_share_their_attributes(slash: Path) -> None:
+    """readdir builds no attribute tuple per stored chunk: the chunks of a directory
+    share one (inode number 0), the entry's own inode comes with it, and it equals
+    what `stat` gives but for the inode number."""
+    view, _, stats = open_view(slash)
+    fs = FileSystem(view, stats=stats)
+    listing = fs_listing(fs, ("c", "0"))
+    assert len(listing) > 2
+    shared = listing[0][2]
+    assert all(attrs is shared for _, _, attrs in listing) and shared.ino == 0  # type: ignore[attr-defined]
+    for _name, ino, attrs in listing:
+        stat = trio.run(fs.getattr, ino)
+        assert stat.ino == ino and stat[1:] == attrs[1:]  # type: ignore[index]
+    subdirs = fs_listing(fs, ("c",))
+    assert all(attrs is subdirs[0][2] and attrs.is_dir for _, _, attrs in subdirs)  # type: ignore[attr-defined]
+
+
+def test_listing_thread_runs_jobs_in_order_on_one_thread() -> None:
+    import threading
+
+    from zfuse.fs import WorkerThreads
+
+    ran: list[tuple[int, str]] = []
+    done = threading.Event()
+    pool = WorkerThreads(1, "test")
+    for i in range(5):
+        pool.submit(lambda i: ran.append((i, threading.current_thread().name)), i)
+    pool.submit(lambda _: done.set(), None)
+    assert done.wait(30)
+    assert [i for i, _ in ran] == list(range(5)) and {name for _, name in ran} == {"test-1"}
+
+
+def test_a_walker_lists_a_directory_itself_when_the_listing_thread_has_not_got_to_it(slash: Path) -> None:
+    """[read-3] The walker does not wait behind the directories queued for the listing
+    thread (which falls behind under CPU load): its opendir lists a directory whose
+    job has not started, and the job then lists nothing. Each directory is still
+    listed once."""
+    view, store, stats = open_view(slash)
+    jobs: list = []
+    fs = FileSystem(view, stats=stats, spawn=lambda fn, arg: jobs.append((fn, arg)))
+    subdirs = fs_listdir(fs, ("c",))
+    fs_listdir(fs, ("c", subdirs[0]))
+    fs_listdir(fs, ("c", subdirs[1]))  # a walk: the next ones are queued, none started
+    assert [arg.path for _, arg in jobs] == [("c", name) for name in subdirs[2 : 2 + LIST_AHEAD]]
+    want = sorted(fs_listdir(FileSystem(open_view(slash)[0], stats=Stats()), ("c", subdirs[2])))
+    assert sorted(fs_listdir(fs, ("c", subdirs[2]))) == want  # listed by the opendir
+    lists = len(store.lists)
+    assert len(jobs) == LIST_AHEAD + 1  # the walk moved on: one more queued
+    for fn, arg in jobs:  # the listing thread catches up: nothing listed twice
+        fn(arg)
+    assert len(store.lists) == lists + LIST_AHEAD
+    assert stats.snapshot()["listing_read_ahead"] == LIST_AHEAD
+    listed = [p for kind, p in store.lists if p.count("/") == 2]
+    assert len(listed) == len(set(listed))

@@ -29,13 +29,16 @@ from __future__ import annotations
 import collections
 import errno
 import functools
+import itertools
 import json
 import logging
+import operator
 import os
+import queue
 import stat as stat_mod
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
@@ -76,6 +79,8 @@ CHUNK_BLKSIZE = 1 << 20
 BLKSIZE = 128 << 10
 LIST_AHEAD = 8  # sibling directories listed ahead of a recursive walker (ls -R, find)
 LIST_AHEAD_WAIT = 60.0  # seconds an opendir waits for its directory's read-ahead listing
+PREPARED_KEPT = 2 * LIST_AHEAD  # directory readers made ahead, kept until opened
+PREPARED_ENTRIES = 1000  # at most, per directory made ready ahead (bigger ones: listed ahead only)
 WALKS_KEPT = 16  # parent directories whose subdirectory order is kept for walk detection
 ERRORS_KEPT = 500
 READER_GRACE = 2.0  # seconds a replacing writer waits for page-cache readers to close
@@ -191,6 +196,39 @@ class Handle:
 class _DirHandle:
     path: Path
     reader: DirReader
+    prepared: _Prepared | None = None  # made ahead in the listing thread (its reader is `reader`)
+
+
+@dataclass
+class _Prepared:
+    """A directory listed ahead, ready for the walker's opendir, made in the listing
+    thread (off the event loop): its reader's sorted snapshot, its entries' names and an
+    inode for each (readdir registers the ones whose path has none yet), and whether
+    every entry is a stored chunk of one size (or a chunk directory), whose attributes
+    are then one tuple for all."""
+
+    reader: DirReader
+    names: list[str]
+    made: list[Inode]
+    uniform: tuple[Node, int] | None
+
+    @classmethod
+    def of(cls, reader: DirReader, numbers: Iterator[int]) -> _Prepared:
+        # C-level passes (map, zip, sets), not a Python statement per entry
+        entries = reader.at_hand(0) or []
+        n = len(entries)
+        names = list(map(_FIRST, entries))
+        paths = zip(*[itertools.repeat(part, n) for part in reader.path], names, strict=True)
+        made = list(map(Inode, itertools.islice(numbers, n), paths))
+        found = list(map(_SECOND, entries))
+        nodes, sizes = set(map(_FIRST, found)), set(map(_SECOND, found))
+        uniform = None
+        if len(sizes) == 1 and (nodes == {Node.KEYDIR} or (nodes == {Node.CHUNK} and None not in map(_FOURTH, found))):
+            uniform = (nodes.pop(), sizes.pop())  # every entry a stored chunk of one size, or a chunk directory
+        return cls(reader, names, made, uniform)
+
+
+_FIRST, _SECOND, _FOURTH = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(3)
 
 
 @dataclass
@@ -224,12 +262,57 @@ async def _run_here(fn: Callable[..., T], *args: Any) -> T:
     return fn(*args)
 
 
-def _fetch_after(listed: threading.Event, reader: DirReader) -> None:
-    """A directory's first entries once its read-ahead listing is done (then from
-    memory, unless the listing failed, was evicted, or has not finished in
-    `LIST_AHEAD_WAIT` seconds: then this lists it itself)."""
-    listed.wait(LIST_AHEAD_WAIT)
-    reader.fetch(0)
+class _AheadJob:
+    """A directory scheduled to be listed ahead. Whoever takes it first lists it: the
+    listing thread, or the walker's own opendir when the thread has not got to it yet
+    (under CPU load the listing thread can fall behind; the opendir then does not wait
+    for the directories queued before). `done` is held until the listing ends."""
+
+    __slots__ = ("view", "path", "done", "taken")
+
+    def __init__(self, view: View, path: Path) -> None:
+        self.view = view
+        self.path = path
+        self.done = threading.Lock()  # a Lock, not an Event: a tenth of the cost to make
+        self.done.acquire()
+        self.taken = False
+
+
+_TAKE = threading.Lock()  # guards `_AheadJob.taken` (held for one test-and-set)
+
+
+def _take(job: _AheadJob) -> bool:
+    """Whether the caller is the one to list `job`'s directory."""
+    with _TAKE:
+        mine, job.taken = not job.taken, True
+    return mine
+
+
+class WorkerThreads:
+    """Daemon threads running background jobs from a queue, started at the first job:
+    `submit` costs the event loop one queue put, where a `trio.to_thread` job costs a
+    task, a thread hand-off and a wake-up of the loop to deliver the result. Jobs
+    report nothing back; a failing job is logged. Threads end with the process."""
+
+    def __init__(self, count: int, name: str) -> None:
+        self.count = count
+        self.name = name
+        self._jobs: queue.SimpleQueue[tuple[Callable[[Any], None], Any]] = queue.SimpleQueue()
+        self._started = 0
+
+    def submit(self, fn: Callable[[Any], None], arg: Any) -> None:
+        self._jobs.put((fn, arg))
+        while self._started < self.count:  # on the event loop only: no race
+            self._started += 1
+            threading.Thread(target=self._work, name=f"{self.name}-{self._started}", daemon=True).start()
+
+    def _work(self) -> None:
+        while True:
+            fn, arg = self._jobs.get()
+            try:
+                fn(arg)
+            except Exception:
+                log.exception("background job %s failed", getattr(fn, "__name__", fn))
 
 
 def operation(path_of: Callable[..., Path | None]) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[T]]]:
@@ -288,6 +371,7 @@ class FileSystem:
         run: Run = _run_here,
         kernel: Kernel | None = None,
         spawn: Callable[[Callable[..., Any], Any], None] | None = None,
+        spawn_listing: Callable[[Callable[..., Any], Any], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         uid: int | None = None,
         gid: int | None = None,
@@ -314,6 +398,11 @@ class FileSystem:
         self.run = run  # blocking work, in a worker thread on a mount
         self.kernel = kernel
         self.spawn = spawn  # background blocking work (read-ahead); None: no read-ahead
+        # directories of local stores listed ahead: short jobs holding the GIL, best on
+        # one thread of their own (threads listing at once only take turns at the GIL,
+        # with each other and the event loop); remote stores' listings, long waits that
+        # overlap well, go to `spawn`
+        self.spawn_listing = spawn_listing or spawn
         self.reload = reload
         # what `.zfuse/mount` shows (the daemon sets it; without it there is no such file)
         self.mount_info: Callable[[], dict[str, Any]] | None = None
@@ -328,7 +417,8 @@ class FileSystem:
         )
         self.inodes: dict[int, Inode] = {ROOT_INODE: Inode(ROOT_INODE, (), lookups=1)}
         self._ino_of: dict[Path, int] = {(): ROOT_INODE}
-        self._next_ino = ROOT_INODE + 1
+        # inode numbers: `next` of a count is atomic, so listing threads take numbers too
+        self._ino_numbers = itertools.count(ROOT_INODE + 1)
         self.handles: dict[int, Handle] = {}
         self._dirs: dict[int, _DirHandle] = {}
         self._next_fh = 1
@@ -337,7 +427,10 @@ class FileSystem:
         # goes on (keep the window full), not a re-read (oldest first; bounded)
         self._ahead_unopened: collections.OrderedDict[Any, None] = collections.OrderedDict()
         self._walks: collections.OrderedDict[Path, _Walk] = collections.OrderedDict()
-        self._listing_ahead: dict[Path, threading.Event] = {}  # listed ahead, not done yet
+        self._listing_ahead: dict[Path, _AheadJob] = {}  # scheduled to be listed ahead, not done yet
+        # readers of directories listed ahead, their sorted snapshot made in the listing
+        # thread: an opendir takes one if it is still current (oldest first; bounded)
+        self._prepared: collections.OrderedDict[Path, _Prepared] = collections.OrderedDict()
         self._journal_problems(view)
         # each node kind's mode, and the kinds whose attributes the kernel must not cache
         # (live counters): `attributes` runs once per entry of every listing
@@ -390,8 +483,7 @@ class FileSystem:
         ino = self._ino_of.get(path)
         if ino is not None:
             return self.inodes[ino]
-        inode = Inode(self._next_ino, path)
-        self._next_ino += 1
+        inode = Inode(next(self._ino_numbers), path)
         self.inodes[inode.ino] = inode
         self._ino_of[path] = inode.ino
         return inode
@@ -543,6 +635,15 @@ class FileSystem:
     @operation(_by_inode)
     async def opendir(self, ino: int) -> int:
         path = self._get(ino).path
+        prepared = self._prepared.pop(path, None) if self._prepared else None
+        if prepared is not None and prepared.reader.view is self.view and prepared.reader.current() \
+                and not self.writes.states and not self.writes.made_dirs:
+            # a chunk directory listed ahead (still as listed: nothing changed in its array,
+            # nothing written): its snapshot sorted and its inodes made in the listing thread
+            fh = self._allocate_fh()
+            self._dirs[fh] = _DirHandle(path, prepared.reader, prepared)
+            self._list_ahead(self.view, path)
+            return fh
         entry = await self._entry(path)
         if entry is None or not entry.node.is_dir:
             raise FsError(errno.ENOTDIR if entry else errno.ENOENT)
@@ -555,22 +656,41 @@ class FileSystem:
         else:
             # a small directory is one sorted snapshot (paging stays consistent); a big
             # one is read page by page in readdir. Files only the daemon holds come last.
-            reader = view.dir_reader(path, self.writes.scratch_in(path))
-            ahead = self._listing_ahead.get(path)
-            if ahead is not None:  # being listed ahead: wait for that, list nothing again
-                await self.run(_fetch_after, ahead, reader)
-            elif view.needs_io(path, listing=True):
-                await self.run(reader.fetch, 0)  # that key prefix only
+            tail = self.writes.scratch_in(path)
+            if (ahead := self._listing_ahead.get(path)) is not None:
+                # scheduled to be listed ahead: list it now if the listing thread has not
+                # started it, else wait for that (never listed twice)
+                reader = view.dir_reader(path, tail)
+                await self.run(self._fetch_ahead_job, ahead, reader)
+                prepared = self._prepared.pop(path, None)
+                if prepared is not None and not tail and prepared.reader.view is view and prepared.reader.current():
+                    reader = prepared.reader  # made by the listing thread meanwhile
+                    self._list_ahead(view, path)
+                    fh = self._allocate_fh()
+                    self._dirs[fh] = _DirHandle(path, reader, prepared)
+                    return fh
             else:
-                reader.fetch(0)
+                reader = view.dir_reader(path, tail)
+                if view.needs_io(path, listing=True):
+                    await self.run(reader.fetch, 0)  # that key prefix only
+                else:
+                    reader.fetch(0)
             self._list_ahead(view, path)
         fh = self._allocate_fh()
         self._dirs[fh] = _DirHandle(path, reader)
         return fh
 
-    async def readdir(self, fh: int, start: int, accept: Callable[[str, Attributes, int], bool]) -> None:
-        """Offer entries from `start` to `accept` until it returns False (buffer full)."""
+    async def readdir(self, fh: int, start: int, accept: Callable[[str, int, Attributes, int], bool]) -> None:
+        """Offer entries from `start` to `accept(name, ino, attrs, next_offset)` until it
+        returns False (buffer full). Entries with the same attributes but the inode
+        number share one `attrs` whose own `ino` is 0 (every stored chunk of a directory
+        and every chunk directory): a listing builds no tuple per entry, and the FUSE
+        adapter fills its reply's attributes once per run of such entries."""
         handle = self._dirs[fh]
+        prepared, writes = handle.prepared, self.writes
+        if prepared is not None and prepared.uniform is not None and not writes.touched and not writes.removed:
+            self._readdir_uniform(prepared, start, accept)
+            return
         i = start
         while True:
             batch = handle.reader.at_hand(i)
@@ -585,26 +705,65 @@ class FileSystem:
             # hot: once per entry of every listing; inodes looked up and counted inline.
             # Nothing written yet (no awaits in this loop): a stored chunk or a chunk
             # directory has the mount's mtime and cached attributes (`attributes`)
-            base, writes, ino_of, inodes = handle.path, self.writes, self._ino_of, self.inodes
-            plain = () if writes.touched else (Node.CHUNK, Node.KEYDIR)
-            modes, started, uid, gid = self._modes, self.started_ns, self.uid, self.gid
-            new = tuple.__new__  # NamedTuple's own __new__ is a Python function, 0.5 µs a call
+            base, ino_of, inodes, removed = handle.path, self._ino_of, self.inodes, writes.removed
+            plain = not writes.touched
+            chunk, keydir, shared_node, shared_size, shared = Node.CHUNK, Node.KEYDIR, None, -1, None
+            made = prepared.made if prepared is not None and i + len(batch) <= len(prepared.made) else None
             for name, entry in batch:
-                path = (*base, name)
+                path = (*base, name) if made is None else made[i].path  # made ahead: its path too
                 i += 1
-                if writes.removed and writes.is_removed(path):
+                if removed and writes.is_removed(path):
                     continue  # unlinked, its store deletion still pending
                 ino = ino_of.get(path)
-                inode = self._inode(path) if ino is None else inodes[ino]
+                if ino is not None:
+                    inode = inodes[ino]
+                elif made is None:
+                    inode = self._inode(path)
+                else:
+                    inode = made[i - 1]
+                    inodes[inode.ino] = inode
+                    ino_of[path] = inode.ino
                 node = entry.node
-                if node in plain and (entry.coords is not None or node is Node.KEYDIR):
-                    attrs = new(Attributes, (inode.ino, modes[node], entry.size, started, uid, gid, ATTR_TIMEOUT,
-                                             CHUNK_BLKSIZE if node is Node.CHUNK else BLKSIZE))
+                if plain and (node is keydir or node is chunk and entry.coords is not None):
+                    if node is not shared_node or entry.size != shared_size:
+                        shared_node, shared_size = node, entry.size
+                        shared = self._shared_attributes(node, shared_size)
+                    attrs = shared
                 else:
                     attrs = self.attributes(path, entry, inode.ino)
-                if not accept(name, attrs, i):
+                if not accept(name, inode.ino, attrs, i):  # type: ignore[arg-type]
                     return
                 inode.lookups += 1  # the kernel holds a reference per readdirplus entry
+
+    def _readdir_uniform(self, prepared: _Prepared, start: int, accept: Callable[[str, int, Attributes, int], bool]) -> None:
+        """readdir of a directory listed ahead whose entries all have one set of
+        attributes (a chunk directory), while nothing is written or removed: per entry,
+        only its inode (made ahead, registered if its path has none) and the reply."""
+        # the hot path of `ls -lR`: 100,000 entries, each costing the event loop about a
+        # microsecond here against two in the general loop of `readdir`
+        attrs = self._shared_attributes(*prepared.uniform)  # type: ignore[misc]
+        ino_of, inodes = self._ino_of, self.inodes
+        i = start
+        for name, inode in zip(prepared.names[start:], prepared.made[start:], strict=True):
+            path = inode.path
+            ino = ino_of.get(path)
+            if ino is None:
+                ino = inode.ino
+                inodes[ino] = inode
+                ino_of[path] = ino
+            else:
+                inode = inodes[ino]
+            i += 1
+            if not accept(name, ino, attrs, i):
+                return
+            inode.lookups += 1  # the kernel holds a reference per readdirplus entry
+
+    def _shared_attributes(self, node: Node, size: int) -> Attributes:
+        """Attributes of every stored chunk of `size` (or chunk directory) but the inode
+        number (0), while nothing is written: the mount's mtime, cached by the kernel."""
+        # tuple.__new__: a NamedTuple's own __new__ is a Python function
+        return tuple.__new__(Attributes, (0, self._modes[node], size, self.started_ns, self.uid, self.gid,
+                                          ATTR_TIMEOUT, CHUNK_BLKSIZE if node is Node.CHUNK else BLKSIZE))
 
     def releasedir(self, fh: int) -> None:
         self._dirs.pop(fh, None)
@@ -615,7 +774,7 @@ class FileSystem:
         `LIST_AHEAD` are listed in the background, so a recursive walk finds each
         directory in memory instead of waiting for a listing per directory. A single
         `ls` of one directory lists that directory only."""
-        if self.spawn is None or not path:
+        if self.spawn_listing is None or not path:
             return
         parent = path[:-1]
         walk = self._walks.get(parent)
@@ -641,20 +800,51 @@ class FileSystem:
             nxt = (*parent, name)
             if nxt in self._listing_ahead or not view.needs_io(nxt, listing=True):
                 continue
-            done = self._listing_ahead[nxt] = threading.Event()
-            self.spawn(self._list_dir_ahead, (view, nxt, done))
+            job = self._listing_ahead[nxt] = _AheadJob(view, nxt)
+            spawn = self.spawn_listing if view.lists_locally(nxt) else self.spawn
+            spawn(self._list_dir_ahead, job)
 
-    def _list_dir_ahead(self, job: tuple[View, Path, threading.Event]) -> None:
-        view, path, done = job
+    def _fetch_ahead_job(self, job: _AheadJob, reader: DirReader) -> None:
+        """Opendir of a directory scheduled to be listed ahead (worker thread): list it
+        here if nobody has started to, else wait until that listing is done (then from
+        memory, unless it failed, was evicted, or has not finished in `LIST_AHEAD_WAIT`
+        seconds: then `reader` lists it itself)."""
+        if _take(job):
+            try:
+                reader.fetch(0)
+            finally:
+                self._ahead_done(job)
+            return
+        if job.done.acquire(timeout=LIST_AHEAD_WAIT):
+            job.done.release()
+        reader.fetch(0)
+
+    def _ahead_done(self, job: _AheadJob) -> None:
+        if self._listing_ahead.get(job.path) is job:
+            del self._listing_ahead[job.path]
+        job.done.release()
+
+    def _list_dir_ahead(self, job: _AheadJob) -> None:
+        if not _take(job):
+            return  # the walker got there first and listed it itself
+        view, path = job.view, job.path
         try:
             if view.list_ahead(path):
                 self.stats.count("listing_read_ahead")
+            # the reader the walker's opendir will want, its snapshot sorted here (if the
+            # listing is kept in memory: never a second listing)
+            if not view.needs_io(path, listing=True):
+                reader = view.dir_reader(path)
+                reader.fetch(0)
+                # small enough to be one snapshot, and for its made-ahead inodes to be few
+                if reader.current() and len(reader.at_hand(0) or ()) <= PREPARED_ENTRIES:
+                    self._prepared[path] = _Prepared.of(reader, self._ino_numbers)
+                    while len(self._prepared) > PREPARED_KEPT:
+                        self._prepared.pop(next(iter(self._prepared)), None)
         except Exception as e:  # the walker's own opendir lists it again and reports it
             log.debug("listing %s ahead failed: %s", "/".join(path), e)
         finally:
-            if self._listing_ahead.get(path) is done:
-                del self._listing_ahead[path]
-            done.set()
+            self._ahead_done(job)
 
     # -- files -----------------------------------------------------------------
     def _allocate_fh(self) -> int:

@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from zfuse.fs import Attributes, FileSystem, FsError, OpenReply
+from zfuse.fs import Attributes, FileSystem, FsError, OpenReply, WorkerThreads
 from zfuse.stats import Stats
 from zfuse.view.tree import View
 
@@ -31,6 +31,7 @@ log = logging.getLogger("zfuse.fuse")
 T = TypeVar("T")
 
 READ_AHEAD_THREADS = 4
+LISTING_THREADS = 1  # listing local directories ahead of a recursive walker (FileSystem.spawn_listing)
 
 
 class _Kernel:
@@ -137,7 +138,8 @@ class ZfuseOperations(pyfuse3.Operations):
                                     ("pending_timeout", pending_timeout)) if v is not None}
         self.fs = FileSystem(
             view, read_only=read_only, stats=stats, run=self._thread, kernel=_Kernel(self),
-            spawn=self._spawn_ahead, durable=durable, **timing,
+            spawn=self._spawn_ahead, spawn_listing=WorkerThreads(LISTING_THREADS, "list-ahead").submit,
+            durable=durable, **timing,
         )
 
     @property
@@ -200,17 +202,16 @@ class ZfuseOperations(pyfuse3.Operations):
 
     async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
         # readdir_reply copies the attributes into the reply buffer, so one
-        # EntryAttributes serves every entry: refilled only when more than the inode
-        # number differs from the entry before (in a chunk directory it never does)
+        # EntryAttributes serves every entry: refilled only when the entry's attributes
+        # are not the ones filled last (entries of one kind and size share them)
         reply, out = pyfuse3.readdir_reply, pyfuse3.EntryAttributes()
-        filled: list[Any] = [None]
+        filled: list[Attributes | None] = [None]
 
-        def accept(name: str, attrs: Attributes, next_id: int) -> bool:
-            same = attrs[1:]  # all but the inode number
-            if same != filled[0]:
+        def accept(name: str, ino: int, attrs: Attributes, next_id: int) -> bool:
+            if attrs is not filled[0]:
                 _fill_attributes(out, attrs)
-                filled[0] = same
-            out.st_ino = attrs.ino
+                filled[0] = attrs
+            out.st_ino = ino
             return reply(token, name.encode("utf-8", "surrogateescape"), out, next_id)
 
         try:

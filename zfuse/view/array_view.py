@@ -222,6 +222,12 @@ class ArrayView:
             self.caches.names.put((id(self), _CHUNK, coords), (generation, answer))
         return answer
 
+    @property
+    def listing_version(self) -> tuple[int, int]:
+        """Changes to what this array's listings show (a refresh, a chunk added or
+        removed through the view): an answer taken at the same version is current."""
+        return self._generation, self._changes
+
     def needs_listing(self, rest: tuple[str, ...]) -> bool:
         """Whether listing directory `rest` inside the array needs store I/O; False means
         the listing is in memory (or there is nothing to list). Whether one chunk exists

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import itertools
 import logging
 import os
 import threading
@@ -164,6 +165,12 @@ class ChunkSource(ABC):
     def exists_is_local(self, coords: Coords) -> bool:
         """Whether `chunk_exists(coords)` answers from a local file's stat or from memory
         (no server, no zarr event loop): cheap enough to ask ahead of a writer."""
+        return False
+
+    @property
+    def lists_locally(self) -> bool:
+        """Whether `iter_chunk_dir` lists a local directory in the calling thread (short
+        work), not a remote store (a long wait)."""
         return False
 
     def _all_chunk_keys(self) -> list[tuple[Coords, str]]:
@@ -564,20 +571,25 @@ class ZarrChunkSource(ChunkSource):
         if any(index is None for index in indexes):
             indexes = sync(self._load_indexes(shards))
         int_names = self._leaf_names_are_ints()
+        per_shard = self.chunks_per_shard
         for shard, index in zip(shards, indexes, strict=True):
             if index is None:
                 continue
-            base = np.array(shard) * np.array(self.chunks_per_shard)
+            base = [s * c for s, c in zip(shard, per_shard, strict=True)]
             # only the slab of the shard the directory's fixed coordinates select
-            local = tuple(int(f - b) for f, b in zip(fixed, base[:n], strict=True))
-            if not all(0 <= i < c for i, c in zip(local, self.chunks_per_shard, strict=False)):
+            local = tuple(f - b for f, b in zip(fixed, base, strict=False))
+            if not all(0 <= i < c for i, c in zip(local, per_shard, strict=False)):
                 continue
-            slab = index.get_full_chunk_map()[local]
-            found = np.argwhere(slab) + base[n:]
+            found = np.argwhere(index.get_full_chunk_map()[local]) + base[n:]
             found = found[(found < limit).all(axis=1)]
-            for rest in found.tolist():
-                coords = (*fixed, *rest)
-                out.append((str(rest[-1]) if int_names else self.chunk_key(coords).rsplit("/", 1)[-1], coords))
+            # hot (100 inner chunks per directory of `ls -lR`): the pairs are built by
+            # zip in C, not a Python statement per chunk
+            axes = found.T.tolist()  # the free coordinates, axis by axis
+            coords = list(zip(*[itertools.repeat(f, len(found)) for f in fixed], *axes, strict=True))
+            if int_names:
+                out += zip(map(str, axes[-1]), coords, strict=True)
+            else:
+                out += [(self.chunk_key(c).rsplit("/", 1)[-1], c) for c in coords]
         return out
 
     def chunk_exists(self, coords: Coords) -> bool:
@@ -596,6 +608,10 @@ class ZarrChunkSource(ChunkSource):
         if index is None:  # not cached: read (and cache) it on zarr's event loop
             index = sync(self._shard_index(shard))
         return index is not None and index.get_chunk_slice(coords) is not None
+
+    @property
+    def lists_locally(self) -> bool:
+        return self._listing_store() is not None
 
     def exists_is_local(self, coords: Coords) -> bool:
         if self._local_store is None or not self.in_grid(coords):

@@ -23,6 +23,7 @@ from __future__ import annotations
 import enum
 import json
 import logging
+import operator
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -269,6 +270,18 @@ class View:
         names.sort()
         return names
 
+    def lists_locally(self, path: tuple[str, ...]) -> bool:
+        """Whether listing directory `path` reads a local disk (short work in the calling
+        thread), not a remote store."""
+        arr = self._split(path)[0].array
+        return arr is not None and arr.source.lists_locally
+
+    def listing_version(self, path: tuple[str, ...]) -> Any:
+        """A token that changes whenever a listing of `path` could (a refresh, a chunk
+        added or removed in its array): a snapshot taken at an equal token is current."""
+        arr = self._split(path)[0].array
+        return None if arr is None else arr.listing_version
+
     def dir_reader(self, path: tuple[str, ...], tail: list[tuple[str, Entry]] | None = None) -> DirReader:
         """A reader of directory `path` for readdir, `tail` entries (scratch files) last."""
         return DirReader(self, path, tail or [])
@@ -308,6 +321,9 @@ class View:
         yield from walk(self.root, ())
 
 
+_by_name = operator.itemgetter(0)  # sort key of (name, entry) pairs (in C: no call per item)
+
+
 class DirReader:
     """One open directory, read by offset (readdir). A directory of up to
     `SNAPSHOT_MAX` names is one sorted snapshot taken at the first `fetch`; a
@@ -330,6 +346,14 @@ class DirReader:
         self._buffer: list[tuple[str, Entry]] = []
         self._done = False
         self._started = False
+        self._version: Any = None  # the view's listing version when the listing started
+
+    def current(self) -> bool:
+        """Whether this reader, its snapshot taken (`fetch(0)`) and not read from yet,
+        shows what a new reader would: a whole snapshot, taken at the view's current
+        listing version (made ahead in another thread, it is then as good as new)."""
+        return self._started and self._done and self._base == 0 and \
+            self._version == self.view.listing_version(self.path)
 
     def at_hand(self, start: int) -> list[tuple[str, Entry]] | None:
         """Entries from offset `start` that are in memory; [] at the end; None: `fetch` first."""
@@ -356,6 +380,7 @@ class DirReader:
                 self._buffer = page
 
     def _restart(self) -> None:
+        self._version = self.view.listing_version(self.path)
         self._pages = self.view.iter_entries(self.path)
         self._base, self._done, self._started = 0, False, True
         first: list[tuple[str, Entry]] = []
@@ -364,7 +389,7 @@ class DirReader:
             if len(first) > self.SNAPSHOT_MAX:
                 self._buffer = first  # big: streamed from here on, in listing order
                 return
-        first.sort(key=lambda item: item[0])
+        first.sort(key=_by_name)
         self._buffer, self._done = first + self.tail, True
 
 
