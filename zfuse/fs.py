@@ -79,6 +79,8 @@ LIST_AHEAD_WAIT = 60.0  # seconds an opendir waits for its directory's read-ahea
 WALKS_KEPT = 16  # parent directories whose subdirectory order is kept for walk detection
 ERRORS_KEPT = 500
 READER_GRACE = 2.0  # seconds a replacing writer waits for page-cache readers to close
+STORED_NAMES_KEPT = 1 << 16  # chunks stored raw remembered as opened lately
+STORED_VERSIONS_KEPT = 1 << 16  # chunk files whose cached stored file is remembered
 QUIET_ERRNOS = (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY)  # answers, not failures
 
 
@@ -153,6 +155,7 @@ class Handle:
         self.append = False  # O_APPEND: writes go to the end
         self.content: bytes | None = None  # a fixed snapshot
         self.reader: Any = None  # whole-image files: read_cached/read/size
+        self.stored: Any = None  # a chunk stored raw: its StoredChunkFile (values read from the store file)
         self.array: Any = None
         self.coords: tuple[int, ...] | None = None
         self.page_cached = False  # reads go through the kernel's page cache (not direct I/O)
@@ -176,6 +179,9 @@ class Handle:
             return bytes(buffer[off : off + size]) if buffer is not None else None
         if self.reader is not None:
             return self.reader.read_cached(off, size)
+        stored = self.stored
+        if stored is not None:
+            return stored.read_nowait(off, size)
         return self.array.read_cached(self.coords, off, size)
 
     def read(self, off: int, size: int) -> bytes:
@@ -184,6 +190,13 @@ class Handle:
             return bytes(load_buffer(self.state)[off : off + size])
         if self.reader is not None:
             return self.reader.read(off, size)
+        for _ in range(3):  # (None: closed meanwhile, a reload put another in its place)
+            stored = self.stored
+            data = stored.read(off, size) if stored is not None else None
+            if data is not None:
+                return data
+            if stored is None:
+                break
         return self.array.read(self.coords, off, size)
 
 
@@ -333,6 +346,13 @@ class FileSystem:
         self._dirs: dict[int, _DirHandle] = {}
         self._next_fh = 1
         self._reading_ahead: set[Any] = set()
+        # chunks stored raw whose stored file was opened lately (by a reader or read
+        # ahead): the name is cached, so opening it again on the event loop waits on no disk
+        self._stored_names: set[Any] = set()
+        # per path, the stored file (device, inode, size, mtime) whose bytes the kernel's
+        # page cache of the chunk file may hold: a reader opening another one (replaced
+        # in the store) must not get those
+        self._stored_versions: dict[Path, tuple[int, ...]] = {}
         # chunks decoded ahead whose file is not opened yet: opening one means a scan
         # goes on (keep the window full), not a re-read (oldest first; bounded)
         self._ahead_unopened: collections.OrderedDict[Any, None] = collections.OrderedDict()
@@ -708,16 +728,62 @@ class FileSystem:
             return OpenReply(self._new_handle(handle), direct_io=direct)
         if entry is None or entry.node is not Node.CHUNK:
             raise FsError(errno.ENOENT)
-        handle.array, handle.coords = entry.array, entry.coords
+        arr, coords = handle.array, handle.coords = entry.array, entry.coords
+        opened_before = (id(arr), coords) in self._stored_names
+        if state is None and arr.serves_stored is not False:
+            view = self.view
+            handle.stored = await self._open_stored(arr, coords)
+            if self.view is not view:  # reloaded meanwhile: open the file of the new view
+                if handle.stored is not None:
+                    handle.stored.close()
+                return await self._open(ino, flags, pid)
+            state = self.writes.states.get(path)  # (what a request meanwhile changed)
         if state is not None or path in self._readers_gone or path in self._old_bytes_cached:
+            if handle.stored is not None:
+                handle.stored.close()  # the decoded chunk, as for every file being written
+                handle.stored = None
             if state is not None and self.writes.sees_buffer(state, pid):
                 handle.state = state
             return OpenReply(self._new_handle(handle), direct_io=True)
+        keep_cache = True  # unchanged chunks keep their page cache
+        if handle.stored is not None and self._stored_versions.get(path) != handle.stored.identity:
+            # The stored file is not the one whose bytes the kernel may cache for this
+            # path (replaced in the store, or not known): readers still open on it keep
+            # that cache and this one reads around it; with none open it is dropped.
+            if self._cached_readers.get(path):
+                return OpenReply(self._new_handle(handle), direct_io=True)
+            if len(self._stored_versions) >= STORED_VERSIONS_KEPT:
+                self._stored_versions.clear()  # (unknown means "drop the cache": safe)
+            self._stored_versions[path] = handle.stored.identity
+            keep_cache = False
         handle.page_cached = True
         self._cached_readers[path] = self._cached_readers.get(path, 0) + 1
         fh = self._new_handle(handle)
-        self._read_ahead(entry.array, entry.coords)
-        return OpenReply(fh, keep_cache=True)  # unchanged chunks keep their page cache
+        if arr.serves_stored:
+            self._advise_ahead(arr, coords, opened_before)
+        else:
+            self._read_ahead(arr, coords)
+        return OpenReply(fh, keep_cache=keep_cache)
+
+    async def _open_stored(self, arr: Any, coords: tuple[int, ...]) -> Any:
+        """The chunk's StoredChunkFile if it is stored raw, else None (read decoded).
+        Opened on the event loop when its name was looked up lately (read ahead, or
+        opened before: no disk to wait for), else in a worker thread, which also asks
+        the OS to start reading it."""
+        key = (id(arr), coords)
+        if arr.serves_stored and key in self._stored_names:
+            stored = arr.open_stored(coords)
+        else:
+            stored = await self.run(arr.open_stored, coords, True)
+        if stored is not None:
+            self._note_stored_name(key)
+        return stored
+
+    def _note_stored_name(self, key: Any) -> None:
+        """(From worker threads too: a set's add and clear are atomic.)"""
+        if len(self._stored_names) >= STORED_NAMES_KEPT:
+            self._stored_names.clear()  # forgetting costs a thread hop per open, no more
+        self._stored_names.add(key)
 
     @operation(_by_child)
     async def create(self, parent: int, name: str, flags: int, pid: int | None = None) -> tuple[OpenReply, Attributes]:
@@ -813,6 +879,8 @@ class FileSystem:
 
     def release(self, fh: int) -> None:
         handle = self.handles.pop(fh, None)
+        if handle is not None and handle.stored is not None:
+            handle.stored.close()
         if handle is not None and handle.page_cached:
             left = self._cached_readers.get(handle.path, 1) - 1
             if left > 0:
@@ -889,6 +957,43 @@ class FileSystem:
                 self._ahead_unopened.popitem(last=False)
             self.spawn(self._decode_ahead, (arr, nxt, key, True))
 
+    def _advise_ahead(self, arr: Any, coords: tuple[int, ...], opened_before: bool) -> None:
+        """`_read_ahead` for chunks stored raw: nothing to decode, so the next chunks'
+        stored files are only asked of the OS (posix_fadvise WILLNEED) and checked to
+        exist, in a worker thread, while this one is read. Their lookups then answer
+        from memory, their opens need no thread and their reads find the page cache
+        filled. The window slides as `_read_ahead`'s does; a re-read asks nothing."""
+        key = (id(arr), coords)
+        scanning = key in self._ahead_unopened
+        self._ahead_unopened.pop(key, None)
+        if opened_before and not scanning:
+            return
+        batch = []
+        for nxt in arr.successors(coords, READ_AHEAD):
+            key = (id(arr), nxt)
+            if key in self._reading_ahead or key in self._stored_names:
+                continue
+            self._reading_ahead.add(key)
+            self._ahead_unopened[key] = None
+            batch.append(nxt)
+        while len(self._ahead_unopened) > AHEAD_REMEMBERED:
+            self._ahead_unopened.popitem(last=False)
+        if batch:
+            self.spawn(self._advise_stored, (arr, batch))  # type: ignore[misc]
+
+    def _advise_stored(self, job: tuple[Any, list[tuple[int, ...]]]) -> None:
+        arr, batch = job
+        for coords in batch:
+            key = (id(arr), coords)
+            try:
+                if arr.exists(coords) and arr.advise_ahead(coords):
+                    self._note_stored_name(key)
+                    self.stats.count("read_ahead")
+            except Exception as e:  # the real open and read report it
+                log.debug("read-ahead of %s failed: %s", coords, e)
+            finally:
+                self._reading_ahead.discard(key)
+
     def _decode_ahead(self, job: tuple[Any, tuple[int, ...], Any, bool]) -> None:
         arr, coords, key, ahead = job
         try:
@@ -929,7 +1034,14 @@ class FileSystem:
             if handle.path == path and handle.state is None and handle.content is None and handle.array is not None:
                 # (an unlinked chunk is no longer listed but still stored: it reads as it was)
                 arr, coords = handle.array, handle.coords
-                handle.content = await self.run(arr.read, coords, 0, arr.file_size(coords))
+                stored, handle.stored = handle.stored, None  # (reads meanwhile decode the same chunk)
+                if stored is not None:  # the bytes of the stored file it opened
+                    try:
+                        handle.content = bytes(await self.run(stored.read, 0, stored.size) or b"")
+                    finally:
+                        stored.close()
+                else:
+                    handle.content = await self.run(arr.read, coords, 0, arr.file_size(coords))
                 if handle.page_cached and self.handles.get(fh) is handle:
                     self._old_bytes_cached[path] = self._old_bytes_cached.get(path, 0) + 1
 
@@ -1016,7 +1128,7 @@ class FileSystem:
             self.view = view
             self.writes.rebind(view)
             self._journal_problems(view)
-            for handle in list(self.handles.values()):  # (awaits below: requests go on)
+            for fh, handle in list(self.handles.items()):  # (awaits below: requests go on)
                 if handle.reader is not None:
                     await self._rebind_image(handle)
                     continue
@@ -1025,9 +1137,29 @@ class FileSystem:
                 arr, coords = view.chunk_at(handle.path)
                 if arr is not None and arr.layout is not None and coords is not None:
                     handle.array, handle.coords = arr, coords
+                    if handle.stored is not None:  # the store as it is now: reopened
+                        await self._reopen_stored(fh, handle, arr, coords)
         for ino in list(self.inodes):
             if ino != ROOT_INODE:
                 self._invalidate(ino)
+
+    async def _reopen_stored(self, fh: int, handle: Handle, arr: Any, coords: tuple[int, ...]) -> None:
+        """A reload: an open chunk stored raw reads the stored file as it is now (or is
+        decoded, if it is no longer stored raw); the kernel's cache of it is dropped."""
+        old = handle.stored
+        try:
+            new = await self.run(arr.open_stored, coords)
+        except Exception as e:  # read decoded: that read reports what is wrong
+            log.debug("reload: %s: %s", "/".join(handle.path), e)
+            new = None
+        if self.handles.get(fh) is not handle or handle.stored is not old:  # closed or snapshot meanwhile
+            if new is not None:
+                new.close()
+            return
+        handle.stored = new
+        old.close()
+        if new is not None and handle.page_cached:
+            self._stored_versions[handle.path] = new.identity
 
     async def _rebind_image(self, handle: Handle) -> None:
         """An open whole-image file follows a reload if its byte layout is unchanged;

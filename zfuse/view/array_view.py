@@ -20,13 +20,23 @@ Invariants:
   dual-access ``zarr.json`` (suffix ``.tiff`` keys, codecs bytes + pad)
   describes. A chunk is decoded once at a time (single flight) and kept in the
   `ChunkCache` until evicted, `forget()` or a refresh of the view.
+- Chunks stored raw (`ZarrChunkSource.raw_chunk_path`: the stored object *is*
+  the values after the header) need no decoding: `open_stored` opens the
+  stored file once, and a `StoredChunkFile` serves the header from memory and
+  the values by byte range from that open file, nothing copied or kept here
+  (the OS page cache keeps the stored file). Holding the file open is what
+  keeps a reader on the bytes it opened: stores replace objects by renaming a
+  new file over them, and an open descriptor keeps the old one.
 """
 
 from __future__ import annotations
 
 import base64
+import errno
 import itertools
 import json
+import os
+import stat as stat_mod
 import threading
 import time
 from collections import OrderedDict
@@ -36,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from zfuse.errors import CorruptDataError
 from zfuse.stats import Stats
 from zfuse.view.caches import ViewCaches
 from zfuse.view.hierarchy import unsupported_metadata
@@ -54,6 +65,99 @@ class ViewOptions:
     # directory listings and existence answers kept, in names (~190 bytes each)
     listing_cache_names: int = 200_000
     shard_index_cache_bytes: int = 64 * 1024 * 1024
+
+
+# preadv2(RWF_NOWAIT): a read that only takes what the OS page cache holds (Linux)
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+class StoredChunkFile:
+    """One open chunk file of a chunk stored raw: the header from memory, the values by
+    byte range from the stored file, which this keeps open (see the module docstring).
+
+    `read_nowait` takes only what the OS page cache holds and never waits for the
+    disk (preadv2 with RWF_NOWAIT), so an event loop may call it; `read` may wait.
+    Both answer None once the file is closed (a reload reopened it: the caller
+    reads from what replaced it). Every read fills a buffer of its own. `close`
+    waits for reads in flight: a descriptor is never closed under a read (its
+    number could name another file by then).
+    """
+
+    __slots__ = ("header", "size", "key", "identity", "stats", "_fd", "_users", "_closing", "_lock")
+
+    def __init__(self, fd: int, header: bytes, size: int, key: str, identity: tuple[int, ...], stats: Stats) -> None:
+        self.header = header
+        self.size = size  # the chunk file's: header + values
+        self.key = key  # the store key, for messages
+        self.identity = identity  # (device, inode, size, mtime) of the stored file opened
+        self.stats = stats
+        self._fd = fd
+        self._users = 0
+        self._closing = False
+        self._lock = threading.Lock()
+
+    def read_nowait(self, offset: int, size: int) -> bytes | bytearray | None:
+        """Bytes [offset, offset+size) if the page cache holds them, else None."""
+        global _NOWAIT
+        if not _NOWAIT:
+            return None
+        try:
+            return self._read(offset, size, _NOWAIT)
+        except BlockingIOError:
+            return None
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            _NOWAIT = 0  # this kernel or filesystem has no such read: worker threads read
+            return None
+
+    def read(self, offset: int, size: int) -> bytes | bytearray | None:
+        """Bytes [offset, offset+size) (blocking); None if closed."""
+        return self._read(offset, size, 0)
+
+    def _read(self, offset: int, size: int, flags: int) -> bytes | bytearray | None:
+        end = min(offset + size, self.size)
+        if offset >= end:
+            return b""
+        hsize = len(self.header)
+        if end <= hsize:
+            return self.header[offset:end]
+        out = bytearray(end - offset)
+        if offset < hsize:
+            out[: hsize - offset] = self.header[offset:]
+        start = max(offset, hsize)
+        want = end - start
+        with self._lock:
+            if self._closing:
+                return None
+            fd = self._fd
+            self._users += 1
+        try:
+            got = os.preadv(fd, [memoryview(out)[start - offset :]], start - hsize, flags)
+        finally:
+            self._done_with(fd)
+        if got != want:
+            if flags:
+                return None  # partly in the page cache (or short: the blocking read says)
+            raise CorruptDataError(
+                f"{self.key}: the stored chunk ended after {start - hsize + got} of its "
+                f"{self.size - hsize} bytes (rewritten in place while open?)")
+        self.stats.count("store_bytes_chunk", got)
+        return out
+
+    def _done_with(self, fd: int) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._closing and not self._users and self._fd == fd:
+                self._fd = -1
+                os.close(fd)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            if not self._users and self._fd >= 0:
+                os.close(self._fd)
+                self._fd = -1
 
 
 class ChunkCache:
@@ -168,6 +272,9 @@ class ArrayView:
         self._lock = threading.Lock()
         self._inflight: dict[Coords, threading.Lock] = {}
         self.changes = 0  # chunks written or deleted through the view
+        # chunk files served from their stored files (`open_stored`): None until the
+        # first open decides it (that may read zarr.json once)
+        self.serves_stored: bool | None = None if self.layout is not None and not self.layout.permuted else False
         self.metadata_bytes = self._view_metadata()
 
     # -- names ------------------------------------------------------------
@@ -461,6 +568,68 @@ class ArrayView:
         if end <= self.layout.header_size:
             return self.header(coords)[offset:end]
         return self.file_bytes(coords)[offset:end]
+
+    # -- chunks stored raw: served from their stored files ------------------------
+    def _raw_path(self, coords: Coords) -> str | None:
+        """The stored file whose bytes are chunk `coords`'s file after the header, if
+        the array stores chunks raw (blocking the first time: `serves_stored`)."""
+        if self.serves_stored is False:
+            return None
+        path = self.source.raw_chunk_path(coords)
+        self.serves_stored = path is not None
+        if path is not None and self.options.crop_edges and self.file_size(coords) != self.layout.file_size:
+            return None  # a cropped edge chunk: not the stored bytes
+        return path
+
+    def open_stored(self, coords: Coords, advise: bool = False) -> StoredChunkFile | None:
+        """Chunk `coords`'s file served from its stored file, or None: the array does
+        not store chunks raw, nothing is stored (fill value), or the stored object is
+        not the size of the values (decoding it says what is wrong). With `advise`
+        the OS starts reading the values in now (posix_fadvise WILLNEED).
+
+        Blocking: opens the stored file. An event loop may call it for a chunk whose
+        file was opened lately (`advise_ahead`): its name is cached, no disk waits."""
+        assert self.layout is not None
+        path = self._raw_path(coords)
+        if path is None:
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None  # not stored, or not readable: decoding reports what it is
+        try:
+            st = os.fstat(fd)
+            if not stat_mod.S_ISREG(st.st_mode) or st.st_size != self.layout.data_size:
+                os.close(fd)
+                return None
+            if advise:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            os.close(fd)
+            return None
+        self.stats.count("store_get_chunk")
+        self.stats.count("chunks_passed_through")
+        return StoredChunkFile(fd, self.header(coords), self.layout.file_size, self.key_name(coords),
+                               (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), self.stats)
+
+    def advise_ahead(self, coords: Coords) -> bool:
+        """Ask the OS to read chunk `coords`'s stored file in (posix_fadvise WILLNEED, in
+        the background: nothing is read or kept here), so opening and reading it later
+        waits on no disk. Blocking (opens it); False when no such file is stored."""
+        path = self._raw_path(coords)
+        if path is None:
+            return False
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        return True
 
     def forget(self, coords: Coords) -> None:
         self.cache.drop((id(self), coords))
