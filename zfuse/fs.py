@@ -63,6 +63,9 @@ Run = Callable[..., Awaitable[Any]]
 
 ROOT_INODE = 1
 READ_AHEAD = 4  # chunk files decoded ahead of a sequential reader
+# chunks stored raw: stored files asked of the OS ahead of a sequential reader, in
+# batches of half as many (one worker thread hop per batch, not per file)
+STORED_AHEAD = 8
 AHEAD_REMEMBERED = 16 * READ_AHEAD  # decoded-ahead chunks remembered until opened
 SPECIAL_DIR = ".zfuse"
 STATS_FILE, ERRORS_FILE = "stats", "errors"
@@ -804,6 +807,7 @@ class FileSystem:
         handle = self.handles[fh]
         data = handle.read_cached(off, size)
         if data is None:
+            self.stats.count("reads_in_threads")  # (not in memory or the page cache yet)
             data = await self.run(handle.read, off, size)
         self.stats.count("bytes_read", len(data))
         if handle.reader is not None:
@@ -962,24 +966,28 @@ class FileSystem:
         stored files are only asked of the OS (posix_fadvise WILLNEED) and checked to
         exist, in a worker thread, while this one is read. Their lookups then answer
         from memory, their opens need no thread and their reads find the page cache
-        filled. The window slides as `_read_ahead`'s does; a re-read asks nothing."""
+        filled. The window slides as `_read_ahead`'s does, but only once less than
+        half of it is left (one thread hop per few files, not per file); a re-read
+        asks nothing."""
+        if self.spawn is None:
+            return
         key = (id(arr), coords)
         scanning = key in self._ahead_unopened
         self._ahead_unopened.pop(key, None)
         if opened_before and not scanning:
             return
-        batch = []
-        for nxt in arr.successors(coords, READ_AHEAD):
+        ahead = arr.successors(coords, STORED_AHEAD)
+        batch = [c for c in ahead if (id(arr), c) not in self._reading_ahead and (id(arr), c) not in self._stored_names]
+        if scanning and len(ahead) - len(batch) >= STORED_AHEAD // 2:
+            return  # still half a window or more ahead of the reader
+        for nxt in batch:
             key = (id(arr), nxt)
-            if key in self._reading_ahead or key in self._stored_names:
-                continue
             self._reading_ahead.add(key)
             self._ahead_unopened[key] = None
-            batch.append(nxt)
         while len(self._ahead_unopened) > AHEAD_REMEMBERED:
             self._ahead_unopened.popitem(last=False)
         if batch:
-            self.spawn(self._advise_stored, (arr, batch))  # type: ignore[misc]
+            self.spawn(self._advise_stored, (arr, batch))
 
     def _advise_stored(self, job: tuple[Any, list[tuple[int, ...]]]) -> None:
         arr, batch = job

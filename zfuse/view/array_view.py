@@ -83,14 +83,16 @@ class StoredChunkFile:
     number could name another file by then).
     """
 
-    __slots__ = ("header", "size", "key", "identity", "stats", "_fd", "_users", "_closing", "_lock")
+    __slots__ = ("header", "size", "key", "identity", "stats", "error", "_fd", "_users", "_closing", "_lock")
 
-    def __init__(self, fd: int, header: bytes, size: int, key: str, identity: tuple[int, ...], stats: Stats) -> None:
+    def __init__(self, fd: int, header: bytes, size: int, key: str, identity: tuple[int, ...], stats: Stats,
+                 error: str | None = None) -> None:
         self.header = header
         self.size = size  # the chunk file's: header + values
         self.key = key  # the store key, for messages
         self.identity = identity  # (device, inode, size, mtime) of the stored file opened
         self.stats = stats
+        self.error = error  # what is wrong with the stored file (fd -1): reads of values fail
         self._fd = fd
         self._users = 0
         self._closing = False
@@ -122,6 +124,8 @@ class StoredChunkFile:
         hsize = len(self.header)
         if end <= hsize:
             return self.header[offset:end]
+        if self.error is not None:
+            raise CorruptDataError(self.error)
         out = bytearray(end - offset)
         if offset < hsize:
             out[: hsize - offset] = self.header[offset:]
@@ -583,9 +587,10 @@ class ArrayView:
 
     def open_stored(self, coords: Coords, advise: bool = False) -> StoredChunkFile | None:
         """Chunk `coords`'s file served from its stored file, or None: the array does
-        not store chunks raw, nothing is stored (fill value), or the stored object is
-        not the size of the values (decoding it says what is wrong). With `advise`
-        the OS starts reading the values in now (posix_fadvise WILLNEED).
+        not store chunks raw, or nothing is stored (fill value: decoded). A stored
+        object that is not the size of the values gives a file whose header reads
+        and whose values fail (CorruptDataError naming the key and both sizes). With
+        `advise` the OS starts reading the values in now (posix_fadvise WILLNEED).
 
         Blocking: opens the stored file. An event loop may call it for a chunk whose
         file was opened lately (`advise_ahead`): its name is cached, no disk waits."""
@@ -599,9 +604,16 @@ class ArrayView:
             return None  # not stored, or not readable: decoding reports what it is
         try:
             st = os.fstat(fd)
-            if not stat_mod.S_ISREG(st.st_mode) or st.st_size != self.layout.data_size:
+            if not stat_mod.S_ISREG(st.st_mode):
                 os.close(fd)
                 return None
+            if st.st_size != self.layout.data_size:  # truncated, or not what the metadata says
+                os.close(fd)
+                self.stats.count("store_get_chunk")
+                why = (f"{self.key_name(coords)}: the stored chunk has {st.st_size} bytes, not the "
+                       f"{self.layout.data_size} of its {self.source.dtype} values (codec bytes): truncated or corrupt")
+                return StoredChunkFile(-1, self.header(coords), self.layout.file_size, self.key_name(coords),
+                                       (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), self.stats, why)
             if advise:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
         except OSError:
