@@ -276,9 +276,10 @@ class ArrayView:
         self._lock = threading.Lock()
         self._inflight: dict[Coords, threading.Lock] = {}
         self.changes = 0  # chunks written or deleted through the view
-        # chunk files served from their stored files (`open_stored`): None until the
-        # first open decides it (that may read zarr.json once)
-        self.serves_stored: bool | None = None if self.layout is not None and not self.layout.permuted else False
+        # chunk files served from their stored files (`open_stored`); None while only the
+        # first open can tell (whether there are storage transformers may need zarr.json)
+        self.serves_stored: bool | None = (
+            None if self.layout is not None and not self.layout.permuted and source.may_store_raw() else False)
         self.metadata_bytes = self._view_metadata()
 
     # -- names ------------------------------------------------------------

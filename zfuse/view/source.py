@@ -171,6 +171,10 @@ class ChunkSource(ABC):
         when there is one (`ZarrChunkSource.raw_chunk_path`); here: none."""
         return None
 
+    def may_store_raw(self) -> bool:
+        """False when `raw_chunk_path` is None for every chunk, as known from memory."""
+        return False
+
     def _all_chunk_keys(self) -> list[tuple[Coords, str]]:
         listed = getattr(self, "_listed_keys", None)
         if listed is None:
@@ -799,10 +803,16 @@ class ZarrChunkSource(ChunkSource):
         (nothing stored). Blocking the first time (`stored_chunk_path`), then memory only."""
         return self.stored_chunk_path(coords) if self._raw_stored else None
 
+    def may_store_raw(self) -> bool:
+        return self._raw_stored
+
     @functools.cached_property
     def _raw_stored(self) -> bool:
+        """The codecs leave the values as they are (memory only; `raw_chunk_path` then
+        also checks for storage transformers)."""
         codecs = self.stored_codecs()  # (None: F order, or neither local nor sharded)
-        if codecs is None or len(codecs) != 1 or codecs[0].get("name") != "bytes" or self.dtype.kind == "b":
+        if (self.sharding is not None or codecs is None or len(codecs) != 1 or codecs[0].get("name") != "bytes"
+                or self.dtype.kind == "b"):
             return False
         endian = (codecs[0].get("configuration") or {}).get("endian", "little")
         return endian == "little" or self.dtype.itemsize == 1
