@@ -1027,6 +1027,14 @@ def test_a_reload_reopens_the_stored_files_of_open_readers(tmp_path: Path, clock
     assert len(again) == len(first)
     np.testing.assert_array_equal(pixels(again), new)
     k.close(fh)
+    # without reopening the source (no `reload`): the same
+    fs.reload = None
+    fh = k.open(CHUNK)
+    newer = stores.values((8, 16), "uint16", seed=12)
+    replace_stored(src, (0, 0), newer)
+    k.call(fs.refresh)
+    np.testing.assert_array_equal(pixels(k.read(fh)), newer)
+    k.close(fh)
 
 
 def test_a_truncated_raw_chunk_is_eio_naming_its_key(tmp_path: Path, clock: Clock) -> None:

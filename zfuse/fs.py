@@ -1131,6 +1131,9 @@ class FileSystem:
                 self.journal((), f"reload failed, keeping the previous view: {e}")
         if view is None:
             await self.run(old.refresh)
+            for fh, handle in list(self.handles.items()):
+                if handle.stored is not None:  # the store as it is now: reopened
+                    await self._reopen_stored(fh, handle, handle.array, handle.coords)
         else:
             old.cache.clear()  # the old view is dropped; the swap happens here, between requests
             self.view = view
