@@ -11,13 +11,15 @@ What lives here:
   path's current file (never ENOENT for a name that always existed).
 - Open files (`Handle`). A handle reads one of: a fixed byte snapshot
   (metadata, `.zfuse/` files, a chunk replaced or unlinked while open), a write
-  state's buffer, a whole-image reader, or the stored chunk.
+  state's buffer, a whole-image reader, the stored file of a chunk stored raw
+  (kept open: it reads the file it opened), or the decoded chunk.
 - Who sees what while a chunk is being replaced: the writing process sees its
   own bytes (sizes included); every other process sees the stored chunk until
   the replacement commits, and readers open at that moment keep the old bytes.
   Handles on paths being written bypass the kernel page cache (direct I/O),
   which is what lets two processes see two versions of one file.
-- Read-ahead: opening a chunk cold schedules the next chunks' decode.
+- Read-ahead: opening a chunk cold schedules the next chunks' decode (chunks
+  stored raw: asks the OS to read their stored files ahead).
 - Reload: a new view, with open files and write states moved onto it.
 - `.zfuse/mount`: what the daemon says about itself (`mount_info`, set by the daemon).
 - The error journal `.zfuse/errors`: every refusal, abandoned file and store
@@ -1043,13 +1045,15 @@ class FileSystem:
                 # (an unlinked chunk is no longer listed but still stored: it reads as it was)
                 arr, coords = handle.array, handle.coords
                 stored, handle.stored = handle.stored, None  # (reads meanwhile decode the same chunk)
+                data = None
                 if stored is not None:  # the bytes of the stored file it opened
                     try:
-                        handle.content = bytes(await self.run(stored.read, 0, stored.size) or b"")
+                        data = await self.run(stored.read, 0, stored.size)
                     finally:
                         stored.close()
-                else:
-                    handle.content = await self.run(arr.read, coords, 0, arr.file_size(coords))
+                if data is None:
+                    data = await self.run(arr.read, coords, 0, arr.file_size(coords))
+                handle.content = bytes(data)
                 if handle.page_cached and self.handles.get(fh) is handle:
                     self._old_bytes_cached[path] = self._old_bytes_cached.get(path, 0) + 1
 
