@@ -83,17 +83,20 @@ class StoredChunkFile:
     number could name another file by then).
     """
 
-    __slots__ = ("header", "size", "key", "identity", "stats", "error", "_fd", "_users", "_closing", "_lock")
+    __slots__ = ("array", "coords", "size", "header_size", "identity", "error", "_header", "_fd", "_users",
+                 "_closing", "_lock", "_got")
 
-    def __init__(self, fd: int, header: bytes, size: int, key: str, identity: tuple[int, ...], stats: Stats,
+    def __init__(self, fd: int, array: ArrayView, coords: Coords, identity: tuple[int, ...],
                  error: str | None = None) -> None:
-        self.header = header
-        self.size = size  # the chunk file's: header + values
-        self.key = key  # the store key, for messages
+        assert array.layout is not None
+        self.array, self.coords = array, coords
+        self.size = array.layout.file_size  # the chunk file's: header + values
+        self.header_size = array.layout.header_size
         self.identity = identity  # (device, inode, size, mtime) of the stored file opened
-        self.stats = stats
         self.error = error  # what is wrong with the stored file (fd -1): reads of values fail
-        self._fd = fd
+        self._header: bytes | None = None  # built at the first read of it (a re-open the page
+        self._fd = fd  # cache serves reads nothing)
+        self._got = False  # values read from the store yet (counted as one store get)
         self._users = 0
         self._closing = False
         self._lock = threading.Lock()
@@ -117,11 +120,17 @@ class StoredChunkFile:
         """Bytes [offset, offset+size) (blocking); None if closed."""
         return self._read(offset, size, 0)
 
+    @property
+    def header(self) -> bytes:
+        if self._header is None:
+            self._header = self.array.header(self.coords)
+        return self._header
+
     def _read(self, offset: int, size: int, flags: int) -> bytes | bytearray | None:
         end = min(offset + size, self.size)
         if offset >= end:
             return b""
-        hsize = len(self.header)
+        hsize = self.header_size
         if end <= hsize:
             return self.header[offset:end]
         if self.error is not None:
@@ -144,9 +153,13 @@ class StoredChunkFile:
             if flags:
                 return None  # partly in the page cache (or short: the blocking read says)
             raise CorruptDataError(
-                f"{self.key}: the stored chunk ended after {start - hsize + got} of its "
-                f"{self.size - hsize} bytes (rewritten in place while open?)")
-        self.stats.count("store_bytes_chunk", got)
+                f"{self.array.key_name(self.coords)}: the stored chunk ended after {start - hsize + got} of "
+                f"its {self.size - hsize} bytes (rewritten in place while open?)")
+        stats = self.array.stats
+        if not self._got:
+            self._got = True
+            stats.count("store_get_chunk")
+        stats.count("store_bytes_chunk", got)
         return out
 
     def _done_with(self, fd: int) -> None:
@@ -610,20 +623,16 @@ class ArrayView:
                 return None
             if st.st_size != self.layout.data_size:  # truncated, or not what the metadata says
                 os.close(fd)
-                self.stats.count("store_get_chunk")
                 why = (f"{self.key_name(coords)}: the stored chunk has {st.st_size} bytes, not the "
                        f"{self.layout.data_size} of its {self.source.dtype} values (codec bytes): truncated or corrupt")
-                return StoredChunkFile(-1, self.header(coords), self.layout.file_size, self.key_name(coords),
-                                       (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), self.stats, why)
+                return StoredChunkFile(-1, self, coords, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), why)
             if advise:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
         except OSError:
             os.close(fd)
             return None
-        self.stats.count("store_get_chunk")
         self.stats.count("chunks_passed_through")
-        return StoredChunkFile(fd, self.header(coords), self.layout.file_size, self.key_name(coords),
-                               (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), self.stats)
+        return StoredChunkFile(fd, self, coords, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
 
     def advise_ahead(self, coords: Coords) -> bool:
         """Ask the OS to read chunk `coords`'s stored file in (posix_fadvise WILLNEED, in
