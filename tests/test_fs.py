@@ -1104,3 +1104,21 @@ def test_raw_read_ahead_asks_the_os_for_the_next_stored_files(tmp_path: Path, cl
     assert len(jobs) == 1 and threads == []
     np.testing.assert_array_equal(pixels(k.read_file("c/5/1.tiff")), data[40:48, 16:32])
     assert stats.snapshot().get("chunks_decoded", 0) == 0
+
+
+def test_raw_chunks_hold_at_most_half_the_descriptors(tmp_path: Path, clock: Clock, monkeypatch) -> None:  # noqa: ANN001
+    """[read-9] Open chunk files hold their stored files open only up to half the daemon's
+    descriptor limit; beyond it they are decoded (same bytes), and closing gives them back."""
+    from zfuse.view import array_view
+
+    src, data, fs, k = make_raw_fs(tmp_path, clock)
+    monkeypatch.setattr(array_view._DESCRIPTORS, "limit", array_view._DESCRIPTORS.open + 2)
+    names = ["c/0/0.tiff", "c/0/1.tiff", "c/1/0.tiff"]
+    handles = [k.open(name) for name in names]
+    assert fs.stats.snapshot()["chunks_passed_through"] == 2
+    assert [fs.handles[fh].stored is not None for fh in handles] == [True, True, False]
+    np.testing.assert_array_equal(pixels(k.read(handles[2])), data[8:16, 0:16])
+    for fh in handles:
+        k.close(fh)
+    np.testing.assert_array_equal(pixels(k.read_file("c/1/0.tiff")), data[8:16, 0:16])
+    assert fs.stats.snapshot()["chunks_passed_through"] == 3

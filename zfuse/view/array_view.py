@@ -71,6 +71,35 @@ class ViewOptions:
 _NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
+class _Descriptors:
+    """How many stored files open chunk files hold open: at most half of the daemon's
+    descriptor limit, so that a reader holding thousands of chunk files open never
+    leaves the daemon without descriptors for writes (beyond it, chunks are decoded)."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.lock = threading.Lock()
+        self.limit: int | None = None
+
+    def take(self) -> bool:
+        with self.lock:
+            if self.limit is None:
+                import resource
+
+                self.limit = max(16, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2)
+            if self.open >= self.limit:
+                return False
+            self.open += 1
+            return True
+
+    def give_back(self) -> None:
+        with self.lock:
+            self.open -= 1
+
+
+_DESCRIPTORS = _Descriptors()
+
+
 class StoredChunkFile:
     """One open chunk file of a chunk stored raw: the header from memory, the values by
     byte range from the stored file, which this keeps open (see the module docstring).
@@ -168,6 +197,7 @@ class StoredChunkFile:
             if self._closing and not self._users and self._fd == fd:
                 self._fd = -1
                 os.close(fd)
+                _DESCRIPTORS.give_back()
 
     def close(self) -> None:
         with self._lock:
@@ -175,6 +205,7 @@ class StoredChunkFile:
             if not self._users and self._fd >= 0:
                 os.close(self._fd)
                 self._fd = -1
+                _DESCRIPTORS.give_back()
 
 
 class ChunkCache:
@@ -610,19 +641,22 @@ class ArrayView:
         file was opened lately (`advise_ahead`): its name is cached, no disk waits."""
         assert self.layout is not None
         path = self._raw_path(coords)
-        if path is None:
+        if path is None or not _DESCRIPTORS.take():
             return None
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
+            _DESCRIPTORS.give_back()
             return None  # not stored, or not readable: decoding reports what it is
         try:
             st = os.fstat(fd)
             if not stat_mod.S_ISREG(st.st_mode):
                 os.close(fd)
+                _DESCRIPTORS.give_back()
                 return None
             if st.st_size != self.layout.data_size:  # truncated, or not what the metadata says
                 os.close(fd)
+                _DESCRIPTORS.give_back()
                 why = (f"{self.key_name(coords)}: the stored chunk has {st.st_size} bytes, not the "
                        f"{self.layout.data_size} of its {self.source.dtype} values (codec bytes): truncated or corrupt")
                 return StoredChunkFile(-1, self, coords, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), why)
@@ -630,6 +664,7 @@ class ArrayView:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
         except OSError:
             os.close(fd)
+            _DESCRIPTORS.give_back()
             return None
         self.stats.count("chunks_passed_through")
         return StoredChunkFile(fd, self, coords, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
