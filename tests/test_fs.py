@@ -23,7 +23,7 @@ import trio.testing
 import zarr
 
 from zfuse.daemon import MountConfig
-from zfuse.fs import ROOT_INODE, FileSystem, FsError
+from zfuse.fs import ATTR_TIMEOUT, ROOT_INODE, FileSystem, FsError
 from zfuse.open_view import make_view
 from zfuse.stats import Stats
 
@@ -987,6 +987,7 @@ def test_a_reader_keeps_the_stored_file_it_opened(tmp_path: Path, clock: Clock) 
     new = stores.values((8, 16), "uint16", seed=9)
     replace_stored(src, (0, 0), new)
     np.testing.assert_array_equal(pixels(head + k.read(early.fh, 1 << 20, 400)), chunk00(data))
+    clock.now += ATTR_TIMEOUT  # (sooner, an open takes the stored file as unchanged: the next test)
     late = k.call(fs.open, ino, os.O_RDONLY, OTHER)
     assert late.direct_io and not late.keep_cache
     np.testing.assert_array_equal(pixels(k.read(late.fh)), new)
@@ -1107,8 +1108,9 @@ def test_raw_read_ahead_asks_the_os_for_the_next_stored_files(tmp_path: Path, cl
 
 
 def test_raw_chunks_hold_at_most_half_the_descriptors(tmp_path: Path, clock: Clock, monkeypatch) -> None:  # noqa: ANN001
-    """[read-9] Open chunk files hold their stored files open only up to half the daemon's
-    descriptor limit; beyond it they are decoded (same bytes), and closing gives them back."""
+    """[read-9] Open chunk files (and the stored files kept for re-opens) hold stored files
+    open only up to half the daemon's descriptor limit; beyond it chunks are decoded (same
+    bytes), and closing gives them back."""
     from zfuse.view import array_view
 
     src, data, fs, k = make_raw_fs(tmp_path, clock)
@@ -1120,5 +1122,44 @@ def test_raw_chunks_hold_at_most_half_the_descriptors(tmp_path: Path, clock: Clo
     np.testing.assert_array_equal(pixels(k.read(handles[2])), data[8:16, 0:16])
     for fh in handles:
         k.close(fh)
+    k.call(fs.refresh)  # (and the stored files kept for re-opens are closed)
     np.testing.assert_array_equal(pixels(k.read_file("c/1/0.tiff")), data[8:16, 0:16])
     assert fs.stats.snapshot()["chunks_passed_through"] == 3
+
+
+def test_re_opens_within_the_attribute_timeout_read_the_stored_file_seen(tmp_path: Path, clock: Clock) -> None:
+    """[read-9] [cons-1] [cons-2] Re-opening a chunk file stored raw within the attribute
+    timeout of an open that saw its stored file reads that stored file, kept open (no
+    system call), also if it was replaced behind the mount's back meanwhile: the kernel
+    caches that file's bytes, and the chunk file is never a mix of two. An open after the
+    timeout reads the new one. A change through the mount is seen at once."""
+    src, data, fs, k = make_raw_fs(tmp_path, clock)
+    ino = k.walk(CHUNK)
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), chunk00(data))  # the first open
+    descriptors = len(os.listdir("/proc/self/fd"))
+    again = k.call(fs.open, ino, os.O_RDONLY, OTHER)
+    assert again.keep_cache and len(os.listdir("/proc/self/fd")) == descriptors  # the kept one
+    np.testing.assert_array_equal(pixels(k.read(again.fh)), chunk00(data))
+    fs.release(again.fh)
+
+    new = stores.values((8, 16), "uint16", seed=13)
+    replace_stored(src, (0, 0), new)
+    clock.now += ATTR_TIMEOUT / 2
+    late = k.call(fs.open, ino, os.O_RDONLY, OTHER)
+    assert late.keep_cache
+    np.testing.assert_array_equal(pixels(k.read(late.fh)), chunk00(data))  # whole, as the kernel has it
+    fs.release(late.fh)
+    clock.now += ATTR_TIMEOUT / 2
+    fresh = k.call(fs.open, ino, os.O_RDONLY, OTHER)
+    assert not fresh.keep_cache  # the kernel's cached bytes (the old file's) are dropped
+    np.testing.assert_array_equal(pixels(k.read(fresh.fh)), new)
+    fs.release(fresh.fh)
+
+    newest = stores.values((8, 16), "uint16", seed=14)
+    k.write_file(CHUNK, tiff(newest))
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), newest)
+    np.testing.assert_array_equal(zarr.open_array(str(src))[0:8, 0:16], newest)
+    k.call(fs.refresh)
+    replace_stored(src, (0, 0), new)
+    k.call(fs.refresh)  # a reload: seen at once
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), new)

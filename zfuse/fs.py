@@ -43,8 +43,9 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import trio
 
-from zfuse.errors import NotAllowedError, ReadOnlyError, ZfuseError, errno_for
+from zfuse.errors import CorruptDataError, NotAllowedError, ReadOnlyError, ZfuseError, errno_for
 from zfuse.stats import Stats
+from zfuse.view.array_view import stored_files_bound
 from zfuse.view.tree import NEEDS_IO, DirReader, Entry, Node, View
 from zfuse.view.whole_image import NAMES as IMAGE_NAMES
 from zfuse.view.writes import (
@@ -86,6 +87,7 @@ ERRORS_KEPT = 500
 READER_GRACE = 2.0  # seconds a replacing writer waits for page-cache readers to close
 STORED_NAMES_KEPT = 1 << 16  # chunks stored raw remembered as opened lately
 STORED_VERSIONS_KEPT = 1 << 16  # chunk files whose cached stored file is remembered
+STORED_FILES_KEPT = 128  # stored files kept open for re-opens within ATTR_TIMEOUT
 QUIET_ERRNOS = (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY)  # answers, not failures
 
 
@@ -317,6 +319,7 @@ class FileSystem:
         durable: bool = True,
     ) -> None:
         self.view = view
+        self.clock = clock
         self.durable = durable  # False: close() survives the daemon; fsync() reaches the disk
         self.reader_grace = reader_grace
         self._cached_readers: dict[Path, int] = {}  # open page-cache handles per path
@@ -358,6 +361,8 @@ class FileSystem:
         # page cache of the chunk file may hold: a reader opening another one (replaced
         # in the store) must not get those
         self._stored_versions: dict[Path, tuple[int, ...]] = {}
+        # per path, the stored file an open saw lately and when (`_kept_stored`)
+        self._stored_kept: collections.OrderedDict[Path, tuple[Any, float]] = collections.OrderedDict()
         # chunks decoded ahead whose file is not opened yet: opening one means a scan
         # goes on (keep the window full), not a re-read (oldest first; bounded)
         self._ahead_unopened: collections.OrderedDict[Any, None] = collections.OrderedDict()
@@ -449,6 +454,7 @@ class FileSystem:
                 continue
             inode.lookups -= count
             if inode.lookups <= 0:
+                self._forget_stored(inode.path)  # (its page cache goes with it)
                 del self.inodes[ino]
                 if self._ino_of.get(inode.path) == ino:
                     del self._ino_of[inode.path]
@@ -737,7 +743,9 @@ class FileSystem:
         opened_before = (id(arr), coords) in self._stored_names
         if state is None and arr.serves_stored is not False:
             view = self.view
-            handle.stored = await self._open_stored(arr, coords)
+            handle.stored = self._kept_stored(path, arr)
+            if handle.stored is None:
+                handle.stored = await self._open_stored(arr, coords)
             if self.view is not view:  # reloaded meanwhile: open the file of the new view
                 if handle.stored is not None:
                     handle.stored.close()
@@ -761,6 +769,8 @@ class FileSystem:
                 self._stored_versions.clear()  # (unknown means "drop the cache": safe)
             self._stored_versions[path] = handle.stored.identity
             keep_cache = False
+        if handle.stored is not None and path not in self._stored_kept:
+            self._keep_stored(path, handle.stored)
         handle.page_cached = True
         self._cached_readers[path] = self._cached_readers.get(path, 0) + 1
         fh = self._new_handle(handle)
@@ -769,6 +779,40 @@ class FileSystem:
         else:
             self._read_ahead(arr, coords)
         return OpenReply(fh, keep_cache=keep_cache)
+
+    def _kept_stored(self, path: Path, arr: Any) -> Any:
+        """The stored file an open of `path` less than ATTR_TIMEOUT ago opened, if it is
+        still kept open and is the one the kernel caches bytes of: a re-open within the
+        attribute timeout takes the stored file as unchanged (as the kernel takes the
+        file's size), so a warm re-read costs no system call. None otherwise."""
+        kept = self._stored_kept.get(path)
+        if kept is None:
+            return None
+        stored, seen_at = kept
+        if (stored.array is not arr or self.clock() - seen_at >= ATTR_TIMEOUT
+                or self._stored_versions.get(path) != stored.identity):
+            self._drop_kept_stored(path)
+            return None
+        self._stored_kept.move_to_end(path)
+        return stored.retain()
+
+    def _keep_stored(self, path: Path, stored: Any) -> None:
+        """Keep a stored file just opened for the re-opens of the next ATTR_TIMEOUT s (the
+        most recent STORED_FILES_KEPT, and at most a quarter of the descriptors open chunk
+        files may hold: the rest is for open files)."""
+        kept = min(STORED_FILES_KEPT, stored_files_bound() // 4)
+        if not kept or stored.retain() is None:
+            return
+        self._stored_kept[path] = (stored, self.clock())
+        while len(self._stored_kept) > kept:
+            _, (oldest, _) = self._stored_kept.popitem(last=False)
+            oldest.close()
+
+    def _drop_kept_stored(self, path: Path) -> None:
+        """(From worker threads too.)"""
+        kept = self._stored_kept.pop(path, None)
+        if kept is not None:
+            kept[0].close()
 
     async def _open_stored(self, arr: Any, coords: tuple[int, ...]) -> Any:
         """The chunk's StoredChunkFile if it is stored raw, else None (read decoded).
@@ -1049,6 +1093,8 @@ class FileSystem:
                 if stored is not None:  # the bytes of the stored file it opened
                     try:
                         data = await self.run(stored.read, 0, stored.size)
+                    except CorruptDataError as e:  # (replaced behind the mount's back): decoded
+                        log.debug("%s: %s", "/".join(path), e)
                     finally:
                         stored.close()
                 if data is None:
@@ -1073,6 +1119,7 @@ class FileSystem:
         await self._refuse_image(new, "rename onto")
         await self._keep_readers(old)
         await self.writes.rename(old, new, flags)
+        self._forget_stored(old)
         # the kernel moved the inode of `old` to `new`; the one that was at `new` is
         # detached but stays valid for whoever looked it up a moment ago
         self._detach_inode(new)
@@ -1172,9 +1219,7 @@ class FileSystem:
                 new.close()
             return
         handle.stored = new
-        old.close()
-        if new is not None and handle.page_cached:
-            self._stored_versions[handle.path] = new.identity
+        old.close()  # (the kernel's caches are dropped at the end of the reload)
 
     async def _rebind_image(self, handle: Handle) -> None:
         """An open whole-image file follows a reload if its byte layout is unchanged;
@@ -1194,10 +1239,21 @@ class FileSystem:
 
     # -- kernel cache invalidation --------------------------------------------
     def _invalidate(self, ino: int) -> None:
+        inode = self.inodes.get(ino)
+        if inode is not None:
+            self._forget_stored(inode.path)
         if self.kernel is not None:
             self.kernel.invalidate_inode(ino)
 
+    def _forget_stored(self, path: Path) -> None:
+        """The kernel keeps no bytes of `path` now (or the file changed through the mount):
+        no stored file is remembered as what it caches or kept for its re-opens."""
+        self._stored_versions.pop(path, None)
+        if path in self._stored_kept:
+            self._drop_kept_stored(path)
+
     def _invalidate_path(self, path: Path) -> None:
+        self._forget_stored(path)
         ino = self._ino_of.get(path)
         if ino is not None:
             self._invalidate(ino)
@@ -1206,10 +1262,17 @@ class FileSystem:
         """What drops the kernel's cached data of `path` from a worker thread: a commit
         calls it in its own thread once the chunk is stored (a thread of its own per
         commit was ~10 % of the daemon's CPU in a `cp` loop)."""
+        self._forget_stored(path)
         ino = self._ino_of.get(path)
         if ino is None or self.kernel is None:
             return None
-        return functools.partial(self.kernel.invalidate_inode_here, ino)
+        return functools.partial(self._invalidate_here, path, ino)
+
+    def _invalidate_here(self, path: Path, ino: int) -> None:
+        """(In a commit's worker thread, once the chunk is stored: a reader that opened the
+        old stored file meanwhile recorded it as what the kernel caches; no longer.)"""
+        self._forget_stored(path)
+        self.kernel.invalidate_inode_here(ino)  # type: ignore[union-attr]
 
     def _forget_name(self, path: Path) -> None:
         """A name that no longer resolves: the kernel must not keep its dentry."""

@@ -81,13 +81,16 @@ class _Descriptors:
         self.lock = threading.Lock()
         self.limit: int | None = None
 
+    def bound(self) -> int:
+        if self.limit is None:
+            import resource
+
+            self.limit = max(16, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2)
+        return self.limit
+
     def take(self) -> bool:
         with self.lock:
-            if self.limit is None:
-                import resource
-
-                self.limit = max(16, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2)
-            if self.open >= self.limit:
+            if self.open >= self.bound():
                 return False
             self.open += 1
             return True
@@ -100,9 +103,16 @@ class _Descriptors:
 _DESCRIPTORS = _Descriptors()
 
 
+def stored_files_bound() -> int:
+    """How many stored files chunk files may hold open at once (then they are decoded)."""
+    return _DESCRIPTORS.bound()
+
+
 class StoredChunkFile:
     """One open chunk file of a chunk stored raw: the header from memory, the values by
     byte range from the stored file, which this keeps open (see the module docstring).
+
+    Several open files may share one (`retain`; each `close` gives one back).
 
     `read_nowait` takes only what the OS page cache holds and never waits for the
     disk (preadv2 with RWF_NOWAIT), so an event loop may call it; `read` may wait.
@@ -112,23 +122,33 @@ class StoredChunkFile:
     number could name another file by then).
     """
 
-    __slots__ = ("array", "coords", "size", "header_size", "identity", "error", "_header", "_fd", "_users",
-                 "_closing", "_lock", "_got")
+    __slots__ = ("array", "coords", "size", "header_size", "identity", "error", "_header", "_fd",
+                 "_users", "_holders", "_closing", "_slot", "_lock", "_got")
 
-    def __init__(self, fd: int, array: ArrayView, coords: Coords, identity: tuple[int, ...],
+    def __init__(self, array: ArrayView, coords: Coords, identity: tuple[int, ...], *, fd: int = -1,
                  error: str | None = None) -> None:
         assert array.layout is not None
         self.array, self.coords = array, coords
         self.size = array.layout.file_size  # the chunk file's: header + values
         self.header_size = array.layout.header_size
-        self.identity = identity  # (device, inode, size, mtime) of the stored file opened
-        self.error = error  # what is wrong with the stored file (fd -1): reads of values fail
-        self._header: bytes | None = None  # built at the first read of it (a re-open the page
-        self._fd = fd  # cache serves reads nothing)
+        self.identity = identity  # (device, inode, size, mtime) of the stored file
+        self.error = error  # what is wrong with the stored file: reads of values fail
+        self._header: bytes | None = None  # built at the first read of it
+        self._fd = fd  # (-1 with an error)
+        self._slot = error is None  # holds one of _DESCRIPTORS (taken by the ArrayView)
         self._got = False  # values read from the store yet (counted as one store get)
-        self._users = 0
+        self._users = 0  # reads in flight
+        self._holders = 1  # open files (and the like) sharing this one
         self._closing = False
         self._lock = threading.Lock()
+
+    def retain(self) -> StoredChunkFile | None:
+        """This one for one more holder, or None if it is closed already."""
+        with self._lock:
+            if self._closing:
+                return None
+            self._holders += 1
+            return self
 
     def read_nowait(self, offset: int, size: int) -> bytes | bytearray | None:
         """Bytes [offset, offset+size) if the page cache holds them, else None."""
@@ -177,7 +197,7 @@ class StoredChunkFile:
         try:
             got = os.preadv(fd, [memoryview(out)[start - offset :]], start - hsize, flags)
         finally:
-            self._done_with(fd)
+            self._done_with()
         if got != want:
             if flags:
                 return None  # partly in the page cache (or short: the blocking read says)
@@ -191,21 +211,34 @@ class StoredChunkFile:
         stats.count("store_bytes_chunk", got)
         return out
 
-    def _done_with(self, fd: int) -> None:
+    def _done_with(self) -> None:
         with self._lock:
             self._users -= 1
-            if self._closing and not self._users and self._fd == fd:
-                self._fd = -1
-                os.close(fd)
-                _DESCRIPTORS.give_back()
+            if self._closing and not self._users:
+                self._finish()
 
     def close(self) -> None:
+        """One holder less; the last one closes the stored file (once no read is in flight)."""
         with self._lock:
+            self._holders -= 1
+            if self._holders > 0 or self._closing:
+                return
             self._closing = True
-            if not self._users and self._fd >= 0:
-                os.close(self._fd)
-                self._fd = -1
-                _DESCRIPTORS.give_back()
+            if not self._users:
+                self._finish()
+
+    def _finish(self) -> None:
+        """(Under the lock, closing, no reads in flight.)"""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._slot:
+            self._slot = False
+            _DESCRIPTORS.give_back()
+
+    def __del__(self) -> None:  # a holder dropped without closing (a FileSystem discarded)
+        if self._fd >= 0 or self._slot:
+            self._finish()
 
 
 class ChunkCache:
@@ -659,7 +692,7 @@ class ArrayView:
                 _DESCRIPTORS.give_back()
                 why = (f"{self.key_name(coords)}: the stored chunk has {st.st_size} bytes, not the "
                        f"{self.layout.data_size} of its {self.source.dtype} values (codec bytes): truncated or corrupt")
-                return StoredChunkFile(-1, self, coords, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), why)
+                return StoredChunkFile(self, coords, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), error=why)
             if advise:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
         except OSError:
@@ -667,7 +700,7 @@ class ArrayView:
             _DESCRIPTORS.give_back()
             return None
         self.stats.count("chunks_passed_through")
-        return StoredChunkFile(fd, self, coords, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns))
+        return StoredChunkFile(self, coords, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), fd=fd)
 
     def advise_ahead(self, coords: Coords) -> bool:
         """Ask the OS to read chunk `coords`'s stored file in (posix_fadvise WILLNEED, in
