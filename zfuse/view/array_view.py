@@ -237,7 +237,7 @@ class StoredChunkFile:
             _DESCRIPTORS.give_back()
 
     def __del__(self) -> None:  # a holder dropped without closing (a FileSystem discarded)
-        if self._fd >= 0 or self._slot:
+        if getattr(self, "_fd", -1) >= 0 or getattr(self, "_slot", False):
             self._finish()
 
 
