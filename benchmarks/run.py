@@ -2,7 +2,8 @@
 
     python -m benchmarks.run [--only NAME ...] [--quick] [--reps N] [--no-drop-caches]
 
-NAME is one of: read (cold + warm), ls, rss, write, concat, s3, replace, stress, big, wholeimage,
+NAME is one of: read (cold + warm), cold (cold only, interleaved with
+ZFUSE_BENCH_OTHER_CODE), ls, rss, write, concat, s3, replace, stress, big, wholeimage,
 parallel, startstop, floor. Results are
 printed as a table and written to benchmarks/results.json. Timings never go
 in pass/fail tests; this is where they live (see benchmarks/README.md).
@@ -28,6 +29,7 @@ from benchmarks.common import CODE, ROOT, Config, Result, cleanup_tmp, write_jso
 # name -> (module, function)
 BENCHMARKS: dict[str, tuple[str, str]] = {
     "read": ("benchmarks.read", "bench_cold_warm"),
+    "cold": ("benchmarks.cold", "bench_cold"),
     "ls": ("benchmarks.read", "bench_ls"),
     "rss": ("benchmarks.read", "bench_rss"),
     "write": ("benchmarks.write", "bench_write"),

@@ -20,9 +20,10 @@ import pytest
 import tifffile
 import trio
 import trio.testing
+import zarr
 
 from zfuse.daemon import MountConfig
-from zfuse.fs import ROOT_INODE, FileSystem, FsError
+from zfuse.fs import ATTR_TIMEOUT, ROOT_INODE, FileSystem, FsError
 from zfuse.open_view import make_view
 from zfuse.stats import Stats
 
@@ -897,3 +898,316 @@ def test_local_directories_are_listed_ahead_on_the_listing_thread(tmp_path: Path
         fn(arg)
     assert fs.stats.snapshot()["listing_read_ahead"] == len(rows) - 2
     assert sorted(k.listdir(f"c/{rows[2]}")) == [f"{j}.tiff" for j in range(4)]
+
+
+# -------------------------------------------------------------- chunks stored raw
+
+
+def make_raw_fs(tmp_path: Path, clock: Clock, **kw: object) -> tuple[Path, np.ndarray, FileSystem, Kernel]:
+    """A raw v3 array (grid 3 x 2), its view and filesystem sharing one Stats."""
+    src = tmp_path / "raw.zarr"
+    data = stores.v3(src, codecs="raw")
+    stats = Stats()
+    config = MountConfig(sources=[str(src)], mountpoint="")
+    fs = FileSystem(make_view(config, stats), stats=stats, clock=clock,
+                    reload=lambda: make_view(config, stats), **kw)  # type: ignore[arg-type]
+    k = Kernel(fs)
+    fs.kernel = k
+    return src, data, fs, k
+
+
+def replace_stored(src: Path, coords: tuple[int, int], values: np.ndarray) -> None:
+    """Another writer stores a chunk, as zarr-python does: a new file renamed over the old."""
+    z = zarr.open_array(str(src), mode="r+")
+    i, j = coords
+    z[i * 8 : i * 8 + values.shape[0], j * 16 : j * 16 + values.shape[1]] = values
+
+
+def test_a_chunk_stored_raw_is_read_from_its_stored_file(tmp_path: Path, clock: Clock) -> None:
+    """[read-9] A chunk stored raw is not decoded: its file is the header, then the stored
+    file's bytes, read by range from the stored file; once that file is open, reads take
+    what the OS page cache holds on the event loop (no worker thread)."""
+    threads: list[str] = []
+
+    async def run(fn, *args):  # noqa: ANN001, ANN202 - a worker thread, counted
+        threads.append(getattr(fn, "__name__", repr(fn)))
+        return fn(*args)
+
+    src, data, fs, k = make_raw_fs(tmp_path, clock, run=run)
+    arr = fs.view.entry(("c", "0", "0.tiff")).array
+    decoded = bytes(arr.file_bytes((0, 0)))  # the decoding path, for comparison
+    arr.cache.clear()
+    threads.clear()
+    fh = k.open(CHUNK)
+    assert threads == ["open_stored"]  # (the lookup answered from memory: checked above)
+    whole = k.read(fh)
+    assert whole == decoded
+    assert [k.read(fh, 100, off) for off in (0, 300, len(whole) - 50)] == \
+        [decoded[0:100], decoded[300:400], decoded[-50:]]  # the header, across it, the end
+    assert k.read(fh, 10, len(whole)) == b""
+    k.close(fh)
+    assert threads == ["open_stored"]  # every read from the page cache, on the event loop
+    stats = fs.stats.snapshot()
+    assert stats["chunks_passed_through"] == 1 and stats.get("chunks_decoded", 0) == 1  # (the comparison's)
+    np.testing.assert_array_equal(pixels(whole), chunk00(data))
+    assert not arr.is_cached((0, 0))  # nothing kept by the daemon: the page cache has it
+
+
+def test_which_chunks_are_read_from_their_stored_files(tmp_path: Path, clock: Clock) -> None:
+    """[read-9] Only chunks whose stored bytes are the file's values: codec `bytes` alone,
+    little endian, not sharded, not booleans, pages not reordered, not a cropped edge chunk,
+    and something stored (Zarr v2 too). Every other chunk is decoded, and reads the same values."""
+    from zarr.codecs import BytesCodec, Crc32cCodec
+
+    def build(name: str, **kw: object) -> Path:
+        path = tmp_path / name
+        values = kw.pop("values", None)
+        z = zarr.create_array(str(path), shape=(16, 24), chunks=(8, 16), fill_value=0, **kw)  # type: ignore[arg-type]
+        z[...] = values if values is not None else stores.values((16, 24), str(z.dtype), 1)
+        return path
+
+    cases = {
+        "raw": (build("raw", dtype="uint16", compressors=None), True),
+        "one-byte": (build("u8", dtype="uint8", compressors=None), True),
+        "float": (build("f4", dtype="float32", compressors=None), True),
+        "big-endian": (build("be", dtype="uint16", compressors=None, serializer=BytesCodec(endian="big")), False),
+        "zstd": (build("zstd", dtype="uint16"), False),
+        "crc32c": (build("crc", dtype="uint16", compressors=[Crc32cCodec()]), False),
+        "sharded": (build("shard", dtype="uint16", compressors=None, shards=(16, 32)), False),
+        "bool": (build("bool", dtype="bool", compressors=None, values=np.arange(16 * 24).reshape(16, 24) % 3 == 0),
+                 False),
+    }
+    v2 = tmp_path / "v2"
+    zarr.create_array(str(v2), shape=(16, 24), chunks=(8, 16), dtype="<u2", zarr_format=2, compressors=None,
+                      fill_value=0)[...] = stores.values((16, 24), "uint16", 1)
+    cases["v2 raw"] = (v2, True)
+    for name, (path, raw) in cases.items():
+        stats = Stats()
+        fs = FileSystem(make_view(MountConfig(sources=[str(path)], mountpoint=""), stats), stats=stats, clock=clock)
+        k = Kernel(fs)
+        chunk = "0.0.tiff" if name == "v2 raw" else CHUNK
+        got = pixels(k.read_file(chunk))
+        want = zarr.open_array(str(path))[0:8, 0:16]
+        np.testing.assert_array_equal(got, want, err_msg=name)
+        assert stats.snapshot().get("chunks_passed_through", 0) == int(raw), name
+    # OME-Zarr t, c, z chunks: the pages are reordered into ImageJ's c, z, t (decoded)
+    root = zarr.open_group(str(tmp_path / "ome"), mode="w")
+    ome = root.create_array("0", shape=(2, 3, 4, 8, 8), chunks=(2, 3, 4, 8, 8), dtype="uint16", compressors=None,
+                            fill_value=0)
+    ome[...] = stores.values((2, 3, 4, 8, 8), "uint16", 2)
+    root.attrs["multiscales"] = [{"version": "0.4", "axes": [{"name": n, "type": t} for n, t in (
+        ("t", "time"), ("c", "channel"), ("z", "space"), ("y", "space"), ("x", "space"))],
+        "datasets": [{"path": "0"}]}]
+    stats = Stats()
+    fs = FileSystem(make_view(MountConfig(sources=[str(tmp_path / "ome")], mountpoint=""), stats), stats=stats,
+                    clock=clock)
+    arr = fs.view.entry(("0", "c", "0", "0", "0", "0", "0.tiff")).array
+    assert arr.layout.permuted
+    pages = pixels(Kernel(fs).read_file("0/c/0/0/0/0/0.tiff")).reshape(-1, 8, 8)
+    np.testing.assert_array_equal(pages, ome[...].transpose(arr.layout.file_axes).reshape(-1, 8, 8))
+    assert stats.snapshot().get("chunks_passed_through", 0) == 0
+    # the fill value: nothing stored, decoded
+    src, data, fs, k = make_raw_fs(tmp_path, clock)
+    (src / "c" / "1" / "1").unlink()
+    fs2 = FileSystem(make_view(MountConfig(sources=[str(src)], mountpoint="", all_chunks=True)), clock=clock)
+    assert not pixels(Kernel(fs2).read_file("c/1/1.tiff")).any()
+    # --crop-edges: an edge chunk's file is shorter than the stored chunk (decoded); others are not
+    stats = Stats()
+    fs3 = FileSystem(make_view(MountConfig(sources=[str(src)], mountpoint="", crop_edges=True), stats),
+                     stats=stats, clock=clock)
+    k3 = Kernel(fs3)
+    np.testing.assert_array_equal(pixels(k3.read_file("c/0/1.tiff")), data[0:8, 16:30])
+    assert stats.snapshot().get("chunks_passed_through", 0) == 0
+    np.testing.assert_array_equal(pixels(k3.read_file(CHUNK)), chunk00(data))
+    assert stats.snapshot()["chunks_passed_through"] == 1
+
+
+def test_a_reader_keeps_the_stored_file_it_opened(tmp_path: Path, clock: Clock) -> None:
+    """[read-9] [write-2] A reader of a chunk stored raw keeps reading the stored file it
+    opened when another writer replaces the chunk in the store (a new file renamed over
+    it). A reader opening the new one meanwhile reads around the kernel's page cache,
+    which may hold the old bytes; once no reader of those is left, the next open drops it."""
+    src, data, fs, k = make_raw_fs(tmp_path, clock)
+    ino = k.walk(CHUNK)
+    early = k.call(fs.open, ino, os.O_RDONLY, OTHER)
+    assert not early.keep_cache  # (the first open: nothing of the path is cached yet)
+    head = k.read(early.fh, 400)
+    new = stores.values((8, 16), "uint16", seed=9)
+    replace_stored(src, (0, 0), new)
+    np.testing.assert_array_equal(pixels(head + k.read(early.fh, 1 << 20, 400)), chunk00(data))
+    clock.now += ATTR_TIMEOUT  # (sooner, an open takes the stored file as unchanged: the next test)
+    late = k.call(fs.open, ino, os.O_RDONLY, OTHER)
+    assert late.direct_io and not late.keep_cache
+    np.testing.assert_array_equal(pixels(k.read(late.fh)), new)
+    fs.release(late.fh)
+    fs.release(early.fh)
+    after = k.call(fs.open, ino, os.O_RDONLY, OTHER)
+    assert not after.keep_cache and not after.direct_io  # the old bytes cached are dropped
+    np.testing.assert_array_equal(pixels(k.read(after.fh)), new)
+    fs.release(after.fh)
+    again = k.call(fs.open, ino, os.O_RDONLY, OTHER)
+    assert again.keep_cache  # unchanged since: the page cache serves it
+    fs.release(again.fh)
+
+
+def test_a_raw_reader_keeps_its_bytes_across_a_write_through_the_mount(tmp_path: Path, clock: Clock) -> None:
+    """[write-2] a reader open across a commit keeps the old bytes; readers after it read the new."""
+    src, data, fs, k = make_raw_fs(tmp_path, clock, reader_grace=0.01)
+    fh = k.open(CHUNK, os.O_RDONLY, OTHER)
+    head = k.read(fh, 400)
+    new = stores.values((8, 16), "uint16", seed=10)
+    k.write_file(CHUNK, tiff(new))
+    np.testing.assert_array_equal(pixels(head + k.read(fh, 1 << 20, 400)), chunk00(data))
+    k.close(fh)
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), new)
+    np.testing.assert_array_equal(zarr.open_array(str(src))[0:8, 0:16], new)
+
+
+def test_a_reload_reopens_the_stored_files_of_open_readers(tmp_path: Path, clock: Clock) -> None:
+    """[cons-2] after a reload an open file reads the store as it is now."""
+    src, data, fs, k = make_raw_fs(tmp_path, clock)
+    fh = k.open(CHUNK)
+    first = k.read(fh)
+    new = stores.values((8, 16), "uint16", seed=11)
+    replace_stored(src, (0, 0), new)
+    np.testing.assert_array_equal(pixels(k.read(fh)), chunk00(data))  # the file it opened
+    k.call(fs.refresh)
+    again = k.read(fh)
+    assert len(again) == len(first)
+    np.testing.assert_array_equal(pixels(again), new)
+    k.close(fh)
+    # without reopening the source (no `reload`): the same
+    fs.reload = None
+    fh = k.open(CHUNK)
+    newer = stores.values((8, 16), "uint16", seed=12)
+    replace_stored(src, (0, 0), newer)
+    k.call(fs.refresh)
+    np.testing.assert_array_equal(pixels(k.read(fh)), newer)
+    k.close(fh)
+
+
+def test_a_truncated_raw_chunk_is_eio_naming_its_key(tmp_path: Path, clock: Clock) -> None:
+    """[read-5] [read-9] A stored raw chunk that is not the size of its values fails: EIO,
+    with the store key and both sizes in the error journal; its header reads, and so do
+    the other chunks. One truncated while open (rewritten in place) fails its next read."""
+    src, data, fs, k = make_raw_fs(tmp_path, clock)
+    stored = src / "c" / "0" / "1"
+    stored.write_bytes(stored.read_bytes()[:-6])
+    with pytest.raises(FsError) as e:
+        k.read_file("c/0/1.tiff")
+    assert e.value.errno == errno.EIO
+    assert any("c/0/1" in line and "250 bytes, not the 256" in line for line in fs.errors), list(fs.errors)
+    fh = k.open("c/0/1.tiff")
+    assert k.read(fh, 8) == k.read_file(CHUNK)[:8]  # the header
+    fs.release(fh)
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), chunk00(data))
+
+    fh = k.open("c/1/0.tiff")
+    head = k.read(fh, 400)
+    assert head[:2] == b"II"
+    with open(src / "c" / "1" / "0", "r+b") as f:  # in place, not a new file
+        f.truncate(100)
+    with pytest.raises(FsError) as e:
+        k.read(fh, 1 << 20, 400)
+    assert e.value.errno == errno.EIO
+    assert any("c/1/0" in line and "ended after" in line for line in fs.errors), list(fs.errors)
+    fs.release(fh)
+
+
+def test_raw_read_ahead_asks_the_os_for_the_next_stored_files(tmp_path: Path, clock: Clock) -> None:
+    """[read-7] Opening a chunk stored raw asks the OS to read the next 8 stored files ahead
+    (posix_fadvise) and checks they exist, in one worker thread job; their lookups then
+    answer from memory, and their opens and reads need no worker thread. The window moves
+    on when less than half of it is left; a re-read asks nothing."""
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src, shape=(48, 32), chunks=(8, 16), codecs="raw")  # grid 6 x 2
+    jobs: list[list[tuple[int, ...]]] = []
+    threads: list[str] = []
+
+    def spawn(fn, job) -> None:  # noqa: ANN001
+        jobs.append(list(job[1]))
+        fn(job)  # at once, as a worker thread would
+
+    async def run(fn, *args):  # noqa: ANN001, ANN202
+        threads.append(getattr(fn, "__name__", repr(fn)))
+        return fn(*args)
+
+    stats = Stats()
+    config = MountConfig(sources=[str(src)], mountpoint="")
+    fs = FileSystem(make_view(config, stats), stats=stats, clock=clock, spawn=spawn, run=run)
+    k = Kernel(fs)
+    fs.kernel = k
+    k.read_file("c/0/0.tiff")
+    assert jobs == [[(0, 1), (1, 0), (1, 1), (2, 0), (2, 1), (3, 0), (3, 1), (4, 0)]]
+    assert stats.snapshot()["read_ahead"] == 8
+    assert not fs.view.needs_io(("c", "4", "0.tiff"))  # its lookup answers from memory
+    threads.clear()
+    jobs.clear()
+    for name in ("c/0/1.tiff", "c/1/0.tiff", "c/1/1.tiff"):
+        k.read_file(name)
+    k.read_file("c/2/0.tiff")
+    assert jobs == [] and threads == []  # still half a window ahead; all on the event loop
+    k.read_file("c/2/1.tiff")
+    assert jobs == [[(4, 1), (5, 0), (5, 1)]]  # less than half left: the rest of the grid
+    k.read_file("c/0/0.tiff")  # a re-read
+    assert len(jobs) == 1 and threads == []
+    np.testing.assert_array_equal(pixels(k.read_file("c/5/1.tiff")), data[40:48, 16:32])
+    assert stats.snapshot().get("chunks_decoded", 0) == 0
+
+
+def test_raw_chunks_hold_at_most_half_the_descriptors(tmp_path: Path, clock: Clock, monkeypatch) -> None:  # noqa: ANN001
+    """[read-9] Open chunk files (and the stored files kept for re-opens) hold stored files
+    open only up to half the daemon's descriptor limit; beyond it chunks are decoded (same
+    bytes), and closing gives them back."""
+    from zfuse.view import array_view
+
+    src, data, fs, k = make_raw_fs(tmp_path, clock)
+    monkeypatch.setattr(array_view._DESCRIPTORS, "limit", array_view._DESCRIPTORS.open + 2)
+    names = ["c/0/0.tiff", "c/0/1.tiff", "c/1/0.tiff"]
+    handles = [k.open(name) for name in names]
+    assert fs.stats.snapshot()["chunks_passed_through"] == 2
+    assert [fs.handles[fh].stored is not None for fh in handles] == [True, True, False]
+    np.testing.assert_array_equal(pixels(k.read(handles[2])), data[8:16, 0:16])
+    for fh in handles:
+        k.close(fh)
+    k.call(fs.refresh)  # (and the stored files kept for re-opens are closed)
+    np.testing.assert_array_equal(pixels(k.read_file("c/1/0.tiff")), data[8:16, 0:16])
+    assert fs.stats.snapshot()["chunks_passed_through"] == 3
+
+
+def test_re_opens_within_the_attribute_timeout_read_the_stored_file_seen(tmp_path: Path, clock: Clock) -> None:
+    """[read-9] [cons-1] [cons-2] Re-opening a chunk file stored raw within the attribute
+    timeout of an open that saw its stored file reads that stored file, kept open (no
+    system call), also if it was replaced behind the mount's back meanwhile: the kernel
+    caches that file's bytes, and the chunk file is never a mix of two. An open after the
+    timeout reads the new one. A change through the mount is seen at once."""
+    src, data, fs, k = make_raw_fs(tmp_path, clock)
+    ino = k.walk(CHUNK)
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), chunk00(data))  # the first open
+    descriptors = len(os.listdir("/proc/self/fd"))
+    again = k.call(fs.open, ino, os.O_RDONLY, OTHER)
+    assert again.keep_cache and len(os.listdir("/proc/self/fd")) == descriptors  # the kept one
+    np.testing.assert_array_equal(pixels(k.read(again.fh)), chunk00(data))
+    fs.release(again.fh)
+
+    new = stores.values((8, 16), "uint16", seed=13)
+    replace_stored(src, (0, 0), new)
+    clock.now += ATTR_TIMEOUT / 2
+    late = k.call(fs.open, ino, os.O_RDONLY, OTHER)
+    assert late.keep_cache
+    np.testing.assert_array_equal(pixels(k.read(late.fh)), chunk00(data))  # whole, as the kernel has it
+    fs.release(late.fh)
+    clock.now += ATTR_TIMEOUT / 2
+    fresh = k.call(fs.open, ino, os.O_RDONLY, OTHER)
+    assert not fresh.keep_cache  # the kernel's cached bytes (the old file's) are dropped
+    np.testing.assert_array_equal(pixels(k.read(fresh.fh)), new)
+    fs.release(fresh.fh)
+
+    newest = stores.values((8, 16), "uint16", seed=14)
+    k.write_file(CHUNK, tiff(newest))
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), newest)
+    np.testing.assert_array_equal(zarr.open_array(str(src))[0:8, 0:16], newest)
+    k.call(fs.refresh)
+    replace_stored(src, (0, 0), new)
+    k.call(fs.refresh)  # a reload: seen at once
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), new)

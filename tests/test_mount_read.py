@@ -381,3 +381,119 @@ def test_group_with_1000_arrays(tmp_path: Path, mount) -> None:
     assert time.monotonic() - t0 < 20
     assert (tifffile.imread(m.path / "a0037" / "c" / "1" / "1.tiff") == 38).all()
     assert_no_traceback(m)
+
+
+def _stats(m) -> dict:  # noqa: ANN001
+    return json.loads((m.path / ".zfuse" / "stats").read_text())
+
+
+def _read_past_the_page_cache(fd: int, offset: int) -> bytes:
+    """The rest of an open file as zfuse serves it now: the kernel's cached pages of the
+    file are dropped first (posix_fadvise DONTNEED), so the reads reach the daemon."""
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    return os.pread(fd, 1 << 22, offset)
+
+
+def test_raw_chunks_are_read_from_their_stored_files(tmp_path: Path, mount) -> None:
+    """[read-9] [read-7] Chunks stored raw are served from their stored files, decoding
+    nothing, with the next stored files read ahead: tifffile, tiffinfo and tiffcp read them."""
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src, shape=(64, 64), chunks=(16, 16), codecs="raw")
+    m = mount(src)
+    for i in range(4):
+        for j in range(4):
+            got = tifffile.imread(m.path / "c" / str(i) / f"{j}.tiff")
+            np.testing.assert_array_equal(got, data[16 * i:16 * i + 16, 16 * j:16 * j + 16])
+    stats = _stats(m)
+    assert stats["chunks_passed_through"] == 16 and stats.get("chunks_decoded", 0) == 0, stats
+    assert stats["read_ahead"] == 15, stats  # every file after the first was asked ahead
+    requires("tiffinfo", "tiffcp")
+    info = tiffinfo(m.path / "c" / "3" / "2.tiff")
+    assert "Image Width: 16 Image Length: 16" in info and "Bits/Sample: 16" in info
+    tiffcp(m.path / "c" / "3" / "2.tiff", tmp_path / "copy.tif")
+    np.testing.assert_array_equal(tifffile.imread(tmp_path / "copy.tif"), data[48:64, 32:48])
+
+
+def test_a_raw_reader_keeps_the_file_it_opened(tmp_path: Path, mount) -> None:
+    """[read-9] [write-2] [cons-2] A reader holding a chunk stored raw keeps reading the
+    bytes it opened when another program replaces the chunk in the store (zarr-python:
+    a new file renamed over it) and when `cp` replaces it through the mount, even when its
+    reads reach the daemon again. Programs opening it afterwards read the new chunk: at
+    once after the `cp`; after a reload (or the attribute timeout) after the change behind
+    the mount's back, and a whole chunk, never a mix, before. After a reload an open file
+    reads the store as it is."""
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src, shape=(32, 32), chunks=(16, 16), codecs="raw")
+    m = mount(src)
+    path = m.path / "c" / "0" / "0.tiff"
+    size = path.stat().st_size
+    header = size - 16 * 16 * 2
+
+    def values(blob: bytes) -> np.ndarray:
+        return np.frombuffer(blob[-16 * 16 * 2:], "<u2").reshape(16, 16)
+
+    def reload() -> None:
+        n = m.log().count("SIGHUP")
+        os.kill(m.pid, signal.SIGHUP)
+        deadline = time.monotonic() + 20
+        while m.log().count("SIGHUP") == n:
+            assert time.monotonic() < deadline, m.log()
+            time.sleep(0.02)
+
+    z = zarr.open_array(str(src), mode="r+")
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        head = os.pread(fd, header, 0)
+        z[0:16, 0:16] = 7  # another writer, behind the mount's back
+        rest = _read_past_the_page_cache(fd, header)
+        np.testing.assert_array_equal(values(head + rest), data[0:16, 0:16])
+        got = tifffile.imread(path)  # the old chunk until 5 s after the first open saw it: whole
+        assert (got == data[0:16, 0:16]).all() or (got == 7).all(), got
+    finally:
+        os.close(fd)
+    reload()
+    deadline = time.monotonic() + 20
+    while not (tifffile.imread(path) == 7).all():  # the reload runs after its log line
+        assert time.monotonic() < deadline, m.log()
+        time.sleep(0.05)
+
+    new = stores.values((16, 16), "uint16", seed=5)
+    tifffile.imwrite(tmp_path / "new.tif", new)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.pread(fd, 100, 0)
+        subprocess.run(["cp", str(tmp_path / "new.tif"), str(path)], check=True)  # waits for this reader, 2 s
+        assert (values(_read_past_the_page_cache(fd, 0)) == 7).all()
+        np.testing.assert_array_equal(tifffile.imread(path), new)
+    finally:
+        os.close(fd)
+    np.testing.assert_array_equal(zarr.open_array(str(src))[0:16, 0:16], new)
+
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.pread(fd, 100, 0)
+        z[0:16, 0:16] = 9
+        reload()
+        deadline = time.monotonic() + 20
+        while not (values(_read_past_the_page_cache(fd, 0)) == 9).all():  # the reload runs after the log line
+            assert time.monotonic() < deadline, m.log()
+            time.sleep(0.05)
+    finally:
+        os.close(fd)
+    assert_no_traceback(m)
+
+
+def test_a_truncated_raw_chunk_is_eio_and_neighbours_read(tmp_path: Path, mount) -> None:
+    """[read-5] [read-9] a raw chunk shorter than its values is EIO, naming its key."""
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src, shape=(32, 32), chunks=(16, 16), codecs="raw")
+    bad = src / "c" / "1" / "0"
+    bad.write_bytes(bad.read_bytes()[:-10])
+    m = mount(src)
+    with pytest.raises(OSError) as e:
+        (m.path / "c" / "1" / "0.tiff").read_bytes()
+    assert e.value.errno == errno.EIO
+    assert "c/1/0" in m.log() and "c/1/0" in (m.path / ".zfuse" / "errors").read_text()
+    np.testing.assert_array_equal(tifffile.imread(m.path / "c" / "1" / "1.tiff"), data[16:32, 16:32])
+    np.testing.assert_array_equal(tifffile.imread(m.path / "c" / "0" / "0.tiff"), data[0:16, 0:16])
+    assert_no_traceback(m)

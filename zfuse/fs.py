@@ -11,13 +11,15 @@ What lives here:
   path's current file (never ENOENT for a name that always existed).
 - Open files (`Handle`). A handle reads one of: a fixed byte snapshot
   (metadata, `.zfuse/` files, a chunk replaced or unlinked while open), a write
-  state's buffer, a whole-image reader, or the stored chunk.
+  state's buffer, a whole-image reader, the stored file of a chunk stored raw
+  (kept open: it reads the file it opened), or the decoded chunk.
 - Who sees what while a chunk is being replaced: the writing process sees its
   own bytes (sizes included); every other process sees the stored chunk until
   the replacement commits, and readers open at that moment keep the old bytes.
   Handles on paths being written bypass the kernel page cache (direct I/O),
   which is what lets two processes see two versions of one file.
-- Read-ahead: opening a chunk cold schedules the next chunks' decode.
+- Read-ahead: opening a chunk cold schedules the next chunks' decode (chunks
+  stored raw: asks the OS to read their stored files ahead).
 - Reload: a new view, with open files and write states moved onto it.
 - `.zfuse/mount`: what the daemon says about itself (`mount_info`, set by the daemon).
 - The error journal `.zfuse/errors`: every refusal, abandoned file and store
@@ -44,8 +46,9 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import trio
 
-from zfuse.errors import NotAllowedError, ReadOnlyError, ZfuseError, errno_for
+from zfuse.errors import CorruptDataError, NotAllowedError, ReadOnlyError, ZfuseError, errno_for
 from zfuse.stats import Stats
+from zfuse.view.array_view import stored_files_bound
 from zfuse.view.tree import NEEDS_IO, DirReader, Entry, Node, View
 from zfuse.view.whole_image import NAMES as IMAGE_NAMES
 from zfuse.view.writes import (
@@ -66,6 +69,9 @@ Run = Callable[..., Awaitable[Any]]
 
 ROOT_INODE = 1
 READ_AHEAD = 4  # chunk files decoded ahead of a sequential reader
+# chunks stored raw: stored files asked of the OS ahead of a sequential reader, in
+# batches of half as many (one worker thread hop per batch, not per file)
+STORED_AHEAD = 8
 AHEAD_REMEMBERED = 16 * READ_AHEAD  # decoded-ahead chunks remembered until opened
 SPECIAL_DIR = ".zfuse"
 STATS_FILE, ERRORS_FILE = "stats", "errors"
@@ -84,6 +90,9 @@ PREPARED_ENTRIES = 1000  # at most, per directory made ready ahead (bigger ones:
 WALKS_KEPT = 16  # parent directories whose subdirectory order is kept for walk detection
 ERRORS_KEPT = 500
 READER_GRACE = 2.0  # seconds a replacing writer waits for page-cache readers to close
+STORED_NAMES_KEPT = 1 << 16  # chunks stored raw remembered as opened lately
+STORED_VERSIONS_KEPT = 1 << 16  # chunk files whose cached stored file is remembered
+STORED_FILES_KEPT = 128  # stored files kept open for re-opens within ATTR_TIMEOUT
 QUIET_ERRNOS = (errno.ENOENT, errno.EEXIST, errno.ENOTEMPTY)  # answers, not failures
 
 
@@ -158,6 +167,7 @@ class Handle:
         self.append = False  # O_APPEND: writes go to the end
         self.content: bytes | None = None  # a fixed snapshot
         self.reader: Any = None  # whole-image files: read_cached/read/size
+        self.stored: Any = None  # a chunk stored raw: its StoredChunkFile (values read from the store file)
         self.array: Any = None
         self.coords: tuple[int, ...] | None = None
         self.page_cached = False  # reads go through the kernel's page cache (not direct I/O)
@@ -181,6 +191,9 @@ class Handle:
             return bytes(buffer[off : off + size]) if buffer is not None else None
         if self.reader is not None:
             return self.reader.read_cached(off, size)
+        stored = self.stored
+        if stored is not None:
+            return stored.read_nowait(off, size)
         return self.array.read_cached(self.coords, off, size)
 
     def read(self, off: int, size: int) -> bytes:
@@ -189,6 +202,13 @@ class Handle:
             return bytes(load_buffer(self.state)[off : off + size])
         if self.reader is not None:
             return self.reader.read(off, size)
+        for _ in range(3):  # (None: closed meanwhile, a reload put another in its place)
+            stored = self.stored
+            data = stored.read(off, size) if stored is not None else None
+            if data is not None:
+                return data
+            if stored is None:
+                break
         return self.array.read(self.coords, off, size)
 
 
@@ -383,6 +403,7 @@ class FileSystem:
         durable: bool = True,
     ) -> None:
         self.view = view
+        self.clock = clock
         self.durable = durable  # False: close() survives the daemon; fsync() reaches the disk
         self.reader_grace = reader_grace
         self._cached_readers: dict[Path, int] = {}  # open page-cache handles per path
@@ -423,6 +444,15 @@ class FileSystem:
         self._dirs: dict[int, _DirHandle] = {}
         self._next_fh = 1
         self._reading_ahead: set[Any] = set()
+        # chunks stored raw whose stored file was opened lately (by a reader or read
+        # ahead): the name is cached, so opening it again on the event loop waits on no disk
+        self._stored_names: set[Any] = set()
+        # per path, the stored file (device, inode, size, mtime) whose bytes the kernel's
+        # page cache of the chunk file may hold: a reader opening another one (replaced
+        # in the store) must not get those
+        self._stored_versions: dict[Path, tuple[int, ...]] = {}
+        # per path, the stored file an open saw lately and when (`_kept_stored`)
+        self._stored_kept: collections.OrderedDict[Path, tuple[Any, float]] = collections.OrderedDict()
         # chunks decoded ahead whose file is not opened yet: opening one means a scan
         # goes on (keep the window full), not a re-read (oldest first; bounded)
         self._ahead_unopened: collections.OrderedDict[Any, None] = collections.OrderedDict()
@@ -516,6 +546,7 @@ class FileSystem:
                 continue
             inode.lookups -= count
             if inode.lookups <= 0:
+                self._forget_stored(inode.path)  # (its page cache goes with it)
                 del self.inodes[ino]
                 if self._ino_of.get(inode.path) == ino:
                     del self._ino_of[inode.path]
@@ -898,16 +929,100 @@ class FileSystem:
             return OpenReply(self._new_handle(handle), direct_io=direct)
         if entry is None or entry.node is not Node.CHUNK:
             raise FsError(errno.ENOENT)
-        handle.array, handle.coords = entry.array, entry.coords
+        arr, coords = handle.array, handle.coords = entry.array, entry.coords
+        opened_before = (id(arr), coords) in self._stored_names
+        if state is None and arr.serves_stored is not False:
+            view = self.view
+            handle.stored = self._kept_stored(path, arr)
+            if handle.stored is None:
+                handle.stored = await self._open_stored(arr, coords)
+            if self.view is not view:  # reloaded meanwhile: open the file of the new view
+                if handle.stored is not None:
+                    handle.stored.close()
+                return await self._open(ino, flags, pid)
+            state = self.writes.states.get(path)  # (what a request meanwhile changed)
         if state is not None or path in self._readers_gone or path in self._old_bytes_cached:
+            if handle.stored is not None:
+                handle.stored.close()  # the decoded chunk, as for every file being written
+                handle.stored = None
             if state is not None and self.writes.sees_buffer(state, pid):
                 handle.state = state
             return OpenReply(self._new_handle(handle), direct_io=True)
+        keep_cache = True  # unchanged chunks keep their page cache
+        if handle.stored is not None and self._stored_versions.get(path) != handle.stored.identity:
+            # The stored file is not the one whose bytes the kernel may cache for this
+            # path (replaced in the store, or not known): readers still open on it keep
+            # that cache and this one reads around it; with none open it is dropped.
+            if self._cached_readers.get(path):
+                return OpenReply(self._new_handle(handle), direct_io=True)
+            if len(self._stored_versions) >= STORED_VERSIONS_KEPT:
+                self._stored_versions.clear()  # (unknown means "drop the cache": safe)
+            self._stored_versions[path] = handle.stored.identity
+            keep_cache = False
+        if handle.stored is not None and path not in self._stored_kept:
+            self._keep_stored(path, handle.stored)
         handle.page_cached = True
         self._cached_readers[path] = self._cached_readers.get(path, 0) + 1
         fh = self._new_handle(handle)
-        self._read_ahead(entry.array, entry.coords)
-        return OpenReply(fh, keep_cache=True)  # unchanged chunks keep their page cache
+        if arr.serves_stored:
+            self._advise_ahead(arr, coords, opened_before)
+        else:
+            self._read_ahead(arr, coords)
+        return OpenReply(fh, keep_cache=keep_cache)
+
+    def _kept_stored(self, path: Path, arr: Any) -> Any:
+        """The stored file an open of `path` less than ATTR_TIMEOUT ago opened, if it is
+        still kept open and is the one the kernel caches bytes of: a re-open within the
+        attribute timeout takes the stored file as unchanged (as the kernel takes the
+        file's size), so a warm re-read costs no system call. None otherwise."""
+        kept = self._stored_kept.get(path)
+        if kept is None:
+            return None
+        stored, seen_at = kept
+        if (stored.array is not arr or self.clock() - seen_at >= ATTR_TIMEOUT
+                or self._stored_versions.get(path) != stored.identity):
+            self._drop_kept_stored(path)
+            return None
+        self._stored_kept.move_to_end(path)
+        return stored.retain()
+
+    def _keep_stored(self, path: Path, stored: Any) -> None:
+        """Keep a stored file just opened for the re-opens of the next ATTR_TIMEOUT s (the
+        most recent STORED_FILES_KEPT, and at most a quarter of the descriptors open chunk
+        files may hold: the rest is for open files)."""
+        kept = min(STORED_FILES_KEPT, stored_files_bound() // 4)
+        if not kept or stored.retain() is None:
+            return
+        self._stored_kept[path] = (stored, self.clock())
+        while len(self._stored_kept) > kept:
+            _, (oldest, _) = self._stored_kept.popitem(last=False)
+            oldest.close()
+
+    def _drop_kept_stored(self, path: Path) -> None:
+        """(From worker threads too.)"""
+        kept = self._stored_kept.pop(path, None)
+        if kept is not None:
+            kept[0].close()
+
+    async def _open_stored(self, arr: Any, coords: tuple[int, ...]) -> Any:
+        """The chunk's StoredChunkFile if it is stored raw, else None (read decoded).
+        Opened on the event loop when its name was looked up lately (read ahead, or
+        opened before: no disk to wait for), else in a worker thread, which also asks
+        the OS to start reading it."""
+        key = (id(arr), coords)
+        if arr.serves_stored and key in self._stored_names:
+            stored = arr.open_stored(coords)
+        else:
+            stored = await self.run(arr.open_stored, coords, True)
+        if stored is not None:
+            self._note_stored_name(key)
+        return stored
+
+    def _note_stored_name(self, key: Any) -> None:
+        """(From worker threads too: a set's add and clear are atomic.)"""
+        if len(self._stored_names) >= STORED_NAMES_KEPT:
+            self._stored_names.clear()  # forgetting costs a thread hop per open, no more
+        self._stored_names.add(key)
 
     @operation(_by_child)
     async def create(self, parent: int, name: str, flags: int, pid: int | None = None) -> tuple[OpenReply, Attributes]:
@@ -928,6 +1043,7 @@ class FileSystem:
         handle = self.handles[fh]
         data = handle.read_cached(off, size)
         if data is None:
+            self.stats.count("reads_in_threads")  # (not in memory or the page cache yet)
             data = await self.run(handle.read, off, size)
         self.stats.count("bytes_read", len(data))
         if handle.reader is not None:
@@ -1003,6 +1119,8 @@ class FileSystem:
 
     def release(self, fh: int) -> None:
         handle = self.handles.pop(fh, None)
+        if handle is not None and handle.stored is not None:
+            handle.stored.close()
         if handle is not None and handle.page_cached:
             left = self._cached_readers.get(handle.path, 1) - 1
             if left > 0:
@@ -1079,6 +1197,47 @@ class FileSystem:
                 self._ahead_unopened.popitem(last=False)
             self.spawn(self._decode_ahead, (arr, nxt, key, True))
 
+    def _advise_ahead(self, arr: Any, coords: tuple[int, ...], opened_before: bool) -> None:
+        """`_read_ahead` for chunks stored raw: nothing to decode, so the next chunks'
+        stored files are only asked of the OS (posix_fadvise WILLNEED) and checked to
+        exist, in a worker thread, while this one is read. Their lookups then answer
+        from memory, their opens need no thread and their reads find the page cache
+        filled. The window slides as `_read_ahead`'s does, but only once less than
+        half of it is left (one thread hop per few files, not per file); a re-read
+        asks nothing."""
+        if self.spawn is None:
+            return
+        key = (id(arr), coords)
+        scanning = key in self._ahead_unopened
+        self._ahead_unopened.pop(key, None)
+        if opened_before and not scanning:
+            return
+        ahead = arr.successors(coords, STORED_AHEAD)
+        batch = [c for c in ahead if (id(arr), c) not in self._reading_ahead and (id(arr), c) not in self._stored_names]
+        if scanning and len(ahead) - len(batch) >= STORED_AHEAD // 2:
+            return  # still half a window or more ahead of the reader
+        for nxt in batch:
+            key = (id(arr), nxt)
+            self._reading_ahead.add(key)
+            self._ahead_unopened[key] = None
+        while len(self._ahead_unopened) > AHEAD_REMEMBERED:
+            self._ahead_unopened.popitem(last=False)
+        if batch:
+            self.spawn(self._advise_stored, (arr, batch))
+
+    def _advise_stored(self, job: tuple[Any, list[tuple[int, ...]]]) -> None:
+        arr, batch = job
+        for coords in batch:
+            key = (id(arr), coords)
+            try:
+                if arr.exists(coords) and arr.advise_ahead(coords):
+                    self._note_stored_name(key)
+                    self.stats.count("read_ahead")
+            except Exception as e:  # the real open and read report it
+                log.debug("read-ahead of %s failed: %s", coords, e)
+            finally:
+                self._reading_ahead.discard(key)
+
     def _decode_ahead(self, job: tuple[Any, tuple[int, ...], Any, bool]) -> None:
         arr, coords, key, ahead = job
         try:
@@ -1119,7 +1278,18 @@ class FileSystem:
             if handle.path == path and handle.state is None and handle.content is None and handle.array is not None:
                 # (an unlinked chunk is no longer listed but still stored: it reads as it was)
                 arr, coords = handle.array, handle.coords
-                handle.content = await self.run(arr.read, coords, 0, arr.file_size(coords))
+                stored, handle.stored = handle.stored, None  # (reads meanwhile decode the same chunk)
+                data = None
+                if stored is not None:  # the bytes of the stored file it opened
+                    try:
+                        data = await self.run(stored.read, 0, stored.size)
+                    except CorruptDataError as e:  # (replaced behind the mount's back): decoded
+                        log.debug("%s: %s", "/".join(path), e)
+                    finally:
+                        stored.close()
+                if data is None:
+                    data = await self.run(arr.read, coords, 0, arr.file_size(coords))
+                handle.content = bytes(data)
                 if handle.page_cached and self.handles.get(fh) is handle:
                     self._old_bytes_cached[path] = self._old_bytes_cached.get(path, 0) + 1
 
@@ -1139,6 +1309,7 @@ class FileSystem:
         await self._refuse_image(new, "rename onto")
         await self._keep_readers(old)
         await self.writes.rename(old, new, flags)
+        self._forget_stored(old)
         # the kernel moved the inode of `old` to `new`; the one that was at `new` is
         # detached but stays valid for whoever looked it up a moment ago
         self._detach_inode(new)
@@ -1201,12 +1372,15 @@ class FileSystem:
                 self.journal((), f"reload failed, keeping the previous view: {e}")
         if view is None:
             await self.run(old.refresh)
+            for fh, handle in list(self.handles.items()):
+                if handle.stored is not None:  # the store as it is now: reopened
+                    await self._reopen_stored(fh, handle, handle.array, handle.coords)
         else:
             old.cache.clear()  # the old view is dropped; the swap happens here, between requests
             self.view = view
             self.writes.rebind(view)
             self._journal_problems(view)
-            for handle in list(self.handles.values()):  # (awaits below: requests go on)
+            for fh, handle in list(self.handles.items()):  # (awaits below: requests go on)
                 if handle.reader is not None:
                     await self._rebind_image(handle)
                     continue
@@ -1215,9 +1389,27 @@ class FileSystem:
                 arr, coords = view.chunk_at(handle.path)
                 if arr is not None and arr.layout is not None and coords is not None:
                     handle.array, handle.coords = arr, coords
+                    if handle.stored is not None:  # the store as it is now: reopened
+                        await self._reopen_stored(fh, handle, arr, coords)
         for ino in list(self.inodes):
             if ino != ROOT_INODE:
                 self._invalidate(ino)
+
+    async def _reopen_stored(self, fh: int, handle: Handle, arr: Any, coords: tuple[int, ...]) -> None:
+        """A reload: an open chunk stored raw reads the stored file as it is now (or is
+        decoded, if it is no longer stored raw); the kernel's cache of it is dropped."""
+        old = handle.stored
+        try:
+            new = await self.run(arr.open_stored, coords)
+        except Exception as e:  # read decoded: that read reports what is wrong
+            log.debug("reload: %s: %s", "/".join(handle.path), e)
+            new = None
+        if self.handles.get(fh) is not handle or handle.stored is not old:  # closed or snapshot meanwhile
+            if new is not None:
+                new.close()
+            return
+        handle.stored = new
+        old.close()  # (the kernel's caches are dropped at the end of the reload)
 
     async def _rebind_image(self, handle: Handle) -> None:
         """An open whole-image file follows a reload if its byte layout is unchanged;
@@ -1237,10 +1429,21 @@ class FileSystem:
 
     # -- kernel cache invalidation --------------------------------------------
     def _invalidate(self, ino: int) -> None:
+        inode = self.inodes.get(ino)
+        if inode is not None:
+            self._forget_stored(inode.path)
         if self.kernel is not None:
             self.kernel.invalidate_inode(ino)
 
+    def _forget_stored(self, path: Path) -> None:
+        """The kernel keeps no bytes of `path` now (or the file changed through the mount):
+        no stored file is remembered as what it caches or kept for its re-opens."""
+        self._stored_versions.pop(path, None)
+        if path in self._stored_kept:
+            self._drop_kept_stored(path)
+
     def _invalidate_path(self, path: Path) -> None:
+        self._forget_stored(path)
         ino = self._ino_of.get(path)
         if ino is not None:
             self._invalidate(ino)
@@ -1249,10 +1452,17 @@ class FileSystem:
         """What drops the kernel's cached data of `path` from a worker thread: a commit
         calls it in its own thread once the chunk is stored (a thread of its own per
         commit was ~10 % of the daemon's CPU in a `cp` loop)."""
+        self._forget_stored(path)
         ino = self._ino_of.get(path)
         if ino is None or self.kernel is None:
             return None
-        return functools.partial(self.kernel.invalidate_inode_here, ino)
+        return functools.partial(self._invalidate_here, path, ino)
+
+    def _invalidate_here(self, path: Path, ino: int) -> None:
+        """(In a commit's worker thread, once the chunk is stored: a reader that opened the
+        old stored file meanwhile recorded it as what the kernel caches; no longer.)"""
+        self._forget_stored(path)
+        self.kernel.invalidate_inode_here(ino)  # type: ignore[union-attr]
 
     def _forget_name(self, path: Path) -> None:
         """A name that no longer resolves: the kernel must not keep its dentry."""

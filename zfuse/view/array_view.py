@@ -20,13 +20,23 @@ Invariants:
   dual-access ``zarr.json`` (suffix ``.tiff`` keys, codecs bytes + pad)
   describes. A chunk is decoded once at a time (single flight) and kept in the
   `ChunkCache` until evicted, `forget()` or a refresh of the view.
+- Chunks stored raw (`ZarrChunkSource.raw_chunk_path`: the stored object *is*
+  the values after the header) need no decoding: `open_stored` opens the
+  stored file once, and a `StoredChunkFile` serves the header from memory and
+  the values by byte range from that open file, nothing copied or kept here
+  (the OS page cache keeps the stored file). Holding the file open is what
+  keeps a reader on the bytes it opened: stores replace objects by renaming a
+  new file over them, and an open descriptor keeps the old one.
 """
 
 from __future__ import annotations
 
 import base64
+import errno
 import itertools
 import json
+import os
+import stat as stat_mod
 import threading
 import time
 from collections import OrderedDict
@@ -36,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from zfuse.errors import CorruptDataError
 from zfuse.stats import Stats
 from zfuse.view.caches import ViewCaches
 from zfuse.view.hierarchy import unsupported_metadata
@@ -54,6 +65,180 @@ class ViewOptions:
     # directory listings and existence answers kept, in names (~190 bytes each)
     listing_cache_names: int = 200_000
     shard_index_cache_bytes: int = 64 * 1024 * 1024
+
+
+# preadv2(RWF_NOWAIT): a read that only takes what the OS page cache holds (Linux)
+_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+class _Descriptors:
+    """How many stored files open chunk files hold open: at most half of the daemon's
+    descriptor limit, so that a reader holding thousands of chunk files open never
+    leaves the daemon without descriptors for writes (beyond it, chunks are decoded)."""
+
+    def __init__(self) -> None:
+        self.open = 0
+        self.lock = threading.Lock()
+        self.limit: int | None = None
+
+    def bound(self) -> int:
+        if self.limit is None:
+            import resource
+
+            self.limit = max(16, resource.getrlimit(resource.RLIMIT_NOFILE)[0] // 2)
+        return self.limit
+
+    def take(self) -> bool:
+        with self.lock:
+            if self.open >= self.bound():
+                return False
+            self.open += 1
+            return True
+
+    def give_back(self) -> None:
+        with self.lock:
+            self.open -= 1
+
+
+_DESCRIPTORS = _Descriptors()
+
+
+def stored_files_bound() -> int:
+    """How many stored files chunk files may hold open at once (then they are decoded)."""
+    return _DESCRIPTORS.bound()
+
+
+class StoredChunkFile:
+    """One open chunk file of a chunk stored raw: the header from memory, the values by
+    byte range from the stored file, which this keeps open (see the module docstring).
+
+    Several open files may share one (`retain`; each `close` gives one back).
+
+    `read_nowait` takes only what the OS page cache holds and never waits for the
+    disk (preadv2 with RWF_NOWAIT), so an event loop may call it; `read` may wait.
+    Both answer None once the file is closed (a reload reopened it: the caller
+    reads from what replaced it). Every read fills a buffer of its own. `close`
+    waits for reads in flight: a descriptor is never closed under a read (its
+    number could name another file by then).
+    """
+
+    __slots__ = ("array", "coords", "size", "header_size", "identity", "error", "_header", "_fd",
+                 "_users", "_holders", "_closing", "_slot", "_lock", "_got")
+
+    def __init__(self, array: ArrayView, coords: Coords, identity: tuple[int, ...], *, fd: int = -1,
+                 error: str | None = None) -> None:
+        assert array.layout is not None
+        self.array, self.coords = array, coords
+        self.size = array.layout.file_size  # the chunk file's: header + values
+        self.header_size = array.layout.header_size
+        self.identity = identity  # (device, inode, size, mtime) of the stored file
+        self.error = error  # what is wrong with the stored file: reads of values fail
+        self._header: bytes | None = None  # built at the first read of it
+        self._fd = fd  # (-1 with an error)
+        self._slot = error is None  # holds one of _DESCRIPTORS (taken by the ArrayView)
+        self._got = False  # values read from the store yet (counted as one store get)
+        self._users = 0  # reads in flight
+        self._holders = 1  # open files (and the like) sharing this one
+        self._closing = False
+        self._lock = threading.Lock()
+
+    def retain(self) -> StoredChunkFile | None:
+        """This one for one more holder, or None if it is closed already."""
+        with self._lock:
+            if self._closing:
+                return None
+            self._holders += 1
+            return self
+
+    def read_nowait(self, offset: int, size: int) -> bytes | bytearray | None:
+        """Bytes [offset, offset+size) if the page cache holds them, else None."""
+        global _NOWAIT
+        if not _NOWAIT:
+            return None
+        try:
+            return self._read(offset, size, _NOWAIT)
+        except BlockingIOError:
+            return None
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            _NOWAIT = 0  # this kernel or filesystem has no such read: worker threads read
+            return None
+
+    def read(self, offset: int, size: int) -> bytes | bytearray | None:
+        """Bytes [offset, offset+size) (blocking); None if closed."""
+        return self._read(offset, size, 0)
+
+    @property
+    def header(self) -> bytes:
+        if self._header is None:
+            self._header = self.array.header(self.coords)
+        return self._header
+
+    def _read(self, offset: int, size: int, flags: int) -> bytes | bytearray | None:
+        end = min(offset + size, self.size)
+        if offset >= end:
+            return b""
+        hsize = self.header_size
+        if end <= hsize:
+            return self.header[offset:end]
+        if self.error is not None:
+            raise CorruptDataError(self.error)
+        out = bytearray(end - offset)
+        if offset < hsize:
+            out[: hsize - offset] = self.header[offset:]
+        start = max(offset, hsize)
+        want = end - start
+        with self._lock:
+            if self._closing:
+                return None
+            fd = self._fd
+            self._users += 1
+        try:
+            got = os.preadv(fd, [memoryview(out)[start - offset :]], start - hsize, flags)
+        finally:
+            self._done_with()
+        if got != want:
+            if flags:
+                return None  # partly in the page cache (or short: the blocking read says)
+            raise CorruptDataError(
+                f"{self.array.key_name(self.coords)}: the stored chunk ended after {start - hsize + got} of "
+                f"its {self.size - hsize} bytes (rewritten in place while open?)")
+        stats = self.array.stats
+        if not self._got:
+            self._got = True
+            stats.count("store_get_chunk")
+        stats.count("store_bytes_chunk", got)
+        return out
+
+    def _done_with(self) -> None:
+        with self._lock:
+            self._users -= 1
+            if self._closing and not self._users:
+                self._finish()
+
+    def close(self) -> None:
+        """One holder less; the last one closes the stored file (once no read is in flight)."""
+        with self._lock:
+            self._holders -= 1
+            if self._holders > 0 or self._closing:
+                return
+            self._closing = True
+            if not self._users:
+                self._finish()
+
+    def _finish(self) -> None:
+        """(Under the lock, closing, no reads in flight.)"""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+        if self._slot:
+            self._slot = False
+            _DESCRIPTORS.give_back()
+
+    def __del__(self) -> None:  # a holder dropped without closing (a FileSystem discarded)
+        if getattr(self, "_fd", -1) >= 0 or getattr(self, "_slot", False):
+            self._finish()
 
 
 class ChunkCache:
@@ -168,6 +353,10 @@ class ArrayView:
         self._lock = threading.Lock()
         self._inflight: dict[Coords, threading.Lock] = {}
         self.changes = 0  # chunks written or deleted through the view
+        # chunk files served from their stored files (`open_stored`); None while only the
+        # first open can tell (whether there are storage transformers may need zarr.json)
+        self.serves_stored: bool | None = (
+            None if self.layout is not None and not self.layout.permuted and source.may_store_raw() else False)
         self.metadata_bytes = self._view_metadata()
 
     # -- names ------------------------------------------------------------
@@ -467,6 +656,76 @@ class ArrayView:
         if end <= self.layout.header_size:
             return self.header(coords)[offset:end]
         return self.file_bytes(coords)[offset:end]
+
+    # -- chunks stored raw: served from their stored files ------------------------
+    def _raw_path(self, coords: Coords) -> str | None:
+        """The stored file whose bytes are chunk `coords`'s file after the header, if
+        the array stores chunks raw (blocking the first time: `serves_stored`)."""
+        if self.serves_stored is False:
+            return None
+        path = self.source.raw_chunk_path(coords)
+        self.serves_stored = path is not None
+        if path is not None and self.options.crop_edges and self.file_size(coords) != self.layout.file_size:
+            return None  # a cropped edge chunk: not the stored bytes
+        return path
+
+    def open_stored(self, coords: Coords, advise: bool = False) -> StoredChunkFile | None:
+        """Chunk `coords`'s file served from its stored file, or None: the array does
+        not store chunks raw, or nothing is stored (fill value: decoded). A stored
+        object that is not the size of the values gives a file whose header reads
+        and whose values fail (CorruptDataError naming the key and both sizes). With
+        `advise` the OS starts reading the values in now (posix_fadvise WILLNEED).
+
+        Blocking: opens the stored file. An event loop may call it for a chunk whose
+        file was opened lately (`advise_ahead`): its name is cached, no disk waits."""
+        assert self.layout is not None
+        path = self._raw_path(coords)
+        if path is None or not _DESCRIPTORS.take():
+            return None
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            _DESCRIPTORS.give_back()
+            return None  # not stored, or not readable: decoding reports what it is
+        try:
+            st = os.fstat(fd)
+            if not stat_mod.S_ISREG(st.st_mode):
+                os.close(fd)
+                _DESCRIPTORS.give_back()
+                return None
+            if st.st_size != self.layout.data_size:  # truncated, or not what the metadata says
+                os.close(fd)
+                _DESCRIPTORS.give_back()
+                why = (f"{self.key_name(coords)}: the stored chunk has {st.st_size} bytes, not the "
+                       f"{self.layout.data_size} of its {self.source.dtype} values (codec bytes): truncated or corrupt")
+                return StoredChunkFile(self, coords, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), error=why)
+            if advise:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            os.close(fd)
+            _DESCRIPTORS.give_back()
+            return None
+        self.stats.count("chunks_passed_through")
+        return StoredChunkFile(self, coords, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), fd=fd)
+
+    def advise_ahead(self, coords: Coords) -> bool:
+        """Ask the OS to read chunk `coords`'s stored file in (posix_fadvise WILLNEED, in
+        the background: nothing is read or kept here), so opening and reading it later
+        waits on no disk. Blocking (opens it); False when no such file is stored."""
+        path = self._raw_path(coords)
+        if path is None:
+            return False
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        return True
 
     def forget(self, coords: Coords) -> None:
         self.cache.drop((id(self), coords))

@@ -173,6 +173,15 @@ class ChunkSource(ABC):
         work), not a remote store (a long wait)."""
         return False
 
+    def raw_chunk_path(self, coords: Coords) -> str | None:
+        """A local file holding chunk `coords`'s values exactly as its chunk file's data,
+        when there is one (`ZarrChunkSource.raw_chunk_path`); here: none."""
+        return None
+
+    def may_store_raw(self) -> bool:
+        """False when `raw_chunk_path` is None for every chunk, as known from memory."""
+        return False
+
     def _all_chunk_keys(self) -> list[tuple[Coords, str]]:
         listed = getattr(self, "_listed_keys", None)
         if listed is None:
@@ -800,6 +809,29 @@ class ZarrChunkSource(ChunkSource):
         if root is None:
             return None
         return os.path.join(root, self.prefix + self._encode_storage_key(coords))
+
+    def raw_chunk_path(self, coords: Coords) -> str | None:
+        """The local file whose bytes are chunk `coords`'s values exactly as a chunk file
+        holds them after its header (C order, little endian), when the array stores its
+        chunks raw: the `bytes` codec alone (little endian, or one-byte values; not
+        booleans, whose stored bytes zarr does not check), not sharded, no storage
+        transformers, in a local directory. None otherwise. The file may not exist
+        (nothing stored). Blocking the first time (`stored_chunk_path`), then memory only."""
+        return self.stored_chunk_path(coords) if self._raw_stored else None
+
+    def may_store_raw(self) -> bool:
+        return self._raw_stored
+
+    @functools.cached_property
+    def _raw_stored(self) -> bool:
+        """The codecs leave the values as they are (memory only; `raw_chunk_path` then
+        also checks for storage transformers)."""
+        codecs = self.stored_codecs()  # (None: F order, or neither local nor sharded)
+        if (self.sharding is not None or codecs is None or len(codecs) != 1 or codecs[0].get("name") != "bytes"
+                or self.dtype.kind == "b"):
+            return False
+        endian = (codecs[0].get("configuration") or {}).get("endian", "little")
+        return endian == "little" or self.dtype.itemsize == 1
 
     @functools.cached_property
     def _chunk_root(self) -> str | None:
