@@ -108,6 +108,22 @@ def stored_files_bound() -> int:
     return _DESCRIPTORS.bound()
 
 
+def advise_willneed(path: str) -> bool:
+    """Ask the OS to read the file at `path` into its page cache in the background
+    (posix_fadvise WILLNEED; blocking only to open it). False if it cannot be opened."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return True
+
+
 class StoredChunkFile:
     """One open chunk file of a chunk stored raw: the header from memory, the values by
     byte range from the stored file, which this keeps open (see the module docstring).
@@ -713,19 +729,7 @@ class ArrayView:
         the background: nothing is read or kept here), so opening and reading it later
         waits on no disk. Blocking (opens it); False when no such file is stored."""
         path = self._raw_path(coords)
-        if path is None:
-            return False
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return False
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-        return True
+        return path is not None and advise_willneed(path)
 
     def forget(self, coords: Coords) -> None:
         self.cache.drop((id(self), coords))

@@ -52,6 +52,7 @@ import numpy as np
 
 from zfuse.errors import CorruptDataError, ZfuseError
 from zfuse.stats import Stats
+from zfuse.view.array_view import advise_willneed
 from zfuse.view.tiff import tiff_unsupported_reason
 from zfuse.view.tiff_meta import ome_axes  # the chunk files' reading of OME-Zarr axes
 
@@ -1179,16 +1180,8 @@ class _Advisor:
                     self._wake.wait()
                 paths = self._pending.popleft()
             for path in paths:
-                try:
-                    fd = os.open(path, os.O_RDONLY)
-                except OSError:
-                    continue  # not stored (fill value), or unreadable: the read will say
-                try:
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-                except OSError:
-                    pass
-                finally:
-                    os.close(fd)
+                # not stored (fill value) or unreadable: nothing to advise, the read will say
+                advise_willneed(path)
 
 
 _ADVISOR = _Advisor()
