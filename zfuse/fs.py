@@ -666,15 +666,11 @@ class FileSystem:
     @operation(_by_inode)
     async def opendir(self, ino: int) -> int:
         path = self._get(ino).path
-        prepared = self._prepared.pop(path, None) if self._prepared else None
-        if prepared is not None and prepared.reader.view is self.view and prepared.reader.current() \
-                and not self.writes.states and not self.writes.made_dirs:
-            # a chunk directory listed ahead (still as listed: nothing changed in its array,
-            # nothing written): its snapshot sorted and its inodes made in the listing thread
-            fh = self._allocate_fh()
-            self._dirs[fh] = _DirHandle(path, prepared.reader, prepared)
-            self._list_ahead(self.view, path)
-            return fh
+        # a chunk directory listed ahead, still as listed (nothing changed in its array,
+        # nothing written): its snapshot sorted and its inodes made in the listing thread
+        prepared = self._take_prepared(path, self.view, not self.writes.states and not self.writes.made_dirs)
+        if prepared is not None:
+            return self._open_listed(self.view, path, prepared.reader, prepared)
         entry = await self._entry(path)
         if entry is None or not entry.node.is_dir:
             raise FsError(errno.ENOTDIR if entry else errno.ENOENT)
@@ -684,31 +680,39 @@ class FileSystem:
                         if (special := self._special_entry((SPECIAL_DIR, name))) is not None]
             reader = DirReader(view, path, specials)
             reader.fetch(0)
+            fh = self._allocate_fh()
+            self._dirs[fh] = _DirHandle(path, reader)
+            return fh
+        # a small directory is one sorted snapshot (paging stays consistent); a big
+        # one is read page by page in readdir. Files only the daemon holds come last.
+        tail = self.writes.scratch_in(path)
+        reader = view.dir_reader(path, tail)
+        if (ahead := self._listing_ahead.get(path)) is not None:
+            # scheduled to be listed ahead: list it now if the listing thread has not
+            # started it, else wait for that (never listed twice)
+            await self.run(self._fetch_ahead_job, ahead, reader)
+            prepared = self._take_prepared(path, view, not tail)  # made by the listing thread meanwhile
+            if prepared is not None:
+                reader = prepared.reader
+        elif view.needs_io(path, listing=True):
+            await self.run(reader.fetch, 0)  # that key prefix only
         else:
-            # a small directory is one sorted snapshot (paging stays consistent); a big
-            # one is read page by page in readdir. Files only the daemon holds come last.
-            tail = self.writes.scratch_in(path)
-            if (ahead := self._listing_ahead.get(path)) is not None:
-                # scheduled to be listed ahead: list it now if the listing thread has not
-                # started it, else wait for that (never listed twice)
-                reader = view.dir_reader(path, tail)
-                await self.run(self._fetch_ahead_job, ahead, reader)
-                prepared = self._prepared.pop(path, None)
-                if prepared is not None and not tail and prepared.reader.view is view and prepared.reader.current():
-                    reader = prepared.reader  # made by the listing thread meanwhile
-                    self._list_ahead(view, path)
-                    fh = self._allocate_fh()
-                    self._dirs[fh] = _DirHandle(path, reader, prepared)
-                    return fh
-            else:
-                reader = view.dir_reader(path, tail)
-                if view.needs_io(path, listing=True):
-                    await self.run(reader.fetch, 0)  # that key prefix only
-                else:
-                    reader.fetch(0)
-            self._list_ahead(view, path)
+            reader.fetch(0)
+        return self._open_listed(view, path, reader, prepared)
+
+    def _take_prepared(self, path: Path, view: View, usable: bool) -> _Prepared | None:
+        """The directory the listing thread made ready for `path` (taken either way), if
+        `usable` and it still shows what a listing in `view` now would."""
+        prepared = self._prepared.pop(path, None) if self._prepared else None
+        if prepared is None or not usable or prepared.reader.view is not view or not prepared.reader.current():
+            return None
+        return prepared
+
+    def _open_listed(self, view: View, path: Path, reader: DirReader, prepared: _Prepared | None) -> int:
+        """A directory handle on `reader`; a walker's next directories are listed ahead."""
+        self._list_ahead(view, path)
         fh = self._allocate_fh()
-        self._dirs[fh] = _DirHandle(path, reader)
+        self._dirs[fh] = _DirHandle(path, reader, prepared)
         return fh
 
     async def readdir(self, fh: int, start: int, accept: Callable[[str, int, Attributes, int], bool]) -> None:
@@ -1178,8 +1182,7 @@ class FileSystem:
         if arr.cache.max_bytes < 4 * arr.layout.data_size:
             return  # no room to keep what is decoded ahead
         key = (id(arr), coords)
-        scanning = key in self._ahead_unopened
-        self._ahead_unopened.pop(key, None)
+        scanning = self._opened_ahead(key)
         cached = arr.is_cached(coords)
         if cached and not scanning:
             return
@@ -1191,11 +1194,21 @@ class FileSystem:
             key = (id(arr), nxt)
             if key in self._reading_ahead or arr.is_cached(nxt):
                 continue
-            self._reading_ahead.add(key)
-            self._ahead_unopened[key] = None
-            while len(self._ahead_unopened) > AHEAD_REMEMBERED:
-                self._ahead_unopened.popitem(last=False)
+            self._reading_ahead_unopened(key)
             self.spawn(self._decode_ahead, (arr, nxt, key, True))
+
+    def _opened_ahead(self, key: Any) -> bool:
+        """Whether the chunk file being opened was read ahead and not opened since: a
+        scan goes on (keep the window full), not a re-read. It is opened now."""
+        return self._ahead_unopened.pop(key, False) is None
+
+    def _reading_ahead_unopened(self, key: Any) -> None:
+        """A chunk read ahead (in flight until its job ends) and remembered as not opened
+        yet (`_opened_ahead`; the oldest forgotten beyond AHEAD_REMEMBERED)."""
+        self._reading_ahead.add(key)
+        self._ahead_unopened[key] = None
+        while len(self._ahead_unopened) > AHEAD_REMEMBERED:
+            self._ahead_unopened.popitem(last=False)
 
     def _advise_ahead(self, arr: Any, coords: tuple[int, ...], opened_before: bool) -> None:
         """`_read_ahead` for chunks stored raw: nothing to decode, so the next chunks'
@@ -1207,9 +1220,7 @@ class FileSystem:
         asks nothing."""
         if self.spawn is None:
             return
-        key = (id(arr), coords)
-        scanning = key in self._ahead_unopened
-        self._ahead_unopened.pop(key, None)
+        scanning = self._opened_ahead((id(arr), coords))
         if opened_before and not scanning:
             return
         ahead = arr.successors(coords, STORED_AHEAD)
@@ -1217,11 +1228,7 @@ class FileSystem:
         if scanning and len(ahead) - len(batch) >= STORED_AHEAD // 2:
             return  # still half a window or more ahead of the reader
         for nxt in batch:
-            key = (id(arr), nxt)
-            self._reading_ahead.add(key)
-            self._ahead_unopened[key] = None
-        while len(self._ahead_unopened) > AHEAD_REMEMBERED:
-            self._ahead_unopened.popitem(last=False)
+            self._reading_ahead_unopened((id(arr), nxt))
         if batch:
             self.spawn(self._advise_stored, (arr, batch))
 
