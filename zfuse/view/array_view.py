@@ -698,31 +698,26 @@ class ArrayView:
         path = self._raw_path(coords)
         if path is None or not _DESCRIPTORS.take():
             return None
+        fd, st = -1, None
         try:
             fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            _DESCRIPTORS.give_back()
-            return None  # not stored, or not readable: decoding reports what it is
-        try:
             st = os.fstat(fd)
-            if not stat_mod.S_ISREG(st.st_mode):
-                os.close(fd)
-                _DESCRIPTORS.give_back()
-                return None
-            if st.st_size != self.layout.data_size:  # truncated, or not what the metadata says
-                os.close(fd)
-                _DESCRIPTORS.give_back()
-                why = (f"{self.key_name(coords)}: the stored chunk has {st.st_size} bytes, not the "
-                       f"{self.layout.data_size} of its {self.source.dtype} values (codec bytes): truncated or corrupt")
-                return StoredChunkFile(self, coords, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), error=why)
-            if advise:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+            if stat_mod.S_ISREG(st.st_mode) and st.st_size == self.layout.data_size:
+                if advise:
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+                self.stats.count("chunks_passed_through")
+                return StoredChunkFile(self, coords, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), fd=fd)
         except OSError:
+            st = None  # not stored, or not readable: decoding reports what it is
+        if fd >= 0:
             os.close(fd)
-            _DESCRIPTORS.give_back()
+        _DESCRIPTORS.give_back()
+        if st is None or not stat_mod.S_ISREG(st.st_mode):
             return None
-        self.stats.count("chunks_passed_through")
-        return StoredChunkFile(self, coords, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), fd=fd)
+        # truncated, or not what the metadata says
+        why = (f"{self.key_name(coords)}: the stored chunk has {st.st_size} bytes, not the "
+               f"{self.layout.data_size} of its {self.source.dtype} values (codec bytes): truncated or corrupt")
+        return StoredChunkFile(self, coords, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), error=why)
 
     def advise_ahead(self, coords: Coords) -> bool:
         """Ask the OS to read chunk `coords`'s stored file in (posix_fadvise WILLNEED, in
