@@ -311,14 +311,22 @@ def fs_listing(fs: FileSystem, path: tuple[str, ...]) -> list[tuple[str, int, ob
     return trio.run(run)
 
 
-def walk_to(fs: FileSystem, jobs: list, subdirs: list[str], count: int) -> None:
-    """`ls -R` through the first `count` subdirectories of c/, the read-ahead's jobs
-    done as they come (what the listing threads do)."""
-    for name in subdirs[:count]:
+def walked_past_two(slash: Path) -> tuple[View, CountingStore, FileSystem, str]:
+    """(view, store, fs, next): `ls -R` through the first two subdirectories of c/, the
+    read-ahead's jobs done as they come (what the listing threads do); `next`, the
+    third, is then made ready ahead."""
+    view, store, stats = open_view(slash)
+    jobs: list = []
+    fs = FileSystem(view, stats=stats, spawn=lambda fn, arg: jobs.append((fn, arg)))
+    subdirs = fs_listdir(fs, ("c",))
+    for name in subdirs[:2]:
         fs_listdir(fs, ("c", name))
         while jobs:
             fn, arg = jobs.pop(0)
             fn(arg)
+    nxt = subdirs[2]
+    assert ("c", nxt) in fs._prepared
+    return view, store, fs, nxt
 
 
 def test_a_directory_listed_ahead_opens_as_listed_with_inodes_made_ahead(slash: Path) -> None:
@@ -326,13 +334,7 @@ def test_a_directory_listed_ahead_opens_as_listed_with_inodes_made_ahead(slash: 
     inodes made in the listing thread: its opendir and readdir list nothing, and its
     entries look exactly as a directory listed at opendir would (names, attributes,
     one distinct inode per entry, the same inode for a name looked up before)."""
-    view, store, stats = open_view(slash)
-    jobs: list = []
-    fs = FileSystem(view, stats=stats, spawn=lambda fn, arg: jobs.append((fn, arg)))
-    subdirs = fs_listdir(fs, ("c",))
-    walk_to(fs, jobs, subdirs, 2)
-    nxt = subdirs[2]
-    assert ("c", nxt) in fs._prepared
+    view, store, fs, nxt = walked_past_two(slash)
     lists = len(store.lists)
     known = view.list_dir(("c", nxt))[-1][0]  # a name looked up before the directory is opened
 
@@ -366,13 +368,7 @@ def test_a_directory_listed_ahead_opens_as_listed_with_inodes_made_ahead(slash: 
 def test_a_directory_listed_ahead_then_written_to_is_listed_as_it_is_now(slash: Path) -> None:
     """[read-3] A listing made ahead is not used once its array changed (a chunk
     written or removed through the mount): the opendir shows the directory as it is."""
-    view, store, stats = open_view(slash)
-    jobs: list = []
-    fs = FileSystem(view, stats=stats, spawn=lambda fn, arg: jobs.append((fn, arg)))
-    subdirs = fs_listdir(fs, ("c",))
-    walk_to(fs, jobs, subdirs, 2)
-    nxt = subdirs[2]
-    assert ("c", nxt) in fs._prepared
+    view, _, fs, nxt = walked_past_two(slash)
     before = fs_listdir(FileSystem(open_view(slash)[0], stats=Stats()), ("c", nxt))
     row = int(nxt)
     new = next(j for j in range(GRID[1]) if f"{j}.tiff" not in before)
