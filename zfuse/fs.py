@@ -392,6 +392,7 @@ class FileSystem:
         kernel: Kernel | None = None,
         spawn: Callable[[Callable[..., Any], Any], None] | None = None,
         spawn_listing: Callable[[Callable[..., Any], Any], None] | None = None,
+        spawn_read_ahead: Callable[[Callable[..., Any], Any], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         uid: int | None = None,
         gid: int | None = None,
@@ -424,6 +425,10 @@ class FileSystem:
         # with each other and the event loop); remote stores' listings, long waits that
         # overlap well, go to `spawn`
         self.spawn_listing = spawn_listing or spawn
+        # chunks decoded or advised ahead of a reader: jobs that report nothing back, so
+        # best on threads of their own (`WorkerThreads`): a trio thread job costs the
+        # event loop a task and a wake-up per chunk, on the core the reader needs
+        self.spawn_read_ahead = spawn_read_ahead or spawn
         self.reload = reload
         # what `.zfuse/mount` shows (the daemon sets it; without it there is no such file)
         self.mount_info: Callable[[], dict[str, Any]] | None = None
@@ -1177,7 +1182,7 @@ class FileSystem:
         one, so a scan never waits for a fresh batch. A cached chunk opened
         otherwise is a re-read, served by the kernel's page cache: nothing ahead.
         """
-        if self.spawn is None or arr.layout is None:
+        if self.spawn_read_ahead is None or arr.layout is None:
             return
         if arr.cache.max_bytes < 4 * arr.layout.data_size:
             return  # no room to keep what is decoded ahead
@@ -1189,13 +1194,13 @@ class FileSystem:
         if not cached and key not in self._reading_ahead:
             # this file's own chunk first, starting now rather than at its first read
             self._reading_ahead.add(key)
-            self.spawn(self._decode_ahead, (arr, coords, key, False))
+            self.spawn_read_ahead(self._decode_ahead, (arr, coords, key, False))
         for nxt in arr.successors(coords, READ_AHEAD):
             key = (id(arr), nxt)
             if key in self._reading_ahead or arr.is_cached(nxt):
                 continue
             self._reading_ahead_unopened(key)
-            self.spawn(self._decode_ahead, (arr, nxt, key, True))
+            self.spawn_read_ahead(self._decode_ahead, (arr, nxt, key, True))
 
     def _opened_ahead(self, key: Any) -> bool:
         """Whether the chunk file being opened was read ahead and not opened since: a
@@ -1218,7 +1223,7 @@ class FileSystem:
         filled. The window slides as `_read_ahead`'s does, but only once less than
         half of it is left (one thread hop per few files, not per file); a re-read
         asks nothing."""
-        if self.spawn is None:
+        if self.spawn_read_ahead is None:
             return
         scanning = self._opened_ahead((id(arr), coords))
         if opened_before and not scanning:
@@ -1230,7 +1235,7 @@ class FileSystem:
         for nxt in batch:
             self._reading_ahead_unopened((id(arr), nxt))
         if batch:
-            self.spawn(self._advise_stored, (arr, batch))
+            self.spawn_read_ahead(self._advise_stored, (arr, batch))
 
     def _advise_stored(self, job: tuple[Any, list[tuple[int, ...]]]) -> None:
         arr, batch = job

@@ -139,6 +139,7 @@ class ZfuseOperations(pyfuse3.Operations):
         self.fs = FileSystem(
             view, read_only=read_only, stats=stats, run=self._thread, kernel=_Kernel(self),
             spawn=self._spawn_ahead, spawn_listing=WorkerThreads(LISTING_THREADS, "list-ahead").submit,
+            spawn_read_ahead=WorkerThreads(READ_AHEAD_THREADS, "read-ahead").submit,
             durable=durable, **timing,
         )
 
