@@ -1,4 +1,4 @@
-"""The `zfuse` console script, and glibc's malloc tuned for the daemon.
+"""glibc's malloc tuned for the daemon: `zfuse mount` re-executes itself with it.
 
 `zfuse mount` re-executes itself once with MALLOC_TUNABLES in its environment (glibc
 reads them only when a process starts) before anything heavy is imported: the cost is
@@ -58,10 +58,3 @@ def exec_tuned(argv: Sequence[str]) -> None:
         os.execve(sys.executable, [sys.executable, *sys.orig_argv[1:]], env)
     except OSError:
         pass
-
-
-def main() -> int:
-    exec_tuned(sys.argv[1:])
-    from zfuse.cli import main as cli_main
-
-    return cli_main()
