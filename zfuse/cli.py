@@ -21,9 +21,8 @@ import sys
 from collections.abc import Callable
 
 from zfuse.daemon import MountConfig
-from zfuse.launch import NOT_MOUNTING, exec_tuned
 
-SUBCOMMANDS = {"mount", *NOT_MOUNTING}
+SUBCOMMANDS = {"mount", "umount", "unmount", "status", "reload", "info", "concat"}
 _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?$")
 
 # -o options zfuse itself understands: (name, meaning); the rest go to FUSE unchanged
@@ -552,7 +551,6 @@ def cmd_concat(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from_command_line = argv is None
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     if not argv:
@@ -567,8 +565,6 @@ def main(argv: list[str] | None = None) -> int:
         argv[0] = "umount"  # the other spelling people type
     elif argv[0] not in SUBCOMMANDS and not argv[0].startswith("-"):
         argv = ["mount", *argv]  # mount.fuse3 form: SOURCE MOUNTPOINT -o opts
-    if from_command_line:  # `python -m zfuse.cli`; the `zfuse` script did this before importing us
-        exec_tuned(argv)
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_usage(sys.stderr)
