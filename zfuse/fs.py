@@ -419,7 +419,7 @@ class FileSystem:
         self.stats = stats or Stats()
         self.run = run  # blocking work, in a worker thread on a mount
         self.kernel = kernel
-        self.spawn = spawn  # background blocking work (read-ahead); None: no read-ahead
+        self.spawn = spawn  # background blocking work (and read-ahead, without spawn_read_ahead); None: none
         # directories of local stores listed ahead: short jobs holding the GIL, best on
         # one thread of their own (threads listing at once only take turns at the GIL,
         # with each other and the event loop); remote stores' listings, long waits that

@@ -30,7 +30,10 @@ from zfuse.view.tree import View
 log = logging.getLogger("zfuse.fuse")
 T = TypeVar("T")
 
-READ_AHEAD_THREADS = 4
+READ_AHEAD_THREADS = 4  # chunks decoded or advised ahead of a reader (FileSystem.spawn_read_ahead)
+# other background jobs (FileSystem.spawn: remote directories listed ahead, whole-image
+# tiles pushed into the page cache): trio threads, so the unmount waits for them
+BACKGROUND_THREADS = 4
 LISTING_THREADS = 1  # listing local directories ahead of a recursive walker (FileSystem.spawn_listing)
 
 
@@ -132,13 +135,13 @@ class ZfuseOperations(pyfuse3.Operations):
     ) -> None:
         super().__init__()
         self.limiter = trio.CapacityLimiter(max_threads)
-        self.ahead_limiter = trio.CapacityLimiter(READ_AHEAD_THREADS)
+        self.background_limiter = trio.CapacityLimiter(BACKGROUND_THREADS)
         self.nursery: trio.Nursery | None = None
         timing = {k: v for k, v in (("replace_window", replace_window),
                                     ("pending_timeout", pending_timeout)) if v is not None}
         self.fs = FileSystem(
             view, read_only=read_only, stats=stats, run=self._thread, kernel=_Kernel(self),
-            spawn=self._spawn_ahead, spawn_listing=WorkerThreads(LISTING_THREADS, "list-ahead").submit,
+            spawn=self._spawn_background, spawn_listing=WorkerThreads(LISTING_THREADS, "list-ahead").submit,
             spawn_read_ahead=WorkerThreads(READ_AHEAD_THREADS, "read-ahead").submit,
             durable=durable, **timing,
         )
@@ -154,10 +157,10 @@ class ZfuseOperations(pyfuse3.Operations):
         if self.nursery is not None:
             self.nursery.start_soon(trio.to_thread.run_sync, fn)
 
-    def _spawn_ahead(self, fn: Callable[[Any], None], arg: Any) -> None:
+    def _spawn_background(self, fn: Callable[[Any], None], arg: Any) -> None:
         if self.nursery is not None:
             self.nursery.start_soon(
-                functools.partial(trio.to_thread.run_sync, fn, arg, limiter=self.ahead_limiter)
+                functools.partial(trio.to_thread.run_sync, fn, arg, limiter=self.background_limiter)
             )
 
     # -- lookup and attributes ---------------------------------------------
