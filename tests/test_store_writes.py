@@ -1,0 +1,96 @@
+"""How `AtomicLocalStore` replaces an object (plain calls on a real directory, no mount):
+the new object takes the old one's name in one step, no other name is left behind,
+and the old object's data stays whole for whoever still has it open."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+import pytest
+from zarr.core.buffer import cpu
+
+from zfuse import store as store_module
+from zfuse.store import AtomicLocalStore
+
+
+def _buffer(data: bytes) -> cpu.Buffer:
+    return cpu.Buffer.from_bytes(data)
+
+
+def _names(directory: Path) -> list[str]:
+    return sorted(os.listdir(directory))
+
+
+@pytest.mark.parametrize("durable", [True, False])
+def test_replacing_an_object_leaves_only_its_name_and_keeps_the_old_data_whole(
+    tmp_path: Path, durable: bool
+) -> None:
+    store = AtomicLocalStore(str(tmp_path), durable=durable)
+    old, new = b"old!" * 50_000, b"new" * 70_000
+    store.set_sync("c/0/0", _buffer(old))
+    with open(tmp_path / "c" / "0" / "0", "rb") as reader:  # a reader of the old object
+        store.set_sync("c/0/0", _buffer(new))
+        assert (tmp_path / "c" / "0" / "0").read_bytes() == new
+        assert _names(tmp_path / "c" / "0") == ["0"]  # no temporary or old name, at once
+        assert reader.read() == old  # never truncated under the reader
+        assert os.fstat(reader.fileno()).st_nlink == 0
+
+
+def test_a_new_object_and_a_list_of_parts(tmp_path: Path) -> None:
+    store = AtomicLocalStore(str(tmp_path), durable=False)
+    store.set_sync("c/1/2", [b"ab", memoryview(b"cd"), bytearray(b"ef")])
+    assert (tmp_path / "c" / "1" / "2").read_bytes() == b"abcdef"
+    assert _names(tmp_path / "c" / "1") == ["2"]
+
+
+def _open_deleted_files() -> list[str]:
+    """Files this process holds open that no name points to any more."""
+    out = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.endswith(" (deleted)"):
+            out.append(target)
+    return out
+
+
+def test_the_replaced_objects_data_is_freed_soon_after(tmp_path: Path) -> None:
+    """The old object is unlinked at once; its last descriptor (which frees its blocks)
+    is closed in a background thread, soon."""
+    store = AtomicLocalStore(str(tmp_path), durable=False)
+    for i in range(20):
+        store.set_sync("c/0/0", _buffer(bytes([i]) * 100_000))
+    deadline = time.monotonic() + 10
+    while [t for t in _open_deleted_files() if str(tmp_path) in t]:
+        assert time.monotonic() < deadline, _open_deleted_files()
+        time.sleep(0.01)
+    assert (tmp_path / "c" / "0" / "0").read_bytes() == bytes([19]) * 100_000
+
+
+def test_a_filesystem_that_cannot_swap_names_gets_a_plain_rename(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(Filesystems without RENAME_EXCHANGE, e.g. some network filesystems, answer
+    EINVAL once and are remembered; here the memory is set beforehand.)"""
+    monkeypatch.setattr(store_module, "_no_exchange", {os.stat(tmp_path).st_dev})
+    store = AtomicLocalStore(str(tmp_path), durable=False)
+    store.set_sync("k", _buffer(b"one"))
+    with open(tmp_path / "k", "rb") as reader:
+        store.set_sync("k", _buffer(b"two"))
+        assert reader.read() == b"one"
+    assert (tmp_path / "k").read_bytes() == b"two"
+    assert _names(tmp_path) == ["k"]
+
+
+def test_a_failed_write_leaves_the_old_object_and_no_temporary(tmp_path: Path) -> None:
+    store = AtomicLocalStore(str(tmp_path), durable=False)
+    store.set_sync("k", _buffer(b"kept"))
+
+    with pytest.raises(TypeError):
+        store.set_sync("k", [b"partial", object()])
+    assert (tmp_path / "k").read_bytes() == b"kept"
+    assert _names(tmp_path) == ["k"]
