@@ -94,3 +94,14 @@ def test_a_failed_write_leaves_the_old_object_and_no_temporary(tmp_path: Path) -
         store.set_sync("k", [b"partial", object()])
     assert (tmp_path / "k").read_bytes() == b"kept"
     assert _names(tmp_path) == ["k"]
+
+
+def test_an_object_cannot_replace_a_directory(tmp_path: Path) -> None:
+    """As with a rename onto a directory: refused, the directory and its files untouched."""
+    (tmp_path / "c" / "0").mkdir(parents=True)
+    (tmp_path / "c" / "0" / "1").write_bytes(b"inner")
+    store = AtomicLocalStore(str(tmp_path), durable=False)
+    with pytest.raises(IsADirectoryError):
+        store.set_sync("c/0", _buffer(b"a file"))
+    assert (tmp_path / "c" / "0" / "1").read_bytes() == b"inner"
+    assert _names(tmp_path / "c") == ["0"]

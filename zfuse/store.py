@@ -13,6 +13,7 @@ import asyncio
 import errno
 import os
 import queue
+import stat
 import tempfile
 import threading
 from collections.abc import AsyncIterator, Iterable, Iterator
@@ -166,7 +167,7 @@ def _atomic_write(path: Path, data: Any, durable: bool = True) -> None:
         finally:
             os.close(fd)
         if _exchange(tmp, path):
-            _free_in_background(tmp)  # `tmp` now names the old object
+            _free_in_background(tmp, path)  # `tmp` now names the old object
         else:
             os.replace(tmp, path)
     except BaseException:
@@ -253,14 +254,19 @@ class _BackgroundCloser:
 _closer = _BackgroundCloser()
 
 
-def _free_in_background(name: str) -> None:
-    """Unlink `name` now (no stray name is left behind) and free its data later."""
+def _free_in_background(name: str, path: Path) -> None:
+    """Unlink `name`, the old object just swapped away from `path`, now (no stray name
+    is left behind) and free its data later. Had `path` been a directory, the swap is
+    undone and IsADirectoryError raised (what a rename onto it answers)."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(name, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
     except OSError:
-        os.unlink(name)
+        os.unlink(name)  # (a symlink, or unreadable: unlinked here, as a rename would)
         return
     try:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            _exchange(name, path)
+            raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), str(path))
         os.unlink(name)
     except BaseException:
         os.close(fd)
