@@ -398,7 +398,7 @@ def test_entries_of_one_kind_and_size_share_their_attributes(slash: Path) -> Non
 def test_listing_thread_runs_jobs_in_order_on_one_thread() -> None:
     import threading
 
-    from zfuse.fs import WorkerThreads
+    from zfuse.workers import WorkerThreads
 
     ran: list[tuple[int, str]] = []
     done = threading.Event()

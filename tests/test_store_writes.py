@@ -105,3 +105,31 @@ def test_an_object_cannot_replace_a_directory(tmp_path: Path) -> None:
         store.set_sync("c/0", _buffer(b"a file"))
     assert (tmp_path / "c" / "0" / "1").read_bytes() == b"inner"
     assert _names(tmp_path / "c") == ["0"]
+
+
+def test_at_most_a_bounded_number_of_replaced_objects_wait_to_be_freed(tmp_path: Path) -> None:
+    """Each replaced object waiting to be freed is an open descriptor: past
+    FREEING_WAITING the writer closes its own (frees it in its own call)."""
+    import threading
+
+    started, release = threading.Event(), threading.Event()
+
+    def hold(_: object) -> None:
+        started.set()
+        release.wait(30)
+
+    store_module._freeing.submit(hold, None)  # the freeing thread, busy until released
+    assert started.wait(30)
+    store = AtomicLocalStore(str(tmp_path), durable=False)
+    try:
+        for i in range(store_module.FREEING_WAITING + 6):
+            store.set_sync("k", _buffer(bytes([i % 256]) * 1000))
+        assert store_module._freeing.waiting() == store_module.FREEING_WAITING
+        assert len([t for t in _open_deleted_files() if str(tmp_path) in t]) == store_module.FREEING_WAITING
+    finally:
+        release.set()
+    deadline = time.monotonic() + 10
+    while [t for t in _open_deleted_files() if str(tmp_path) in t]:
+        assert time.monotonic() < deadline, _open_deleted_files()
+        time.sleep(0.01)
+    assert (tmp_path / "k").read_bytes() == bytes([69]) * 1000

@@ -36,7 +36,6 @@ import json
 import logging
 import operator
 import os
-import queue
 import stat as stat_mod
 import threading
 import time
@@ -308,33 +307,6 @@ def _take(job: _AheadJob) -> bool:
     return mine
 
 
-class WorkerThreads:
-    """Daemon threads running background jobs from a queue, started at the first job:
-    `submit` costs the event loop one queue put, where a `trio.to_thread` job costs a
-    task, a thread hand-off and a wake-up of the loop to deliver the result. Jobs
-    report nothing back; a failing job is logged. Threads end with the process."""
-
-    def __init__(self, count: int, name: str) -> None:
-        self.count = count
-        self.name = name
-        self._jobs: queue.SimpleQueue[tuple[Callable[[Any], None], Any]] = queue.SimpleQueue()
-        self._started = 0
-
-    def submit(self, fn: Callable[[Any], None], arg: Any) -> None:
-        self._jobs.put((fn, arg))
-        while self._started < self.count:  # on the event loop only: no race
-            self._started += 1
-            threading.Thread(target=self._work, name=f"{self.name}-{self._started}", daemon=True).start()
-
-    def _work(self) -> None:
-        while True:
-            fn, arg = self._jobs.get()
-            try:
-                fn(arg)
-            except Exception:
-                log.exception("background job %s failed", getattr(fn, "__name__", fn))
-
-
 def operation(path_of: Callable[..., Path | None]) -> Callable[[Callable[..., Awaitable[T]]], Callable[..., Awaitable[T]]]:
     """Every public operation: any failure is logged once with its store key,
     counted, journaled, and leaves as FsError(errno)."""
@@ -426,7 +398,7 @@ class FileSystem:
         # overlap well, go to `spawn`
         self.spawn_listing = spawn_listing or spawn
         # chunks decoded or advised ahead of a reader: jobs that report nothing back, so
-        # best on threads of their own (`WorkerThreads`): a trio thread job costs the
+        # best on threads of their own (`zfuse.workers.WorkerThreads`): a trio thread job costs the
         # event loop a task and a wake-up per chunk, on the core the reader needs
         self.spawn_read_ahead = spawn_read_ahead or spawn
         self.reload = reload

@@ -23,9 +23,10 @@ from typing import Any, TypeVar
 import pyfuse3
 import trio
 
-from zfuse.fs import Attributes, FileSystem, FsError, OpenReply, WorkerThreads
+from zfuse.fs import Attributes, FileSystem, FsError, OpenReply
 from zfuse.stats import Stats
 from zfuse.view.tree import View
+from zfuse.workers import WorkerThreads
 
 log = logging.getLogger("zfuse.fuse")
 T = TypeVar("T")

@@ -12,10 +12,8 @@ from __future__ import annotations
 import asyncio
 import errno
 import os
-import queue
 import stat
 import tempfile
-import threading
 from collections.abc import AsyncIterator, Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -25,6 +23,7 @@ from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import LocalStore, WrapperStore
 
 from zfuse.stats import Stats
+from zfuse.workers import WorkerThreads
 
 METADATA_NAMES = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
 
@@ -201,20 +200,15 @@ _no_exchange: set[int] = set()
 def _exchange(tmp: str, path: Path) -> bool:
     """Swap the names `tmp` and `path` atomically; False (nothing done) if `path` does not
     exist or its filesystem cannot swap names."""
-    if _LIBC is None:
+    if _LIBC is None or (_no_exchange and os.stat(tmp).st_dev in _no_exchange):
         return False
-    dev = None
-    if _no_exchange:
-        dev = os.stat(tmp).st_dev
-        if dev in _no_exchange:
-            return False
     if _LIBC.renameat2(_AT_FDCWD, os.fsencode(tmp), _AT_FDCWD, os.fsencode(path), _RENAME_EXCHANGE) == 0:
         return True
     err = _get_errno()
     if err == errno.ENOENT:
         return False  # a new object
-    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, errno.ENOTSUP):
-        _no_exchange.add(dev if dev is not None else os.stat(tmp).st_dev)
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        _no_exchange.add(os.stat(tmp).st_dev)
         return False
     raise OSError(err, os.strerror(err), str(path))
 
@@ -224,34 +218,11 @@ def _start_writeback(fd: int) -> None:
         _LIBC.sync_file_range(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)  # a hint: its failure changes nothing
 
 
-class _BackgroundCloser:
-    """Closes descriptors in a thread of its own. Closing the last descriptor of an
-    unlinked file frees its blocks, which is slow; the writer need not wait for it.
-    At most `bound` wait (each is an open descriptor); beyond that the caller closes."""
-
-    def __init__(self, bound: int = 64) -> None:
-        self.bound = bound
-        self.fds: queue.SimpleQueue[int] = queue.SimpleQueue()
-        self.lock = threading.Lock()
-        self.thread: threading.Thread | None = None
-
-    def close(self, fd: int) -> None:
-        if self.fds.qsize() >= self.bound:
-            os.close(fd)
-            return
-        self.fds.put(fd)
-        if self.thread is None:
-            with self.lock:
-                if self.thread is None:
-                    self.thread = threading.Thread(target=self._run, name="free-replaced", daemon=True)
-                    self.thread.start()
-
-    def _run(self) -> None:
-        while True:
-            os.close(self.fds.get())
-
-
-_closer = _BackgroundCloser()
+# Closing the last descriptor of an unlinked file frees its blocks, which is slow: the
+# writer need not wait for it. At most FREEING_WAITING wait (each an open descriptor);
+# beyond that the writer closes its own.
+_freeing = WorkerThreads(1, "free-replaced")
+FREEING_WAITING = 64
 
 
 def _free_in_background(name: str, path: Path) -> None:
@@ -271,7 +242,10 @@ def _free_in_background(name: str, path: Path) -> None:
     except BaseException:
         os.close(fd)
         raise
-    _closer.close(fd)
+    if _freeing.waiting() >= FREEING_WAITING:
+        os.close(fd)
+    else:
+        _freeing.submit(os.close, fd)
 
 
 def read_local_file(path: str, byte_range: tuple[int, int] | None = None) -> bytes | None:
