@@ -1,6 +1,8 @@
 """The FUSE floor: the smallest pyfuse3 + trio filesystem that serves a directory's files.
 
     python -m benchmarks.minimal_fs SOURCE_DIR MOUNTPOINT [--no-flush]
+    python -m benchmarks.minimal_fs --listing ROWSxCOLS MOUNTPOINT
+
 
 A read-only passthrough with zfuse's request pattern and none of its work: lookup
 and getattr from `os.lstat` (attributes valid 5 s, as zfuse's), open with
@@ -87,9 +89,73 @@ class PassthroughOperations(pyfuse3.Operations):
         os.close(fh)
 
 
+class ListingOperations(pyfuse3.Operations):
+    """The listing floor: `c/I/J.tiff` for ROWS x COLS chunk files, every answer made
+    before the mount (names, attributes, inode numbers), no I/O: what `ls -lR` of a
+    zfuse mount of a ROWS x COLS grid costs with nothing but the requests. Each
+    directory is answered in one pass as zfuse answers one (READDIRPLUS with
+    attributes valid 5 s; lookups too, should the kernel ask)."""
+
+    def __init__(self, rows: int, cols: int) -> None:
+        super().__init__()
+        self.attrs: dict[int, pyfuse3.EntryAttributes] = {}
+        self.children: dict[int, list[tuple[bytes, int]]] = {}
+        root = pyfuse3.ROOT_INODE
+        self.attrs[root] = self._make(root, True)
+        c = self._add(root, b"c", True)
+        for i in range(rows):
+            d = self._add(c, str(i).encode(), True)
+            for j in range(cols):
+                self._add(d, f"{j}.tiff".encode(), False)
+
+    def _make(self, ino: int, is_dir: bool) -> pyfuse3.EntryAttributes:
+        out = pyfuse3.EntryAttributes()
+        out.st_ino = ino
+        out.st_mode = (stat.S_IFDIR | 0o555) if is_dir else (stat.S_IFREG | 0o444)
+        out.st_nlink = 2 if is_dir else 1
+        out.st_size = 0 if is_dir else 412
+        out.st_blksize = 1 << 20
+        out.st_blocks = 1
+        out.attr_timeout = out.entry_timeout = TIMEOUT
+        return out
+
+    def _add(self, parent: int, name: bytes, is_dir: bool) -> int:
+        ino = len(self.attrs) + pyfuse3.ROOT_INODE
+        self.attrs[ino] = self._make(ino, is_dir)
+        self.children.setdefault(parent, []).append((name, ino))
+        if is_dir:
+            self.children[ino] = []
+        return ino
+
+    async def lookup(self, parent_inode: int, name: bytes, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        for child, ino in self.children.get(parent_inode, ()):
+            if child == name:
+                return self.attrs[ino]
+        raise pyfuse3.FUSEError(errno.ENOENT)
+
+    async def getattr(self, inode: int, ctx: Any = None) -> pyfuse3.EntryAttributes:
+        return self.attrs[inode]
+
+    async def opendir(self, inode: int, ctx: Any) -> int:
+        return inode
+
+    async def readdir(self, fh: int, start_id: int, token: pyfuse3.ReaddirToken) -> None:
+        attrs, reply = self.attrs, pyfuse3.readdir_reply
+        for i, (name, ino) in enumerate(self.children[fh][start_id:], start_id + 1):
+            if not reply(token, name, attrs[ino], i):
+                break
+
+
 def main(argv: list[str]) -> int:
+    if argv[0] == "--listing":
+        rows, cols = map(int, argv[1].split("x"))
+        listing_ops = ListingOperations(rows, cols)
+        return _serve(listing_ops, argv[2])
     source, mountpoint = argv[0], argv[1]
-    ops = PassthroughOperations(os.path.abspath(source), flush="--no-flush" not in argv)
+    return _serve(PassthroughOperations(os.path.abspath(source), flush="--no-flush" not in argv), mountpoint)
+
+
+def _serve(ops: pyfuse3.Operations, mountpoint: str) -> int:
     options = set(pyfuse3.default_options) | {"fsname=zfuse-floor", "ro"}
     options.discard("default_permissions")
     pyfuse3.init(ops, mountpoint, options)

@@ -365,6 +365,48 @@ def test_a_directory_listed_ahead_opens_as_listed_with_inodes_made_ahead(slash: 
     assert [fs.inodes[ino].lookups for ino in inos] == [3 if ino == known_ino else 2 for ino in inos]
 
 
+def test_a_directory_listed_ahead_is_offered_as_runs_numbered_in_order(slash: Path) -> None:
+    """[read-3] What the FUSE adapter gets for `ls -lR`: a directory listed ahead, none
+    of whose entries the kernel knows yet, is offered as runs (names encoded, inode
+    numbers in order, one set of attributes) however full the reply buffer gets; the
+    entries are what a plain listing shows, and each is an inode by number, with one
+    kernel reference, until forgotten."""
+    view, store, fs, nxt = walked_past_two(slash)
+    runs: list[tuple[list[bytes], list[int], object, int]] = []
+
+    def accept_run(names, inos, attrs, offset) -> int:  # a reply buffer with room for 3
+        taken = min(3, len(names))
+        runs.append((list(names[:taken]), list(inos[:taken]), attrs, offset))
+        return taken
+
+    async def run() -> None:
+        ino = ROOT_INODE
+        for name in ("c", nxt):
+            ino = (await fs.lookup(ino, name)).ino
+        fh = await fs.opendir(ino)
+        offset = 0
+        while True:
+            await fs.readdir(fh, offset, lambda *entry: pytest.fail(f"offered one by one: {entry}"), accept_run)
+            if runs[-1][3] != offset or not runs[-1][0]:
+                break
+            offset += len(runs[-1][0])
+        fs.releasedir(fh)
+
+    trio.run(run)
+    names = [name.decode() for taken, _, _, _ in runs for name in taken]
+    inos = [ino for _, taken, _, _ in runs for ino in taken]
+    plain = FileSystem(open_view(slash)[0], stats=Stats())
+    plain.started_ns = fs.started_ns
+    expected = fs_listing(plain, ("c", nxt))
+    assert names == [name for name, _, _ in expected] and len(names) > 3
+    assert all(attrs[1:] == expected[0][2][1:] for _, _, attrs, _ in runs)  # type: ignore[index]
+    assert inos == list(range(inos[0], inos[0] + len(inos)))
+    assert [fs.inodes.path_of(ino) for ino in inos] == [("c", nxt, name) for name in names]
+    assert [fs.inodes.ino_of(("c", nxt, name)) for name in names] == inos
+    fs.forget([(ino, 1) for ino in inos])
+    assert all(ino not in fs.inodes for ino in inos)
+
+
 def test_a_directory_listed_ahead_then_written_to_is_listed_as_it_is_now(slash: Path) -> None:
     """[read-3] A listing made ahead is not used once its array changed (a chunk
     written or removed through the mount): the opendir shows the directory as it is."""

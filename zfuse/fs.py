@@ -31,7 +31,6 @@ from __future__ import annotations
 import collections
 import errno
 import functools
-import itertools
 import json
 import logging
 import operator
@@ -39,13 +38,14 @@ import os
 import stat as stat_mod
 import threading
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple, Protocol, TypeVar
 
 import trio
 
 from zfuse.errors import CorruptDataError, NotAllowedError, ReadOnlyError, ZfuseError, errno_for
+from zfuse.inodes import Inode, InodeTable
 from zfuse.stats import Stats
 from zfuse.view.array_view import stored_files_bound
 from zfuse.view.tree import NEEDS_IO, DirReader, Entry, Node, View
@@ -147,14 +147,6 @@ class OpenReply:
     noflush: bool = False
 
 
-@dataclass(slots=True)
-class Inode:
-    ino: int
-    path: Path
-    lookups: int = 0
-    detached: bool = False  # its name now belongs to another file, or was unlinked
-
-
 class Handle:
     """One open file."""
 
@@ -221,33 +213,35 @@ class _DirHandle:
 @dataclass
 class _Prepared:
     """A directory listed ahead, ready for the walker's opendir, made in the listing
-    thread (off the event loop): its reader's sorted snapshot, its entries' names and an
-    inode for each (readdir registers the ones whose path has none yet), and whether
-    every entry is a stored chunk of one size (or a chunk directory), whose attributes
-    are then one tuple for all."""
+    thread (off the event loop): its reader's sorted snapshot, its entries' names, and
+    whether every entry is a stored chunk of one size (or a chunk directory), whose
+    attributes are then one tuple for all (and whose names are then also encoded as a
+    reply carries them: readdir offers them as one run)."""
 
     reader: DirReader
     names: list[str]
-    made: list[Inode]
+    encoded: list[bytes]
     uniform: tuple[Node, int] | None
 
     @classmethod
-    def of(cls, reader: DirReader, numbers: Iterator[int]) -> _Prepared:
-        # C-level passes (map, zip, sets), not a Python statement per entry
+    def of(cls, reader: DirReader) -> _Prepared:
+        # C-level passes (map, sets), not a Python statement per entry
         entries = reader.at_hand(0) or []
-        n = len(entries)
         names = list(map(_FIRST, entries))
-        paths = zip(*[itertools.repeat(part, n) for part in reader.path], names, strict=True)
-        made = list(map(Inode, itertools.islice(numbers, n), paths))
         found = list(map(_SECOND, entries))
         nodes, sizes = set(map(_FIRST, found)), set(map(_SECOND, found))
         uniform = None
         if len(sizes) == 1 and (nodes == {Node.KEYDIR} or (nodes == {Node.CHUNK} and None not in map(_FOURTH, found))):
             uniform = (nodes.pop(), sizes.pop())  # every entry a stored chunk of one size, or a chunk directory
-        return cls(reader, names, made, uniform)
+        encoded = list(map(_ENCODE, names)) if uniform is not None else []
+        return cls(reader, names, encoded, uniform)
 
 
 _FIRST, _SECOND, _FOURTH = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(3)
+_ENCODE = operator.methodcaller("encode", "utf-8", "surrogateescape")  # a name as a reply carries it
+# readdir's offer of a run of entries sharing one set of attributes (names encoded,
+# inode numbers, the attributes, the offset before the first): how many were taken
+AcceptRun = Callable[[Sequence[bytes], Sequence[int], Attributes, int], int]
 
 
 @dataclass
@@ -331,13 +325,12 @@ def operation(path_of: Callable[..., Path | None]) -> Callable[[Callable[..., Aw
 
 
 def _by_inode(self: FileSystem, ino: int, *rest: Any) -> Path | None:
-    inode = self.inodes.get(ino)
-    return inode.path if inode else None
+    return self.inodes.path_of(ino)
 
 
 def _by_child(self: FileSystem, parent: int, name: str, *rest: Any) -> Path | None:
-    inode = self.inodes.get(parent)
-    return (*inode.path, name) if inode else None
+    path = self.inodes.path_of(parent)
+    return (*path, name) if path is not None else None
 
 
 def _by_handle(self: FileSystem, fh: int, *rest: Any) -> Path | None:
@@ -413,10 +406,7 @@ class FileSystem:
             replace_window=replace_window, pending_timeout=pending_timeout,
             journal=self.journal, before_replace=self._keep_readers, process=process,
         )
-        self.inodes: dict[int, Inode] = {ROOT_INODE: Inode(ROOT_INODE, (), lookups=1)}
-        self._ino_of: dict[Path, int] = {(): ROOT_INODE}
-        # inode numbers: `next` of a count is atomic, so listing threads take numbers too
-        self._ino_numbers = itertools.count(ROOT_INODE + 1)
+        self.inodes = InodeTable(Inode(ROOT_INODE, (), lookups=1))
         self.handles: dict[int, Handle] = {}
         self._dirs: dict[int, _DirHandle] = {}
         self._next_fh = 1
@@ -487,13 +477,7 @@ class FileSystem:
 
     # -- inodes ---------------------------------------------------------------
     def _inode(self, path: Path) -> Inode:
-        ino = self._ino_of.get(path)
-        if ino is not None:
-            return self.inodes[ino]
-        inode = Inode(next(self._ino_numbers), path)
-        self.inodes[inode.ino] = inode
-        self._ino_of[path] = inode.ino
-        return inode
+        return self.inodes.new(path)
 
     def _get(self, ino: int) -> Inode:
         inode = self.inodes.get(ino)
@@ -511,29 +495,23 @@ class FileSystem:
 
     def remember(self, ino: int) -> None:
         """The kernel took a reference to `ino` (a lookup reply or a readdirplus entry)."""
-        inode = self.inodes.get(ino)
-        if inode is not None:
-            inode.lookups += 1
+        self.inodes.remember(ino)
 
     def forget(self, items: list[tuple[int, int]]) -> None:
         """The kernel dropped references; inodes it no longer knows are freed."""
         for ino, count in items:
-            inode = self.inodes.get(ino)
-            if inode is None or ino == ROOT_INODE:
+            if ino == ROOT_INODE:
                 continue
-            inode.lookups -= count
-            if inode.lookups <= 0:
-                self._forget_stored(inode.path)  # (its page cache goes with it)
-                del self.inodes[ino]
-                if self._ino_of.get(inode.path) == ino:
-                    del self._ino_of[inode.path]
+            gone = self.inodes.forget(ino, count)
+            if gone is not None:
+                self._forget_stored(gone)  # (its page cache goes with it)
 
     def _detach_inode(self, path: Path) -> None:
         """`path` now names another file (or none): its inode keeps working by number."""
-        ino = self._ino_of.pop(path, None)
-        if ino is not None:
-            self.inodes[ino].detached = True
-            self._invalidate(ino)
+        inode = self.inodes.take_path(path)
+        if inode is not None:
+            inode.detached = True
+            self._invalidate(inode.ino)
 
     # -- entries --------------------------------------------------------------
     def _special_entry(self, path: Path) -> Entry | None:
@@ -692,16 +670,20 @@ class FileSystem:
         self._dirs[fh] = _DirHandle(path, reader, prepared)
         return fh
 
-    async def readdir(self, fh: int, start: int, accept: Callable[[str, int, Attributes, int], bool]) -> None:
+    async def readdir(self, fh: int, start: int, accept: Callable[[str, int, Attributes, int], bool],
+                      accept_run: AcceptRun | None = None) -> None:
         """Offer entries from `start` to `accept(name, ino, attrs, next_offset)` until it
         returns False (buffer full). Entries with the same attributes but the inode
         number share one `attrs` whose own `ino` is 0 (every stored chunk of a directory
         and every chunk directory): a listing builds no tuple per entry, and the FUSE
-        adapter fills its reply's attributes once per run of such entries."""
+        adapter fills its reply's attributes once per run of such entries. With
+        `accept_run(names, inos, attrs, offset)` (names encoded; it returns how many it
+        took), a directory listed ahead whose entries all share their attributes is
+        offered as one run: no call per entry."""
         handle = self._dirs[fh]
         prepared, writes = handle.prepared, self.writes
         if prepared is not None and prepared.uniform is not None and not writes.touched and not writes.removed:
-            self._readdir_uniform(prepared, start, accept)
+            self._readdir_uniform(prepared, start, accept, accept_run)
             return
         i = start
         while True:
@@ -714,27 +696,18 @@ class FileSystem:
                 continue
             if not batch:
                 return
-            # hot: once per entry of every listing; inodes looked up and counted inline.
-            # Nothing written yet (no awaits in this loop): a stored chunk or a chunk
-            # directory has the mount's mtime and cached attributes (`attributes`)
-            base, ino_of, inodes, removed = handle.path, self._ino_of, self.inodes, writes.removed
+            # hot: once per entry of every listing (no awaits in this loop). Nothing
+            # written yet: a stored chunk or a chunk directory has the mount's mtime and
+            # cached attributes (`attributes`)
+            base, new_inode, removed = handle.path, self.inodes.new, writes.removed
             plain = not writes.touched
             chunk, keydir, shared_node, shared_size, shared = Node.CHUNK, Node.KEYDIR, None, -1, None
-            made = prepared.made if prepared is not None and i + len(batch) <= len(prepared.made) else None
             for name, entry in batch:
-                path = (*base, name) if made is None else made[i].path  # made ahead: its path too
+                path = (*base, name)
                 i += 1
                 if removed and writes.is_removed(path):
                     continue  # unlinked, its store deletion still pending
-                ino = ino_of.get(path)
-                if ino is not None:
-                    inode = inodes[ino]
-                elif made is None:
-                    inode = self._inode(path)
-                else:
-                    inode = made[i - 1]
-                    inodes[inode.ino] = inode
-                    ino_of[path] = inode.ino
+                inode = new_inode(path)
                 node = entry.node
                 if plain and (node is keydir or node is chunk and entry.coords is not None):
                     if node is not shared_node or entry.size != shared_size:
@@ -747,28 +720,34 @@ class FileSystem:
                     return
                 inode.lookups += 1  # the kernel holds a reference per readdirplus entry
 
-    def _readdir_uniform(self, prepared: _Prepared, start: int, accept: Callable[[str, int, Attributes, int], bool]) -> None:
+    def _readdir_uniform(self, prepared: _Prepared, start: int, accept: Callable[[str, int, Attributes, int], bool],
+                         accept_run: AcceptRun | None) -> None:
         """readdir of a directory listed ahead whose entries all have one set of
-        attributes (a chunk directory), while nothing is written or removed: per entry,
-        only its inode (made ahead, registered if its path has none) and the reply."""
-        # the hot path of `ls -lR`: 100,000 entries, each costing the event loop about a
-        # microsecond here against two in the general loop of `readdir`
+        attributes (a chunk directory), while nothing is written or removed. Its entries
+        are numbered as one run of inodes (`InodeTable.run_first`): no Inode object, no
+        dict entry per entry, and with `accept_run` no call per entry either."""
+        # the hot path of `ls -lR`: 100,000 entries
         attrs = self._shared_attributes(*prepared.uniform)  # type: ignore[misc]
-        ino_of, inodes = self._ino_of, self.inodes
-        i = start
-        for name, inode in zip(prepared.names[start:], prepared.made[start:], strict=True):
-            path = inode.path
-            ino = ino_of.get(path)
-            if ino is None:
-                ino = inode.ino
-                inodes[ino] = inode
-                ino_of[path] = ino
-            else:
-                inode = inodes[ino]
-            i += 1
-            if not accept(name, ino, attrs, i):
-                return
-            inode.lookups += 1  # the kernel holds a reference per readdirplus entry
+        parent, names, inodes = prepared.reader.path, prepared.names, self.inodes
+        first = inodes.run_first(parent, names)
+        if first is None:  # some are inodes of their own already: entry by entry
+            i = start
+            for name in names[start:]:
+                inode = inodes.new((*parent, name))
+                i += 1
+                if not accept(name, inode.ino, attrs, i):
+                    return
+                inode.lookups += 1  # the kernel holds a reference per readdirplus entry
+            return
+        if accept_run is not None:
+            taken = accept_run(prepared.encoded[start:], range(first + start, first + len(names)), attrs, start)
+        else:
+            taken = 0
+            for name in names[start:]:
+                if not accept(name, first + start + taken, attrs, start + taken + 1):
+                    break
+                taken += 1
+        inodes.add_run(parent, names, first, start, start + taken)
 
     def _shared_attributes(self, node: Node, size: int) -> Attributes:
         """Attributes of every stored chunk of `size` (or chunk directory) but the inode
@@ -850,7 +829,7 @@ class FileSystem:
                 reader.fetch(0)
                 # small enough to be one snapshot, and for its made-ahead inodes to be few
                 if reader.current() and len(reader.at_hand(0) or ()) <= PREPARED_ENTRIES:
-                    self._prepared[path] = _Prepared.of(reader, self._ino_numbers)
+                    self._prepared[path] = _Prepared.of(reader)
                     while len(self._prepared) > PREPARED_KEPT:
                         self._prepared.pop(next(iter(self._prepared)), None)
         except Exception as e:  # the walker's own opendir lists it again and reports it
@@ -1297,11 +1276,10 @@ class FileSystem:
         # the kernel moved the inode of `old` to `new`; the one that was at `new` is
         # detached but stays valid for whoever looked it up a moment ago
         self._detach_inode(new)
-        ino = self._ino_of.pop(old, None)
-        if ino is not None:
-            self.inodes[ino].path = new
-            self._ino_of[new] = ino
-            self._invalidate(ino)
+        inode = self.inodes.take_path(old)
+        if inode is not None:
+            self.inodes.set_path(inode, new)
+            self._invalidate(inode.ino)
 
     @operation(_by_child)
     async def mkdir(self, parent: int, name: str) -> Attributes:
@@ -1375,7 +1353,7 @@ class FileSystem:
                     handle.array, handle.coords = arr, coords
                     if handle.stored is not None:  # the store as it is now: reopened
                         await self._reopen_stored(fh, handle, arr, coords)
-        for ino in list(self.inodes):
+        for ino in self.inodes.inos():
             if ino != ROOT_INODE:
                 self._invalidate(ino)
 
@@ -1413,9 +1391,9 @@ class FileSystem:
 
     # -- kernel cache invalidation --------------------------------------------
     def _invalidate(self, ino: int) -> None:
-        inode = self.inodes.get(ino)
-        if inode is not None:
-            self._forget_stored(inode.path)
+        path = self.inodes.path_of(ino)
+        if path is not None:
+            self._forget_stored(path)
         if self.kernel is not None:
             self.kernel.invalidate_inode(ino)
 
@@ -1428,7 +1406,7 @@ class FileSystem:
 
     def _invalidate_path(self, path: Path) -> None:
         self._forget_stored(path)
-        ino = self._ino_of.get(path)
+        ino = self.inodes.ino_of(path)
         if ino is not None:
             self._invalidate(ino)
 
@@ -1437,7 +1415,7 @@ class FileSystem:
         calls it in its own thread once the chunk is stored (a thread of its own per
         commit was ~10 % of the daemon's CPU in a `cp` loop)."""
         self._forget_stored(path)
-        ino = self._ino_of.get(path)
+        ino = self.inodes.ino_of(path)
         if ino is None or self.kernel is None:
             return None
         return functools.partial(self._invalidate_here, path, ino)
@@ -1450,6 +1428,6 @@ class FileSystem:
 
     def _forget_name(self, path: Path) -> None:
         """A name that no longer resolves: the kernel must not keep its dentry."""
-        parent = self._ino_of.get(path[:-1])
+        parent = self.inodes.ino_of(path[:-1])
         if parent is not None and self.kernel is not None:
             self.kernel.invalidate_entry(parent, path[-1])

@@ -17,7 +17,7 @@ import errno
 import functools
 import logging
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 import pyfuse3
@@ -219,8 +219,20 @@ class ZfuseOperations(pyfuse3.Operations):
             out.st_ino = ino
             return reply(token, name.encode("utf-8", "surrogateescape"), out, next_id)
 
+        def accept_run(names: Sequence[bytes], inos: Sequence[int], attrs: Attributes, offset: int) -> int:
+            # the hot loop of `ls -lR` (a chunk directory listed ahead): per entry only
+            # its inode number and the reply
+            _fill_attributes(out, attrs)
+            filled[0] = attrs
+            for taken, (name, ino) in enumerate(zip(names, inos, strict=True)):
+                out.st_ino = ino
+                offset += 1
+                if not reply(token, name, out, offset):
+                    return taken
+            return len(names)
+
         try:
-            await self.fs.readdir(fh, start_id, accept)
+            await self.fs.readdir(fh, start_id, accept, accept_run)
         except FsError as e:
             raise pyfuse3.FUSEError(e.errno) from None
 
