@@ -54,6 +54,24 @@ def floor_mount(source: Path, *, flush: bool) -> Iterator[tuple[Path, int]]:
         proc.wait(timeout=30)
 
 
+@contextlib.contextmanager
+def listing_floor_mount(rows: int, cols: int) -> Iterator[tuple[Path, int]]:
+    """The listing floor (`minimal_fs --listing`): `c/I/J.tiff` for a rows x cols grid,
+    every answer made before the mount; (mountpoint, daemon pid), always unmounted."""
+    mnt = tmp_dir() / f"floor-listing-{rows}x{cols}"
+    mnt.mkdir(exist_ok=True)
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.minimal_fs", "--listing", f"{rows}x{cols}", str(mnt)],
+                            cwd=ROOT.parent)
+    try:
+        wait_until(lambda: os.path.ismount(mnt) or proc.poll() is not None, what="the listing floor", timeout=120)
+        if proc.poll() is not None:
+            raise RuntimeError(f"benchmarks.minimal_fs exited with {proc.returncode}")
+        yield mnt, proc.pid
+    finally:
+        subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
+        proc.wait(timeout=30)
+
+
 def bench_floor(cfg: Config) -> list[Result]:
     results = []
     for spec in read_specs(cfg):

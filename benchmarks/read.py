@@ -181,9 +181,15 @@ def bench_ls(cfg: Config) -> list[Result]:
     in the same repetition: the sharded store itself is ten files, so the flat store's
     listing is the reference for both. Also recorded: the daemon's CPU time. With
     ZFUSE_BENCH_OTHER_CODE=CHECKOUT that checkout's daemon lists in the same repetitions
-    too (before/after), the two daemons taking turns at going first."""
+    too (before/after), the two daemons taking turns at going first. Each repetition
+    also lists the listing floor (`minimal_fs --listing`: the same names answered from
+    memory by a pyfuse3 + trio filesystem doing nothing else): what the requests and
+    the kernel cost on this machine, whatever a daemon does."""
+    from benchmarks.floor import listing_floor_mount
+
     results = []
-    n = ls_shape(cfg)[0] * ls_shape(cfg)[1]
+    rows, cols = ls_shape(cfg)
+    n = rows * cols
     flat = build_ls_flat(cfg)
     other_code = os.environ.get("ZFUSE_BENCH_OTHER_CODE")
     for kind, builder in (("flat", build_ls_flat), ("sharded", build_ls_sharded)):
@@ -191,7 +197,15 @@ def bench_ls(cfg: Config) -> list[Result]:
         z_t, p_t, own_t, cpu, seen = [], [], [], [], 0
         o_t: list[float] = []
         o_cpu: list[float] = []
+        f_t: list[float] = []
         for rep in range(cfg.reps):
+            # the listing floor: a pyfuse3 + trio filesystem answering the same names
+            # from memory (what the requests cost with no work at all)
+            with listing_floor_mount(rows, cols) as (mnt, _):
+                drop_caches(cfg)
+                t, listed = ls_lR(mnt)
+                assert listed == n, f"the listing floor listed {listed} files"
+                f_t.append(t)
             order = [None, other_code] if rep % 2 == 0 else [other_code, None]
             for code in order if other_code else [None]:
                 t, listed, used = _ls_fresh_mount(cfg, store, Path(code) if code else None)
@@ -209,8 +223,11 @@ def bench_ls(cfg: Config) -> list[Result]:
                 own_t.append(ls_lR(store)[0])
         zt, pt = median(z_t), median(p_t)
         ratios = [p / z for p, z in zip(p_t, z_t, strict=True)]
+        ft = median(f_t)
         extra = {"zfuse_runs_s": z_t, "store_runs_s": p_t, "ratios": ratios, "daemon_cpu_s": cpu,
-                 "own_store_runs_s": own_t, "listed": seen}
+                 "own_store_runs_s": own_t, "listed": seen, "floor_runs_s": f_t,
+                 "floor_vs_store": f"{median([p / f for p, f in zip(p_t, f_t, strict=True)]):.2f}x",
+                 "zfuse_vs_floor": f"{median([f / z for f, z in zip(f_t, z_t, strict=True)]):.2f}x"}
         if other_code:
             other_ratios = [p / o for p, o in zip(p_t, o_t, strict=True)]
             extra.update(other_code=other_code, other_runs_s=o_t, other_ratios=other_ratios,
@@ -224,7 +241,8 @@ def bench_ls(cfg: Config) -> list[Result]:
             extra=extra,
         ))
         cfg.log(f"  ls -lR {kind}: zfuse {zt:.2f}s (flat store dir {pt:.2f}s, ratio {median(ratios):.2f}x), "
-                f"daemon cpu {median(cpu):.2f}s, {seen} files")
+                f"daemon cpu {median(cpu):.2f}s, {seen} files; listing floor {ft:.2f}s "
+                f"(store / floor {extra['floor_vs_store']}, floor / zfuse {extra['zfuse_vs_floor']})")
         if other_code:
             cfg.log(f"  ls -lR {kind}, {other_code}: {median(o_t):.2f}s (ratio {median(other_ratios):.2f}x), "
                     f"daemon cpu {median(o_cpu):.2f}s")
