@@ -170,6 +170,10 @@ class InodeTable:
             bisect.insort(self._run_firsts, first)
             self._runs_by_first[first] = run
         counts = run.counts
+        if not any(counts[start:end]):  # offered for the first time (`ls -lR`): in C
+            counts[start:end] = [1] * (end - start)
+            run.live += end - start
+            return
         for i in range(start, end):
             count = counts[i]
             if count == 0:
