@@ -476,3 +476,28 @@ def test_a_walker_lists_a_directory_itself_when_the_listing_thread_has_not_got_t
     assert stats.snapshot()["listing_read_ahead"] == LIST_AHEAD
     listed = [p for kind, p in store.lists if p.count("/") == 2]
     assert len(listed) == len(set(listed))
+
+
+@pytest.mark.parametrize("columns", [40, 5000])  # names decoded by a dict (few columns) or one by one
+def test_a_chunk_directory_lists_its_chunks_and_nothing_else(tmp_path: Path, columns: int) -> None:
+    """Store files that are not chunks of the grid (zero-padded, past the grid's edge,
+    not a number) are not chunk files; the ones that are keep their coordinates."""
+    arr = zarr.create_array(str(tmp_path / "a.zarr"), shape=(3, columns), chunks=(1, 1), dtype="uint8",
+                            fill_value=0, compressors=None)
+    arr[1, 2] = arr[1, 3] = arr[1, columns - 1] = 7
+    row = tmp_path / "a.zarr" / "c" / "1"
+    for stray in ("02", str(columns), "x", "-1", "3.0"):
+        (row / stray).write_bytes(b"\0")
+    view, _, _ = open_view(tmp_path / "a.zarr")
+    entries = view.list_dir(("c", "1"))
+    assert [(name, e.coords) for name, e in entries] == sorted(
+        [("2.tiff", (1, 2)), ("3.tiff", (1, 3)), (f"{columns - 1}.tiff", (1, columns - 1))])
+
+
+def test_a_one_dimensional_array_lists_its_chunks(tmp_path: Path) -> None:
+    arr = zarr.create_array(str(tmp_path / "a.zarr"), shape=(10,), chunks=(1,), dtype="uint8", fill_value=0,
+                            compressors=None)
+    arr[4] = arr[9] = 1
+    (tmp_path / "a.zarr" / "c" / "04").write_bytes(b"\0")
+    view, _, _ = open_view(tmp_path / "a.zarr")
+    assert [(name, e.coords) for name, e in view.list_dir(("c",))] == [("4.tiff", (4,)), ("9.tiff", (9,))]

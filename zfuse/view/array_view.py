@@ -35,6 +35,7 @@ import base64
 import errno
 import itertools
 import json
+import operator
 import os
 import stat as stat_mod
 import threading
@@ -54,6 +55,7 @@ from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, DirPage
 from zfuse.view.tiff import TiffLayout, build_header, plan_layout, tiff_unsupported_reason
 
 CHUNK_SUFFIX = ".tiff"
+_FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 
 
 @dataclass
@@ -460,7 +462,10 @@ class ArrayView:
         pages = self._grid_pages(rest) if self.options.all_chunks else self.source.iter_chunk_dir(rest)
         for page in pages:
             self.stats.count("listing_pages")
-            items = [(name + CHUNK_SUFFIX, c) if c is not None else (name, None) for name, c in page]
+            if all(map(_SECOND, page)):  # chunk files only (C-level: every entry of `ls -lR`)
+                items = list(zip(map(operator.add, map(_FIRST, page), itertools.repeat(CHUNK_SUFFIX)), map(_SECOND, page), strict=True))
+            else:
+                items = [(name + CHUNK_SUFFIX, c) if c is not None else (name, None) for name, c in page]
             if children is not None:
                 children.update(items)
                 if len(children) >= limit:

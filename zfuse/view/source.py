@@ -43,6 +43,7 @@ log = logging.getLogger("zfuse.view")
 Coords = tuple[int, ...]
 LIST_PAGE = 1000  # names taken from a store listing at a time (S3 returns 1000 per LIST page)
 DEFAULT_INDEX_CACHE_BYTES = 64 * 1024 * 1024
+LEAF_INDEX_MAX = 4096  # chunks along the last axis up to which listings decode names by a dict
 DirPage = list[tuple[str, Coords | None]]  # (key name, chunk coords) or (directory name, None)
 
 
@@ -530,6 +531,14 @@ class ZarrChunkSource(ChunkSource):
             else:
                 yield self._inner_chunks(head, names, fixed)
 
+    @functools.cached_property
+    def _leaf_index(self) -> dict[str, int] | None:
+        """Chunk file name -> last coordinate, for every name a chunk directory may hold,
+        when names are the last coordinate alone and there are few (else None)."""
+        if not self._leaf_names_are_ints() or self._grid[-1] > LEAF_INDEX_MAX:
+            return None
+        return {str(i): i for i in range(self._grid[-1])}
+
     def _leaf_names_are_ints(self) -> bool:
         """Whether a chunk file's name in its directory is its last coordinate alone
         (``/``-separated default and v2 keys): listings then decode names with int()."""
@@ -550,6 +559,15 @@ class ZarrChunkSource(ChunkSource):
 
     def _stored_chunks(self, head: str, names: list[str], fixed: Coords) -> DirPage:
         out: DirPage = []
+        index = self._leaf_index
+        if index is not None:
+            # C-level passes: a listing of a chunk directory is every entry of `ls -lR`
+            found = list(map(index.get, names))
+            if None not in found:  # every name a chunk of the grid (the usual case)
+                n = len(names)
+                return list(zip(names, zip(*[itertools.repeat(f, n) for f in fixed], found, strict=True),
+                                strict=True))
+            return [(name, (*fixed, i)) for name, i in zip(names, found, strict=True) if i is not None]
         if self._leaf_names_are_ints():
             last = self._grid[-1]
             for name in names:
