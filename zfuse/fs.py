@@ -5,10 +5,11 @@ result or `FsError` into one reply; everything a request *decides* is decided
 here, so it is tested with plain calls (tests/test_fs.py), no kernel.
 
 What lives here:
-- Inodes. An inode names a path until the kernel forgets it. An inode whose
-  name was replaced (rename onto it) or unlinked stays valid: a process that
-  looked the name up a moment before can still open and stat it, and sees the
-  path's current file (never ENOENT for a name that always existed).
+- Inodes (kept in `zfuse.inodes.InodeTable`). An inode names a path until the
+  kernel forgets it. An inode whose name was replaced (rename onto it) or
+  unlinked stays valid: a process that looked the name up a moment before can
+  still open and stat it, and sees the path's current file (never ENOENT for a
+  name that always existed).
 - Open files (`Handle`). A handle reads one of: a fixed byte snapshot
   (metadata, `.zfuse/` files, a chunk replaced or unlinked while open), a write
   state's buffer, a whole-image reader, the stored file of a chunk stored raw
