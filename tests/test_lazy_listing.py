@@ -486,7 +486,7 @@ def test_a_chunk_directory_lists_its_chunks_and_nothing_else(tmp_path: Path, col
                             fill_value=0, compressors=None)
     arr[1, 2] = arr[1, 3] = arr[1, columns - 1] = 7
     row = tmp_path / "a.zarr" / "c" / "1"
-    for stray in ("02", str(columns), "x", "-1", "3.0"):
+    for stray in ("02", str(columns), "x", "-1", "3.0", "\u0661", "\uff11"):  # and other scripts' digits
         (row / stray).write_bytes(b"\0")
     view, _, _ = open_view(tmp_path / "a.zarr")
     entries = view.list_dir(("c", "1"))
@@ -501,3 +501,55 @@ def test_a_one_dimensional_array_lists_its_chunks(tmp_path: Path) -> None:
     (tmp_path / "a.zarr" / "c" / "04").write_bytes(b"\0")
     view, _, _ = open_view(tmp_path / "a.zarr")
     assert [(name, e.coords) for name, e in view.list_dir(("c",))] == [("4.tiff", (4,)), ("9.tiff", (9,))]
+
+
+def test_a_worker_thread_keeps_no_job_argument_once_the_job_ran() -> None:
+    """A background job's argument is freed once the job has run, not kept until the
+    next job comes (a directory let go after readdir holds its whole view)."""
+    import threading
+    import weakref
+
+    from zfuse.testing import wait_until
+    from zfuse.workers import WorkerThreads
+
+    class Payload:
+        pass
+
+    pool = WorkerThreads(1, "test-let-go")
+    payload = Payload()
+    freed = weakref.ref(payload)
+    ran = threading.Event()
+    pool.submit(lambda _: ran.set(), payload)
+    del payload
+    assert ran.wait(30)
+    wait_until(lambda: freed() is None, what="the job's argument freed")
+
+
+def test_an_entry_left_out_of_a_full_reply_gets_no_inode(slash: Path) -> None:
+    """readdir numbers each entry it offers, but an entry the reply had no room for is
+    not an inode the kernel holds: nothing is left behind for a walker that stops."""
+    view, _, stats = open_view(slash)
+    fs = FileSystem(view, stats=stats)
+    got: list[tuple[str, int]] = []
+
+    def accept(name: str, ino: int, attrs: object, next_id: int) -> bool:
+        if len(got) == 2:
+            return False  # the reply buffer is full
+        got.append((name, ino))
+        return True
+
+    async def run() -> None:
+        ino = ROOT_INODE
+        for name in ("c", "7"):
+            ino = (await fs.lookup(ino, name)).ino
+        fh = await fs.opendir(ino)
+        await fs.readdir(fh, 0, accept)
+        fs.releasedir(fh)
+
+    before = len(fs.inodes)
+    trio.run(run)
+    names = [name for name, _ in view.list_dir(("c", "7"))]
+    assert [name for name, _ in got] == names[:2] and len(names) > 2
+    assert fs.inodes.ino_of(("c", "7", names[2])) is None
+    assert [fs.inodes[ino].lookups for _, ino in got] == [1, 1]
+    assert len(fs.inodes) == before + 2 + 2  # c, c/7 and the two entries

@@ -627,7 +627,7 @@ class FileSystem:
     async def opendir(self, ino: int) -> int:
         path = self._get(ino).path
         # a chunk directory listed ahead, still as listed (nothing changed in its array,
-        # nothing written): its snapshot sorted and its inodes made in the listing thread
+        # nothing written): its snapshot sorted and its names encoded in the listing thread
         prepared = self._take_prepared(path, self.view, not self.writes.states and not self.writes.made_dirs)
         if prepared is not None:
             return self._open_listed(self.view, path, prepared.reader, prepared)
@@ -705,7 +705,7 @@ class FileSystem:
             # hot: once per entry of every listing (no awaits in this loop). Nothing
             # written yet: a stored chunk or a chunk directory has the mount's mtime and
             # cached attributes (`attributes`)
-            base, new_inode, removed = handle.path, self.inodes.new, writes.removed
+            base, inodes, removed = handle.path, self.inodes, writes.removed
             plain = not writes.touched
             chunk, keydir, shared_node, shared_size, shared = Node.CHUNK, Node.KEYDIR, None, -1, None
             for name, entry in batch:
@@ -713,7 +713,7 @@ class FileSystem:
                 i += 1
                 if removed and writes.is_removed(path):
                     continue  # unlinked, its store deletion still pending
-                inode = new_inode(path)
+                ino, known = inodes.number(path)
                 node = entry.node
                 if plain and (node is keydir or node is chunk and entry.coords is not None):
                     if node is not shared_node or entry.size != shared_size:
@@ -721,10 +721,10 @@ class FileSystem:
                         shared = self._shared_attributes(node, shared_size)
                     attrs = shared
                 else:
-                    attrs = self.attributes(path, entry, inode.ino)
-                if not accept(name, inode.ino, attrs, i):  # type: ignore[arg-type]
+                    attrs = self.attributes(path, entry, ino)
+                if not accept(name, ino, attrs, i):  # type: ignore[arg-type]
                     return
-                inode.lookups += 1  # the kernel holds a reference per readdirplus entry
+                inodes.referenced(path, ino, known)  # one kernel reference per readdirplus entry
 
     def _readdir_uniform(self, prepared: _Prepared, start: int, accept: Callable[[str, int, Attributes, int], bool],
                          accept_run: AcceptRun | None) -> None:
@@ -739,11 +739,12 @@ class FileSystem:
         if first is None:  # some are inodes of their own already: entry by entry
             i = start
             for name in names[start:]:
-                inode = inodes.new((*parent, name))
+                path = (*parent, name)
+                ino, known = inodes.number(path)
                 i += 1
-                if not accept(name, inode.ino, attrs, i):
+                if not accept(name, ino, attrs, i):
                     return
-                inode.lookups += 1  # the kernel holds a reference per readdirplus entry
+                inodes.referenced(path, ino, known)  # one kernel reference per readdirplus entry
             return
         if accept_run is not None:
             taken = accept_run(prepared.encoded[start:], range(first + start, first + len(names)), attrs, start)
@@ -837,7 +838,7 @@ class FileSystem:
             if not view.needs_io(path, listing=True):
                 reader = view.dir_reader(path)
                 reader.fetch(0)
-                # small enough to be one snapshot, and for its made-ahead inodes to be few
+                # small enough to be one snapshot, and for its prepared names to be few
                 if reader.current() and len(reader.at_hand(0) or ()) <= PREPARED_ENTRIES:
                     self._prepared[path] = _Prepared.of(reader)
                     while len(self._prepared) > PREPARED_KEPT:

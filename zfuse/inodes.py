@@ -52,8 +52,8 @@ class _Run:
 
 
 class InodeTable:
-    """Inode number <-> path, and the kernel's references. Changed on the event loop
-    only; `ino_of` and `reserve` are safe from any thread."""
+    """Inode number <-> path, and the kernel's references. Used on the event loop;
+    only `ino_of` and `reserve` may also be called from other threads."""
 
     def __init__(self, root: Inode) -> None:
         self._inodes: dict[int, Inode] = {root.ino: root}
@@ -119,15 +119,30 @@ class InodeTable:
         return iter(out)
 
     # -- changes -----------------------------------------------------------------
-    def new(self, path: Path) -> Inode:
-        """The inode `path` names, made (with no references) if it has none."""
+    def new(self, path: Path, number: int | None = None) -> Inode:
+        """The inode `path` names, made (with no references) if it has none: numbered
+        `number` if given (one `reserve`d for it), else a new number."""
         ino = self.ino_of(path)
         if ino is not None:
             return self[ino]
-        inode = Inode(self.reserve(1), path)
+        inode = Inode(self.reserve(1) if number is None else number, path)
         self._inodes[inode.ino] = inode
         self._index(inode)
         return inode
+
+    def number(self, path: Path) -> tuple[int, bool]:
+        """(inode number, known): the number `path` has, or a new one reserved for it
+        (known False) that `referenced` makes an Inode once the kernel takes it, so an
+        entry left out of a full readdir reply leaves nothing behind."""
+        ino = self.ino_of(path)
+        return (ino, True) if ino is not None else (self.reserve(1), False)
+
+    def referenced(self, path: Path, ino: int, known: bool) -> None:
+        """The kernel took a reference to `path`'s inode `ino` (as `number` gave it)."""
+        if known:
+            self.remember(ino)
+        else:
+            self.new(path, ino).lookups += 1
 
     def take_path(self, path: Path) -> Inode | None:
         """The inode `path` names, no longer named by it (unlinked, replaced or renamed:
@@ -225,7 +240,7 @@ class InodeTable:
         if run is None:
             return None
         i = ino - run.first
-        return (run, i) if i < len(run.names) and run.counts[i] > 0 else None
+        return (run, i) if 0 <= i < len(run.names) and run.counts[i] > 0 else None
 
     def _make(self, run: _Run, i: int) -> Inode:
         """Run entry i as an Inode of its own, with its references."""

@@ -45,3 +45,5 @@ class WorkerThreads:
                 fn(arg)
             except Exception:
                 log.exception("background job %s failed", getattr(fn, "__name__", fn))
+            # not kept while waiting for the next job (a job's argument may hold a whole view)
+            del fn, arg

@@ -48,7 +48,8 @@ DirPage = list[tuple[str, Coords | None]]  # (key name, chunk coords) or (direct
 
 
 def _canonical_int(name: str) -> bool:
-    return name.isdigit() and (name == "0" or name[0] != "0")
+    # ASCII only: str.isdigit and int() also take other scripts' digits ("١", "１")
+    return name.isascii() and name.isdigit() and (name == "0" or name[0] != "0")
 
 
 class ChunkSource(ABC):
@@ -571,7 +572,7 @@ class ZarrChunkSource(ChunkSource):
         if self._leaf_names_are_ints():
             last = self._grid[-1]
             for name in names:
-                if name.isdigit() and (name[0] != "0" or name == "0"):  # _canonical_int, inlined
+                if name.isascii() and name.isdigit() and (name[0] != "0" or name == "0"):  # _canonical_int, inlined
                     i = int(name)
                     if i < last:
                         out.append((name, (*fixed, i)))
