@@ -553,3 +553,26 @@ def test_an_entry_left_out_of_a_full_reply_gets_no_inode(slash: Path) -> None:
     assert fs.inodes.ino_of(("c", "7", names[2])) is None
     assert [fs.inodes[ino].lookups for _, ino in got] == [1, 1]
     assert len(fs.inodes) == before + 2 + 2  # c, c/7 and the two entries
+
+
+def test_a_chunk_found_once_is_answered_from_memory_until_its_array_changes(slash: Path) -> None:
+    """A re-open (each pass of a warm re-read opens every file again) finds the chunk
+    file as it was found, until a chunk is added or removed through the mount or the
+    array is refreshed; then it is looked at again."""
+    from zfuse.view.tree import NEEDS_IO
+
+    view, store, _ = open_view(slash)
+    path = ("c", "7", "5.tiff")  # 7*40+5 = 285, a multiple of 3: stored
+    found = view.entry(path)
+    assert found is not None and found.coords == (7, 5) and store.exists_checks == ["c/7/5"]
+    assert view.entry(path, memory_only=True) is found  # the same answer, nothing looked at
+    arr = view.array_at(path)[0]
+    assert arr is not None
+    arr.remove_chunk((7, 5))
+    assert view.entry(path, memory_only=True) is None
+    arr.add_chunk((7, 5))
+    again = view.entry(path, memory_only=True)
+    assert again is not None and again is not found
+    arr.refresh()  # forget what exists: the store is asked again
+    assert view.entry(path, memory_only=True) is NEEDS_IO
+    assert view.entry(path) is not None and store.exists_checks == ["c/7/5", "c/7/5"]

@@ -104,6 +104,7 @@ class NeedsIO(enum.Enum):
 
 
 NEEDS_IO = NeedsIO.NEEDS_IO
+CHUNK_ENTRIES_KEPT = 16384  # chunk files remembered as existing (View.entry)
 
 @dataclass
 class _Node:
@@ -136,6 +137,10 @@ class View:
         self.problems: list[Problem] = problems or []
         self._images: dict[tuple[str, ...], dict[str, WholeImage]] = {}
         self._images_lock = threading.Lock()
+        # chunk files found to exist, with their array's listing version then: a re-open
+        # (a warm re-read opens every file again) answers without decoding its name
+        # again, until the array's listings change (a write, a removal, a refresh)
+        self._chunk_entries: dict[tuple[str, ...], tuple[ArrayView, Any, Entry]] = {}
 
     def arrays(self) -> Iterator[tuple[tuple[str, ...], ArrayView]]:
         def walk(node: _Node, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], ArrayView]]:
@@ -179,6 +184,9 @@ class View:
         (store I/O: worker thread, unless `needs_io(path)` is False); nothing lists.
         With `memory_only`, such a file gives `NEEDS_IO` instead: a caller on an event
         loop answers everything else without a thread hop, in one pass."""
+        known = self._chunk_entries.get(path)
+        if known is not None and known[0].listing_version == known[1]:
+            return known[2]
         node, rest = self._split(path)
         if not rest:
             return Entry(Node(node.kind), array=node.array)
@@ -195,12 +203,17 @@ class View:
             return None
         coords = arr.coords_of(rest)
         if coords is not None:
+            version = arr.listing_version  # (before the answer it stands for)
             exists = arr.known(coords) if memory_only else arr.exists(coords)
             if exists is None:
                 return NEEDS_IO
             if not exists:
                 return None
-            return Entry(Node.CHUNK, size=arr.file_size(coords), array=arr, coords=coords)
+            found = Entry(Node.CHUNK, size=arr.file_size(coords), array=arr, coords=coords)
+            if len(self._chunk_entries) >= CHUNK_ENTRIES_KEPT:
+                self._chunk_entries.clear()  # (forgetting costs one name decoded again)
+            self._chunk_entries[path] = (arr, version, found)
+            return found
         # A directory some chunk key of the grid would live in exists even when
         # empty, so `cp x c/3/0.tiff` works after `rm c/3/*`.
         return Entry(Node.KEYDIR, array=arr) if arr.is_key_prefix(rest) else None
