@@ -38,14 +38,12 @@ from zfuse.testing import wait_until
 
 
 @contextlib.contextmanager
-def floor_mount(source: Path, *, flush: bool) -> Iterator[tuple[Path, int]]:
-    """The minimal filesystem over `source`: (mountpoint, daemon pid), always unmounted."""
-    mnt = tmp_dir() / f"floor-{'flush' if flush else 'noflush'}"
+def _minimal_fs(args: list[str], mnt: Path, what: str) -> Iterator[tuple[Path, int]]:
+    """`python -m benchmarks.minimal_fs ARGS MNT`: (mountpoint, daemon pid), always unmounted."""
     mnt.mkdir(exist_ok=True)
-    args = [sys.executable, "-m", "benchmarks.minimal_fs", str(source), str(mnt)] + ([] if flush else ["--no-flush"])
-    proc = subprocess.Popen(args, cwd=ROOT.parent)
+    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.minimal_fs", *args, str(mnt)], cwd=ROOT.parent)
     try:
-        wait_until(lambda: os.path.ismount(mnt) or proc.poll() is not None, what="the minimal filesystem")
+        wait_until(lambda: os.path.ismount(mnt) or proc.poll() is not None, what=what, timeout=120)
         if proc.poll() is not None:
             raise RuntimeError(f"benchmarks.minimal_fs exited with {proc.returncode}")
         yield mnt, proc.pid
@@ -54,22 +52,16 @@ def floor_mount(source: Path, *, flush: bool) -> Iterator[tuple[Path, int]]:
         proc.wait(timeout=30)
 
 
-@contextlib.contextmanager
-def listing_floor_mount(rows: int, cols: int) -> Iterator[tuple[Path, int]]:
+def floor_mount(source: Path, *, flush: bool) -> contextlib.AbstractContextManager[tuple[Path, int]]:
+    """The minimal filesystem over `source`: (mountpoint, daemon pid), always unmounted."""
+    args = [str(source)] + ([] if flush else ["--no-flush"])
+    return _minimal_fs(args, tmp_dir() / f"floor-{'flush' if flush else 'noflush'}", "the minimal filesystem")
+
+
+def listing_floor_mount(rows: int, cols: int) -> contextlib.AbstractContextManager[tuple[Path, int]]:
     """The listing floor (`minimal_fs --listing`): `c/I/J.tiff` for a rows x cols grid,
     every answer made before the mount; (mountpoint, daemon pid), always unmounted."""
-    mnt = tmp_dir() / f"floor-listing-{rows}x{cols}"
-    mnt.mkdir(exist_ok=True)
-    proc = subprocess.Popen([sys.executable, "-m", "benchmarks.minimal_fs", "--listing", f"{rows}x{cols}", str(mnt)],
-                            cwd=ROOT.parent)
-    try:
-        wait_until(lambda: os.path.ismount(mnt) or proc.poll() is not None, what="the listing floor", timeout=120)
-        if proc.poll() is not None:
-            raise RuntimeError(f"benchmarks.minimal_fs exited with {proc.returncode}")
-        yield mnt, proc.pid
-    finally:
-        subprocess.run(["fusermount3", "-u", str(mnt)], capture_output=True)
-        proc.wait(timeout=30)
+    return _minimal_fs(["--listing", f"{rows}x{cols}"], tmp_dir() / f"floor-listing-{rows}x{cols}", "the listing floor")
 
 
 def bench_floor(cfg: Config) -> list[Result]:

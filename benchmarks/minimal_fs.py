@@ -151,7 +151,7 @@ def main(argv: list[str]) -> int:
         rows, cols = map(int, argv[1].split("x"))
         listing_ops = ListingOperations(rows, cols)
         return _serve(listing_ops, argv[2])
-    source, mountpoint = argv[0], argv[1]
+    source, mountpoint = [arg for arg in argv if arg != "--no-flush"]
     return _serve(PassthroughOperations(os.path.abspath(source), flush="--no-flush" not in argv), mountpoint)
 
 
