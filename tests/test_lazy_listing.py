@@ -374,6 +374,9 @@ def test_a_directory_listed_ahead_is_offered_as_runs_numbered_in_order(slash: Pa
     entries are what a plain listing shows, and each is an inode by number, with one
     kernel reference, until forgotten."""
     view, store, fs, nxt = walked_past_two(slash)
+    prepared = fs._prepared[("c", nxt)]
+    assert prepared.version is not None  # made from the listing: no Entry, no snapshot per name
+    assert prepared.reader.at_hand(0) is None
     runs: list[tuple[list[bytes], list[int], object, int]] = []
 
     def accept_run(names, inos, attrs, offset) -> int:  # a reply buffer with room for 3

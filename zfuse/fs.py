@@ -214,18 +214,21 @@ class _DirHandle:
 @dataclass
 class _Prepared:
     """A directory listed ahead, ready for the walker's opendir, made in the listing
-    thread (off the event loop): its reader's sorted snapshot, its entries' names, and
-    whether every entry is a stored chunk of one size (or a chunk directory), whose
-    attributes are then one tuple for all (and whose names are then also encoded as a
-    reply carries them: readdir offers them as one run)."""
+    thread (off the event loop): its names, and whether every entry is a stored chunk
+    of one size (or a chunk directory), whose attributes are then one tuple for all
+    (its names then also encoded as a reply carries them: readdir offers them as one
+    run, and the reader is not read: made from the listing, `uniform`). Otherwise the
+    reader holds the sorted snapshot."""
 
     reader: DirReader
     names: list[str]
     encoded: list[bytes]
     uniform: tuple[Node, int] | None
+    version: Any = None  # the listing version a `uniform` one stands for
 
     @classmethod
     def of(cls, reader: DirReader) -> _Prepared:
+        """From `reader`'s snapshot (taken)."""
         # C-level passes (map, sets), not a Python statement per entry
         entries = reader.at_hand(0) or []
         names = list(map(_FIRST, entries))
@@ -236,6 +239,24 @@ class _Prepared:
             uniform = (nodes.pop(), sizes.pop())  # every entry a stored chunk of one size, or a chunk directory
         encoded = list(map(_ENCODE, names)) if uniform is not None else []
         return cls(reader, names, encoded, uniform)
+
+    @classmethod
+    def uniform_of(cls, view: View, path: Path) -> _Prepared | None:
+        """From the directory's listing in memory, with no Entry per name, when its
+        entries share their attributes (`View.uniform_listing`); None otherwise."""
+        listing = view.uniform_listing(path)
+        if listing is None or len(listing[0]) > PREPARED_ENTRIES:
+            return None
+        names, node, size, version = listing
+        return cls(view.dir_reader(path), names, list(map(_ENCODE, names)), (node, size), version)
+
+    def current(self, view: View) -> bool:
+        """Whether it still shows what a listing in `view` now would."""
+        if self.reader.view is not view:
+            return False
+        if self.version is not None:
+            return self.version == view.listing_version(self.reader.path)
+        return self.reader.current()
 
 
 _FIRST, _SECOND, _FOURTH = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(3)
@@ -665,7 +686,7 @@ class FileSystem:
         """The directory the listing thread made ready for `path` (taken either way), if
         `usable` and it still shows what a listing in `view` now would."""
         prepared = self._prepared.pop(path, None) if self._prepared else None
-        if prepared is None or not usable or prepared.reader.view is not view or not prepared.reader.current():
+        if prepared is None or not usable or not prepared.current(view):
             return None
         return prepared
 
@@ -836,11 +857,15 @@ class FileSystem:
             # the reader the walker's opendir will want, its snapshot sorted here (if the
             # listing is kept in memory: never a second listing)
             if not view.needs_io(path, listing=True):
-                reader = view.dir_reader(path)
-                reader.fetch(0)
-                # small enough to be one snapshot, and for its prepared names to be few
-                if reader.current() and len(reader.at_hand(0) or ()) <= PREPARED_ENTRIES:
-                    self._prepared[path] = _Prepared.of(reader)
+                prepared = _Prepared.uniform_of(view, path)  # a chunk directory: names only
+                if prepared is None:
+                    reader = view.dir_reader(path)
+                    reader.fetch(0)
+                    # small enough to be one snapshot, and for its prepared names to be few
+                    if reader.current() and len(reader.at_hand(0) or ()) <= PREPARED_ENTRIES:
+                        prepared = _Prepared.of(reader)
+                if prepared is not None:
+                    self._prepared[path] = prepared
                     while len(self._prepared) > PREPARED_KEPT:
                         self._prepared.pop(next(iter(self._prepared)), None)
         except Exception as e:  # the walker's own opendir lists it again and reports it

@@ -405,6 +405,19 @@ class ArrayView:
         listed = self.caches.names.get((id(self), _DIR, rest))
         return listed if listed is not None and listed.generation == self._generation else None
 
+    def listed_names(self, rest: tuple[str, ...]) -> tuple[list[str], bool | None] | None:
+        """Directory `rest`'s names (listing order) if its listing is in memory, and
+        whether every one is a chunk file (True), every one a subdirectory (False), or
+        either (None). From memory only; C-level passes."""
+        listed = self._listed(rest)
+        if listed is None:
+            return None
+        with self._lock:  # writes update listed directories in place
+            names = list(listed.children)
+            found = list(listed.children.values())
+        subdirs = found.count(None)
+        return names, (True if not subdirs else False if subdirs == len(found) else None)
+
     def known(self, coords: Coords) -> bool | None:
         """Whether chunk `coords` exists, from memory only; None when unknown."""
         if self.options.all_chunks:

@@ -295,6 +295,25 @@ class View:
         arr = self._split(path)[0].array
         return None if arr is None else arr.listing_version
 
+    def uniform_listing(self, path: tuple[str, ...]) -> tuple[list[str], Node, int, Any] | None:
+        """(names sorted, node, size, listing version) of chunk directory `path` when its
+        listing is in memory and its entries all share their attributes: every one a
+        chunk file of one size, or every one a chunk directory. What a `list_dir` of it
+        would show, without an Entry per name; None otherwise. From memory only."""
+        node, rest = self._split(path)
+        arr = node.array
+        if arr is None or not rest or arr.layout is None or not arr.is_key_prefix(rest):
+            return None
+        version = arr.listing_version  # (before the names it stands for)
+        listed = arr.listed_names(rest)
+        if listed is None or listed[1] is None:
+            return None
+        names, chunks = listed
+        if chunks and arr.options.crop_edges:
+            return None  # edge chunk files differ in size
+        names.sort()
+        return (names, Node.CHUNK, arr.layout.file_size, version) if chunks else (names, Node.KEYDIR, 0, version)
+
     def dir_reader(self, path: tuple[str, ...], tail: list[tuple[str, Entry]] | None = None) -> DirReader:
         """A reader of directory `path` for readdir, `tail` entries (scratch files) last."""
         return DirReader(self, path, tail or [])
