@@ -648,7 +648,7 @@ class FileSystem:
     async def opendir(self, ino: int) -> int:
         path = self._get(ino).path
         # a chunk directory listed ahead, still as listed (nothing changed in its array,
-        # nothing written): its snapshot sorted and its names encoded in the listing thread
+        # nothing written): its names sorted (or its snapshot) in the listing thread
         prepared = self._take_prepared(path, self.view, not self.writes.states and not self.writes.made_dirs)
         if prepared is not None:
             return self._open_listed(self.view, path, prepared.reader, prepared)
@@ -787,8 +787,8 @@ class FileSystem:
     def releasedir(self, fh: int) -> None:
         handle = self._dirs.pop(fh, None)
         if handle is not None and handle.prepared is not None and self.spawn_listing is not None:
-            # a directory listed ahead holds a few hundred objects (its snapshot): freed
-            # in the listing thread, off the walker's path (50 µs a directory here)
+            # a directory listed ahead holds a few hundred objects (its names, encoded
+            # names, or its snapshot): freed in the listing thread, off the walker's path
             self.spawn_listing(_let_go, handle)
 
     def _list_ahead(self, view: View, path: Path) -> None:
@@ -854,8 +854,9 @@ class FileSystem:
         try:
             if view.list_ahead(path):
                 self.stats.count("listing_read_ahead")
-            # the reader the walker's opendir will want, its snapshot sorted here (if the
-            # listing is kept in memory: never a second listing)
+            # what the walker's opendir will want, sorted here: a chunk directory's names,
+            # else the reader's snapshot (if the listing is kept in memory: never a
+            # second listing)
             if not view.needs_io(path, listing=True):
                 prepared = _Prepared.uniform_of(view, path)  # a chunk directory: names only
                 if prepared is None:
