@@ -1,9 +1,11 @@
 """Issue 4 figure: `cp` of prepared chunk TIFFs into the mount vs zarr-python writes.
 
-The copy is Python's `shutil.copyfile` (sendfile: nine 64 KiB write requests per
-chunk file; coreutils `cp` sends one, sized by `st_blksize`, but a process per file
-would cost more than the copy). With ZFUSE_BENCH_OTHER_CODE=CHECKOUT the daemon of
-another checkout takes the same copies in the same repetitions (before/after).
+Two copying clients, each in this process (a process per file would cost more than
+the copy): `copy_like_cp` does what coreutils `cp` (9.x) does between filesystems,
+one write per `st_blksize` of the destination (one 512 KiB write request per chunk
+file here), and Python's `shutil.copyfile` (sendfile: nine 64 KiB write requests per
+chunk file). With ZFUSE_BENCH_OTHER_CODE=CHECKOUT the daemon of another checkout
+takes the same copies in the same repetitions (before/after).
 """
 
 from __future__ import annotations
@@ -107,11 +109,11 @@ class CopyRun:
     problem: str = ""  # what is wrong with the store afterwards ('' : every chunk written)
 
 
-def copy_timed(m: object, srcs: list[str], dests: list[str]) -> CopyRun:
+def copy_timed(m: object, srcs: list[str], dests: list[str], copy: Callable[[str, str], object]) -> CopyRun:
     """Wall time of copying, the daemon's CPU time and context switches, and the client's CPU time."""
     pid = m.pid  # type: ignore[attr-defined]
     d0, c0, s0 = cpu_s(pid), cpu_s(os.getpid()), switches(pid)
-    t, _ = timed(partial(copy_all, srcs, dests))
+    t, _ = timed(partial(copy_all, srcs, dests, copy))
     return CopyRun(t, cpu_s(pid) - d0, cpu_s(os.getpid()) - c0, switches(pid) - s0)
 
 
@@ -121,9 +123,37 @@ def zarr_timed(arr: zarr.Array, spec: Spec, blocks: list[np.ndarray]) -> tuple[f
     return t, cpu_s(os.getpid()) - c0
 
 
-def copy_all(srcs: list[str], dests: list[str]) -> None:
+def copy_all(srcs: list[str], dests: list[str], copy: Callable[[str, str], object]) -> None:
     for s, d in zip(srcs, dests, strict=True):
-        shutil.copyfile(s, d)
+        copy(s, d)
+
+
+CP_MIN_BUFFER = 128 * 1024  # coreutils' IO_BUFSIZE (9.1; 256 KiB from 9.2)
+
+
+def copy_like_cp(src: str, dst: str) -> None:
+    """What coreutils `cp SRC DST` does onto an existing file on another filesystem
+    (strace of cp 9.1 onto a chunk file): open O_WRONLY|O_TRUNC, fstat both,
+    copy_file_range refused (EXDEV), then read and write in buffers of
+    max(st_blksize, IO_BUFSIZE), with no fsync."""
+    fd_in = os.open(src, os.O_RDONLY)
+    try:
+        fd_out = os.open(dst, os.O_WRONLY | os.O_TRUNC | os.O_CREAT, 0o644)
+        try:
+            os.fstat(fd_in)
+            buffer = bytearray(max(os.fstat(fd_out).st_blksize, CP_MIN_BUFFER))
+            view = memoryview(buffer)
+            while n := os.readv(fd_in, [buffer]):
+                done = 0
+                while done < n:
+                    done += os.write(fd_out, view[done:n])
+        finally:
+            os.close(fd_out)
+    finally:
+        os.close(fd_in)
+
+
+CLIENTS: dict[str, Callable[[str, str], object]] = {"cp": copy_like_cp, "copyfile": shutil.copyfile}
 
 
 def zarr_write_all(arr: zarr.Array, spec: Spec, blocks: list[np.ndarray]) -> None:
@@ -132,15 +162,15 @@ def zarr_write_all(arr: zarr.Array, spec: Spec, blocks: list[np.ndarray]) -> Non
 
 
 def cp_into_fresh_mount(cfg: Config, src: Path, spec: Spec, tiff_paths: list[str], *mount_args: str,
-                        code: Path | None = None) -> CopyRun:
-    """`cp` of each prepared TIFF onto its chunk file, in a fresh mount (of the daemon in
-    checkout `code`, default this one) of a fresh copy of `src`."""
+                        code: Path | None = None, client: str = "cp") -> CopyRun:
+    """A copy (`client`: a key of CLIENTS) of each prepared TIFF onto its chunk file, in a
+    fresh mount (of the daemon in checkout `code`, default this one) of a fresh copy of `src`."""
     store = fresh_copy(src, f"w-{spec.name}.zarr")
     with mounted([store], *mount_args, code=code) as m:
         dests = chunk_paths(m.path, spec.coords())
         drop_caches(cfg)
         warm(tiff_paths)
-        run = copy_timed(m, tiff_paths, dests)
+        run = copy_timed(m, tiff_paths, dests, CLIENTS[client])
     run.problem = check_store(store, spec)
     return run
 
@@ -155,7 +185,12 @@ def zarr_into_fresh_copy(cfg: Config, src: Path, spec: Spec, blocks: list[np.nda
     return zarr_timed(arr, spec, blocks)
 
 
+MODES = {"disk": (), "process": ("-o", "durability=process")}  # what close() promises: mount options
+
+
 def bench_write(cfg: Config) -> list[Result]:
+    """Per array: each client (CLIENTS) at each durability (MODES) against zarr-python
+    writing the same chunks at the same durability, every mount fresh, interleaved."""
     from zfuse.store import AtomicLocalStore
 
     results = []
@@ -165,61 +200,55 @@ def bench_write(cfg: Config) -> list[Result]:
         tiff_paths = chunk_paths(tiffs, spec.coords())
         data = image(spec.shape, NEW_SEED)
         blocks = [np.ascontiguousarray(data[spec.region(i, j)]) for i, j in spec.coords()]
-        r_t, a_t = [], []
-        disk: list[CopyRun] = []
-        process: list[CopyRun] = []
-        other: dict[str, list[CopyRun]] = {"disk": [], "process": []}  # OTHER_CODE's daemon
-        cpu: dict[str, list[float]] = {"zarr": [], "zarr_fsync": []}
+        runs: dict[tuple[str, str], list[CopyRun]] = {(c, m): [] for c in CLIENTS for m in MODES}
+        other: dict[tuple[str, str], list[CopyRun]] = {(c, m): [] for c in CLIENTS for m in MODES}  # OTHER_CODE's daemon
+        zarr_runs: dict[str, list[float]] = {"disk": [], "process": []}
+        cpu: dict[str, list[float]] = {"disk": [], "process": []}
         problem = ""
         nbytes = sum(Path(p).stat().st_size for p in tiff_paths)
         for rep in range(cfg.reps):
             try:
                 for code in ([None, OTHER_CODE] if rep % 2 == 0 else [OTHER_CODE, None]) if OTHER_CODE else [None]:
                     daemon = Path(code) if code else None
-                    # zfuse: cp of each prepared TIFF onto its chunk file (commit at close)
-                    run = cp_into_fresh_mount(cfg, src, spec, tiff_paths, code=daemon)
-                    (other["disk"] if code else disk).append(run)
-                    # zfuse with -o durability=process: close() survives the daemon, not a power cut
-                    run_p = cp_into_fresh_mount(cfg, src, spec, tiff_paths, "-o", "durability=process", code=daemon)
-                    (other["process"] if code else process).append(run_p)
-                    problem = problem or run.problem or run_p.problem
+                    for (client, mode), into in (other if code else runs).items():
+                        # each prepared TIFF copied onto its chunk file (the commit is at close)
+                        run = cp_into_fresh_mount(cfg, src, spec, tiff_paths, *MODES[mode], code=daemon, client=client)
+                        into.append(run)
+                        problem = problem or run.problem
             except OSError as e:
                 problem = f"{type(e).__name__}: {e}"
                 break
-            # zarr-python in-process: array[region] = data for the same chunks (data in memory)
-            t, used = zarr_into_fresh_copy(cfg, src, spec, blocks, str)
-            r_t.append(t)
-            cpu["zarr"].append(used)
-            # the same, on zfuse's fsync'ing store (what the mount writes through)
-            t, used = zarr_into_fresh_copy(cfg, src, spec, blocks, lambda store: AtomicLocalStore(str(store)))
-            a_t.append(t)
-            cpu["zarr_fsync"].append(used)
-        what = (f"cp of {len(spec.coords())} chunk TIFFs into the mount, {spec.name}"
+            # zarr-python in-process: array[region] = data for the same chunks (data in
+            # memory), on zarr's LocalStore (no sync) and on zfuse's fdatasync'ing store
+            for mode, open_store in (("process", str), ("disk", lambda store: AtomicLocalStore(str(store)))):
+                t, used = zarr_into_fresh_copy(cfg, src, spec, blocks, open_store)
+                zarr_runs[mode].append(t)
+                cpu[mode].append(used)
+        what = (f"{len(spec.coords())} chunk TIFFs copied into the mount, {spec.name}"
                 + (f" shards {spec.shards}" if spec.shards else ""))
-        if not process or problem:
+        if not runs["cp", "process"] or problem:
             results.append(Result(name=f"write_{spec.name}", what=what, goal=">= 0.8x", met=False,
                                   error=problem or "no run"))
             cfg.log(f"  {spec.name}: write failed: {problem}")
             continue
-        z_t, p_t = [r.seconds for r in disk], [r.seconds for r in process]
-        zt, rt, at, pt = median(z_t), median(r_t), median(a_t), median(p_t)
-        # at the same durability: fdatasync per object on both sides (zfuse's default),
-        # and neither side syncing (zfuse -o durability=process, zarr's LocalStore)
-        results.append(Result(
-            name=f"write_{spec.name}", what=what + " (close() on disk)", zfuse_s=zt, ref_s=at,
-            ref_name="zarr-python array[region] = data on an fdatasync-per-object store",
-            nbytes=nbytes, ref_nbytes=spec.nbytes, ratio=at / zt, goal=">= 0.8x", met=at / zt >= 0.8,
-            extra={"zfuse_runs_s": z_t, "zarr_fsync_runs_s": a_t, **_cpu(disk, cpu["zarr_fsync"]),
-                   **_other(other["disk"], at)},
-        ))
-        results.append(Result(
-            name=f"write_{spec.name}_process", what=what + " (-o durability=process)", zfuse_s=pt, ref_s=rt,
-            ref_name="zarr-python array[region] = data (LocalStore, no sync)",
-            nbytes=nbytes, ref_nbytes=spec.nbytes, ratio=rt / pt, goal=">= 0.8x", met=rt / pt >= 0.8,
-            extra={"zfuse_runs_s": p_t, "zarr_runs_s": r_t, **_cpu(process, cpu["zarr"]),
-                   **_other(other["process"], rt)},
-        ))
-        cfg.log(f"  {spec.name}: zfuse cp {zt:.3f}s (process {pt:.3f}s) zarr {rt:.3f}s zarr+fsync store {at:.3f}s")
+        ref_names = {"disk": "zarr-python array[region] = data on an fdatasync-per-object store",
+                     "process": "zarr-python array[region] = data (LocalStore, no sync)"}
+        whats = {"disk": " (close() on disk)", "process": " (-o durability=process)"}
+        clients = {"cp": "coreutils cp's writes (one per st_blksize)", "copyfile": "shutil.copyfile (64 KiB sendfile writes)"}
+        for (client, mode), client_runs in runs.items():
+            times = [r.seconds for r in client_runs]
+            zt, rt = median(times), median(zarr_runs[mode])
+            # the same durability on both sides: fdatasync per object (zfuse's default)
+            # or none (zfuse -o durability=process, zarr's LocalStore)
+            results.append(Result(
+                name=f"write_{spec.name}" + ("" if client == "cp" else f"_{client}") + ("" if mode == "disk" else f"_{mode}"),
+                what=f"{what}, {clients[client]}{whats[mode]}", zfuse_s=zt, ref_s=rt, ref_name=ref_names[mode],
+                nbytes=nbytes, ref_nbytes=spec.nbytes, ratio=rt / zt, goal=">= 0.8x", met=rt / zt >= 0.8,
+                extra={"zfuse_runs_s": times, "zarr_runs_s": zarr_runs[mode], **_cpu(client_runs, cpu[mode]),
+                       **_other(other[client, mode], rt)},
+            ))
+        cfg.log(f"  {spec.name}: zfuse " + ", ".join(f"{c} {m} {median([r.seconds for r in rs]):.3f}s" for (c, m), rs in runs.items())
+                + f"; zarr {median(zarr_runs['process']):.3f}s, zarr+fsync store {median(zarr_runs['disk']):.3f}s")
     return results
 
 

@@ -3,6 +3,7 @@ store requests each lookup and listing costs, and the caches' bounds hold."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 import trio
 import zarr
 
-from zfuse.fs import LIST_AHEAD, ROOT_INODE, FileSystem, _let_go
+from zfuse.fs import LIST_AHEAD, ROOT_INODE, FileSystem, _let_go, encode_names
 from zfuse.stats import Stats
 from zfuse.store import AtomicLocalStore
 from zfuse.testing import CountingStore
@@ -579,3 +580,11 @@ def test_a_chunk_found_once_is_answered_from_memory_until_its_array_changes(slas
     arr.refresh()  # forget what exists: the store is asked again
     assert view.entry(path, memory_only=True) is NEEDS_IO
     assert view.entry(path) is not None and store.exists_checks == ["c/7/5", "c/7/5"]
+
+
+@pytest.mark.parametrize("names", [
+    [], ["0.tiff"], ["10.tiff", "2.tiff", "zarr.json"], ["", "a"], ["caf\u00e9", "\udcff.tiff", "\u6f22"],
+])
+def test_names_are_encoded_together_as_one_by_one(names: list[str]) -> None:
+    # a reply carries a name's bytes: UTF-8, and undecodable bytes (surrogate escapes) restored
+    assert encode_names(names) == [os.fsencode(name) for name in names]

@@ -237,7 +237,7 @@ class _Prepared:
         uniform = None
         if len(sizes) == 1 and (nodes == {Node.KEYDIR} or (nodes == {Node.CHUNK} and None not in map(_FOURTH, found))):
             uniform = (nodes.pop(), sizes.pop())  # every entry a stored chunk of one size, or a chunk directory
-        encoded = list(map(_ENCODE, names)) if uniform is not None else []
+        encoded = encode_names(names) if uniform is not None else []
         return cls(reader, names, encoded, uniform)
 
     @classmethod
@@ -248,7 +248,7 @@ class _Prepared:
         if listing is None or len(listing[0]) > PREPARED_ENTRIES:
             return None
         names, node, size, version = listing
-        return cls(view.dir_reader(path), names, list(map(_ENCODE, names)), (node, size), version)
+        return cls(view.dir_reader(path), names, encode_names(names), (node, size), version)
 
     def current(self, view: View) -> bool:
         """Whether it still shows what a listing in `view` now would."""
@@ -260,7 +260,15 @@ class _Prepared:
 
 
 _FIRST, _SECOND, _FOURTH = operator.itemgetter(0), operator.itemgetter(1), operator.itemgetter(3)
-_ENCODE = operator.methodcaller("encode", "utf-8", "surrogateescape")  # a name as a reply carries it
+
+
+def encode_names(names: list[str]) -> list[bytes]:
+    """Names as a readdir reply carries them (UTF-8, undecodable bytes restored), in one
+    encode of all of them: a quarter of the cost of one per name. A name never holds
+    NUL, so splitting at NUL gives the names back."""
+    if not names:
+        return []
+    return "\0".join(names).encode("utf-8", "surrogateescape").split(b"\0")
 # readdir's offer of a run of entries sharing one set of attributes (names encoded,
 # inode numbers, the attributes, the offset before the first): how many were taken
 AcceptRun = Callable[[Sequence[bytes], Sequence[int], Attributes, int], int]
