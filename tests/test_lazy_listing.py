@@ -588,3 +588,20 @@ def test_a_chunk_found_once_is_answered_from_memory_until_its_array_changes(slas
 def test_names_are_encoded_together_as_one_by_one(names: list[str]) -> None:
     # a reply carries a name's bytes: UTF-8, and undecodable bytes (surrogate escapes) restored
     assert encode_names(names) == [os.fsencode(name) for name in names]
+
+
+def test_directory_coordinates_are_remembered_within_a_bound(slash: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import zfuse.view.source as source_module
+
+    monkeypatch.setattr(source_module, "DIR_COORDS_KEPT", 8)
+    view, _, _ = open_view(slash)
+    source = view._split(("c",))[0].array.source
+    for row in range(GRID[0]):
+        assert source.dir_coords(("c", str(row))) == (row,)
+        assert source.dir_coords(("c", str(row))) == (row,)  # the remembered answer is the same
+        assert len(source._dir_coords_memo) <= 8
+    # names outside the grid, or not canonical, fix nothing, remembered or not
+    for _ in range(2):
+        assert source.dir_coords(("c", str(GRID[0]))) is None
+        assert source.dir_coords(("c", "07")) is None
+        assert source.dir_coords(("d", "1")) is None

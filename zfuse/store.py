@@ -340,6 +340,9 @@ class MeteredStore(WrapperStore[Store]):
                 if os.stat(path).st_size <= SMALL_DIR_BYTES:
                     names = os.listdir(path)
                     keys = len(names)
+                    if keys <= page:  # the usual chunk directory: one page, no copy
+                        yield names
+                        return
                     for i in range(0, len(names), page):
                         yield names[i : i + page]
                     return

@@ -45,6 +45,8 @@ LIST_PAGE = 1000  # names taken from a store listing at a time (S3 returns 1000 
 DEFAULT_INDEX_CACHE_BYTES = 64 * 1024 * 1024
 LEAF_INDEX_MAX = 4096  # chunks along the last axis up to which listings decode names by a dict
 DirPage = list[tuple[str, Coords | None]]  # (key name, chunk coords) or (directory name, None)
+DIR_COORDS_KEPT = 16384  # chunk-key directories whose coordinates are remembered
+_UNKNOWN = object()
 
 
 def _canonical_int(name: str) -> bool:
@@ -121,7 +123,22 @@ class ChunkSource(ABC):
 
     def dir_coords(self, parts: tuple[str, ...]) -> Coords | None:
         """The leading coordinates that chunk-key directory `parts` fixes, or None when
-        no in-grid chunk key lives under it (``("c", "3")`` -> ``(3,)``)."""
+        no in-grid chunk key lives under it (``("c", "3")`` -> ``(3,)``).
+
+        Remembered (a bounded memo: the grid never changes): listing one directory
+        ahead asks for its coordinates five times."""
+        memo: dict[tuple[str, ...], Any] | None = getattr(self, "_dir_coords_memo", None)
+        if memo is None:
+            memo = self._dir_coords_memo = {}
+        fixed = memo.get(parts, _UNKNOWN)
+        if fixed is _UNKNOWN:
+            fixed = self._decode_dir(parts)
+            if len(memo) >= DIR_COORDS_KEPT:
+                memo.clear()
+            memo[parts] = fixed
+        return fixed
+
+    def _decode_dir(self, parts: tuple[str, ...]) -> Coords | None:
         origin, axis_at = self.key_layout()
         if len(parts) >= len(origin):
             return None
