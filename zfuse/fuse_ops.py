@@ -120,6 +120,10 @@ def _fuse_errors(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]
 class ZfuseOperations(pyfuse3.Operations):
     """pyfuse3 operations over a `FileSystem`."""
 
+    # Off: with it the kernel trusts its own size of a regular file over the daemon's
+    # for as long as it keeps the inode (fuse_get_cache_mask), and a committed chunk
+    # reads as zfuse's TIFF, whose size is not the written file's: the view would be
+    # cut short. (It would merge a copy's 64 KiB writes into fewer requests.)
     enable_writeback_cache = False
     supports_dot_lookup = True
 
