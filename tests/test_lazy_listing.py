@@ -99,6 +99,37 @@ def test_sharded_directory_reads_only_the_indexes_of_its_shards(tmp_path: Path) 
     assert entry.array.pixel_bytes((29, 39)) == bytes([expected_value((29, 39))])
 
 
+@pytest.mark.parametrize(("grid", "shard", "every"), [
+    ((23,), (5,), 2),  # 1-D: the array's one chunk directory
+    ((30, 41), (4, 8), 3),  # edge shards along both axes
+    ((7, 13, 11), (2, 3, 4), 5),  # 3-D: directories two levels deep
+])
+def test_sharded_directories_list_exactly_the_stored_inner_chunks(
+        tmp_path: Path, grid: tuple[int, ...], shard: tuple[int, ...], every: int) -> None:
+    """Every chunk directory of a sparse sharded array shows the inner chunks its shard
+    indexes hold and no other, including in edge shards, where an index entry past the
+    array's grid (another writer's, or a shrunk array's) is not a chunk file."""
+    path = tmp_path / "s.zarr"
+    raw_chunks(path, grid, shard=shard, every=every)
+    # the last shard's index marks its last inner position stored: past the grid when
+    # the grid does not fill that shard
+    storage = tuple(-(-g // s) for g, s in zip(grid, shard, strict=True))
+    last = path / ("c/" + "/".join(str(s - 1) for s in storage))
+    blob = bytearray(last.read_bytes())
+    per = int(np.prod(shard))
+    entry = len(blob) - 16 * per + 16 * (per - 1)
+    blob[entry : entry + 16] = np.array([0, 1], dtype="<u8").tobytes()
+    last.write_bytes(bytes(blob))
+    view, _, _ = open_view(path)
+    stored = {c for flat, c in enumerate(np.ndindex(*grid)) if flat % every == 0}
+    for lead in np.ndindex(*grid[:-1]):
+        directory = ("c", *map(str, lead))
+        expected = sorted(f"{c[-1]}.tiff" for c in stored if c[:-1] == lead)
+        assert names(view, directory) == expected, directory
+        entries = dict(view.list_dir(directory))
+        assert all(entries[name].coords == (*lead, int(name.removesuffix(".tiff"))) for name in expected)
+
+
 def test_flat_keys_lookup_checks_one_key_and_listing_is_paged(tmp_path: Path) -> None:
     grid = (150, 100)  # 15,000 chunks, all in the array's own directory (c.i.j)
     raw_chunks(tmp_path / "f.zarr", grid, separator=".")
