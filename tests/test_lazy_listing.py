@@ -205,6 +205,25 @@ def test_shard_index_cache_is_bounded(tmp_path: Path) -> None:
     assert stats.snapshot()["shard_index_evictions"] > 0
 
 
+def test_sharded_listing_chunk_maps_are_bounded_and_follow_rewritten_shards(tmp_path: Path) -> None:
+    """A directory spanning more shards than `CHUNK_MAPS_KEPT` lists them all, the
+    chunk maps kept stay within the bound, and a shard rewritten through the view (a
+    new index) is listed from its new map, not the one kept for the old index."""
+    from zfuse.view.source import CHUNK_MAPS_KEPT
+
+    shards = CHUNK_MAPS_KEPT + 36
+    raw_chunks(tmp_path / "s.zarr", (2, 2 * shards), shard=(2, 2), every=2)  # row 0: even columns
+    view, _, _ = open_view(tmp_path / "s.zarr", shard_index_cache_bytes=1 << 20)
+    arr = next(arr for _, arr in view.arrays())
+    assert names(view, ("c", "0")) == sorted(f"{j}.tiff" for j in range(0, 2 * shards, 2))
+    assert 0 < len(arr.source._chunk_maps) <= CHUNK_MAPS_KEPT
+    arr.source.write_chunk((0, 1), np.full((1, 1), 9, dtype="uint8"))  # shard (0, 0), kept
+    arr.add_chunk((0, 1))
+    arr.refresh()  # listed again from the shard indexes, not from the listing in memory
+    assert names(view, ("c", "0"))[:3] == ["0.tiff", "1.tiff", "10.tiff"]
+    assert len(names(view, ("c", "0"))) == shards + 1
+
+
 def test_writes_update_listed_directories(slash: Path) -> None:
     view, store, _ = open_view(slash)
     arr = next(arr for _, arr in view.arrays())

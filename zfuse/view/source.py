@@ -659,14 +659,14 @@ class ZarrChunkSource(ChunkSource):
     def _chunk_map_bytes(self, index: Any) -> bytes:
         """Shard index `index`'s chunk map (one byte per inner chunk, C order, nonzero
         where one is stored), made once per index and kept for the last
-        `CHUNK_MAPS_KEPT` shards listed."""
+        `CHUNK_MAPS_KEPT` shards listed (or fewer)."""
         memo = self._chunk_maps
         kept = memo.get(id(index))
         if kept is not None and kept[0] is index:  # (an id is reused once its index is gone)
             return kept[1]
         mapped = index.get_full_chunk_map().tobytes()
         if len(memo) >= CHUNK_MAPS_KEPT:
-            memo.pop(next(iter(memo)), None)
+            memo.clear()  # (not the oldest alone: other listing threads may be adding)
         memo[id(index)] = (index, mapped)
         return mapped
 
@@ -1178,3 +1178,4 @@ class ZarrChunkSource(ChunkSource):
     def invalidate(self) -> None:
         super().invalidate()
         self._index_cache.clear()
+        self._chunk_maps.clear()
