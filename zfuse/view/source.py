@@ -611,7 +611,6 @@ class ZarrChunkSource(ChunkSource):
                 shards.append(shard)
         out: DirPage = []
         n = len(fixed)
-        limit = np.array(self._grid[n:])
         # indexes already cached (the ten directories one shard covers read it once)
         # need no trip through zarr's event loop
         indexes = [self._index_cache.get((id(self), self.prefix + self._encode_storage_key(s))) for s in shards]
@@ -645,7 +644,7 @@ class ZarrChunkSource(ChunkSource):
                 out += zip(map(str, lasts), zip(*[itertools.repeat(f, len(lasts)) for f in fixed], lasts, strict=True), strict=True)
                 continue
             found = np.argwhere(index.get_full_chunk_map()[local]) + base[n:]
-            found = found[(found < limit).all(axis=1)]
+            found = found[(found < np.array(self._grid[n:])).all(axis=1)]
             # hot (100 inner chunks per directory of `ls -lR`): the pairs are built by
             # zip in C, not a Python statement per chunk
             axes = found.T.tolist()  # the free coordinates, axis by axis
