@@ -224,6 +224,29 @@ def test_sharded_listing_chunk_maps_are_bounded_and_follow_rewritten_shards(tmp_
     assert len(names(view, ("c", "0"))) == shards + 1
 
 
+def test_sharded_listing_chunk_maps_keep_no_index_alive_and_bound_their_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chunk maps kept for listings hold no shard index alive (the index cache's
+    byte bound is the only one on indexes) and stay within `CHUNK_MAPS_BYTES`."""
+    import gc
+
+    from zfuse.view import source
+
+    monkeypatch.setattr(source, "CHUNK_MAPS_BYTES", 3 * 32)  # three maps of 4 x 8 inner chunks
+    raw_chunks(tmp_path / "s.zarr", GRID, shard=(4, 8), every=2)
+    view, _, _ = open_view(tmp_path / "s.zarr")
+    arr = next(arr for _, arr in view.arrays())
+    first = names(view, ("c", "5"))
+    assert first == sorted(f"{j}.tiff" for j in range(40) if (5 * 40 + j) % 2 == 0)
+    memo = arr.source._chunk_maps
+    assert 0 < len(memo) <= 3 and arr.source._chunk_maps_bytes <= 3 * 32
+    arr.source._index_cache.clear()  # the index cache lets go of every index
+    gc.collect()
+    assert all(ref() is None for ref, _ in memo.values())
+    arr.refresh()
+    assert names(view, ("c", "5")) == first  # from the indexes read again
+
+
 def test_writes_update_listed_directories(slash: Path) -> None:
     view, store, _ = open_view(slash)
     arr = next(arr for _, arr in view.arrays())

@@ -21,6 +21,7 @@ import logging
 import os
 import threading
 import warnings
+import weakref
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from typing import Any
@@ -47,6 +48,7 @@ LEAF_INDEX_MAX = 4096  # chunks along the last axis up to which listings decode 
 DirPage = list[tuple[str, Coords | None]]  # (key name, chunk coords) or (directory name, None)
 DIR_COORDS_KEPT = 16384  # chunk-key directories whose coordinates are remembered
 CHUNK_MAPS_KEPT = 64  # shards whose chunk map is kept as bytes for listings (one byte per inner chunk)
+CHUNK_MAPS_BYTES = 16 * 1024 * 1024  # and at most this many bytes of them
 _UNKNOWN = object()
 
 
@@ -369,7 +371,10 @@ class ZarrChunkSource(ChunkSource):
         self._locks_guard = threading.Lock()
         # shard indexes: bounded, shared by the view's arrays once `use_index_cache` is called
         self._index_cache = BoundedLRU(DEFAULT_INDEX_CACHE_BYTES)
-        self._chunk_maps: dict[int, tuple[Any, bytes]] = {}  # id(index) -> (index, its chunk map as bytes)
+        # id(index's offsets array) -> (a weak reference to that array, the chunk map as
+        # bytes): kept for listings without keeping the index alive past its own cache
+        self._chunk_maps: dict[int, tuple[weakref.ref[Any], bytes]] = {}
+        self._chunk_maps_bytes = 0
         self._index_loading: dict[str, asyncio.Future[Any]] = {}  # index reads in flight
         # Chunks are read and written directly with the codec pipeline, except for
         # v2 arrays in F order, whose chunk memory order only zarr's indexing handles
@@ -657,16 +662,23 @@ class ZarrChunkSource(ChunkSource):
 
     def _chunk_map_bytes(self, index: Any) -> bytes:
         """Shard index `index`'s chunk map (one byte per inner chunk, C order, nonzero
-        where one is stored), made once per index and kept for the last
-        `CHUNK_MAPS_KEPT` shards listed (or fewer)."""
+        where one is stored), made once per index and kept for up to `CHUNK_MAPS_KEPT`
+        shards and `CHUNK_MAPS_BYTES` bytes. Only a weak reference to the index's
+        array is kept: the index cache alone decides how long an index lives."""
+        offsets = index.offsets_and_lengths
         memo = self._chunk_maps
-        kept = memo.get(id(index))
-        if kept is not None and kept[0] is index:  # (an id is reused once its index is gone)
+        kept = memo.get(id(offsets))
+        if kept is not None and kept[0]() is offsets:  # (an id is reused once its array is gone)
             return kept[1]
         mapped = index.get_full_chunk_map().tobytes()
-        if len(memo) >= CHUNK_MAPS_KEPT:
-            memo.clear()  # (not the oldest alone: other listing threads may be adding)
-        memo[id(index)] = (index, mapped)
+        if len(mapped) > CHUNK_MAPS_BYTES:
+            return mapped
+        if len(memo) >= CHUNK_MAPS_KEPT or self._chunk_maps_bytes + len(mapped) > CHUNK_MAPS_BYTES:
+            # all at once, not the oldest alone: other listing threads may be adding
+            memo.clear()
+            self._chunk_maps_bytes = 0
+        memo[id(offsets)] = (weakref.ref(offsets), mapped)
+        self._chunk_maps_bytes += len(mapped)
         return mapped
 
     def chunk_exists(self, coords: Coords) -> bool:
@@ -1178,3 +1190,4 @@ class ZarrChunkSource(ChunkSource):
         super().invalidate()
         self._index_cache.clear()
         self._chunk_maps.clear()
+        self._chunk_maps_bytes = 0
