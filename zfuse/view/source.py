@@ -623,6 +623,13 @@ class ZarrChunkSource(ChunkSource):
             indexes = sync(self._load_indexes(shards))
         int_names = self._leaf_names_are_ints()
         per_shard = self.chunks_per_shard
+        # a directory of the last axis (`/`-separated keys): each shard's slab of the
+        # chunk map is taken from bytes made once per shard, in C-level passes with no
+        # numpy call. A numpy call on a whole map lets go of the GIL, and each time the
+        # listing thread takes it back the event loop waits for it: it cost `ls -lR` of
+        # 100,000 inner chunks 0.15 s.
+        last_axis = int_names and n == len(per_shard) - 1
+        limit = None if last_axis else np.array(self._grid[n:])
         for shard, index in zip(shards, indexes, strict=True):
             if index is None:
                 continue
@@ -631,12 +638,7 @@ class ZarrChunkSource(ChunkSource):
             local = tuple(f - b for f, b in zip(fixed, base, strict=False))
             if not all(0 <= i < c for i, c in zip(local, per_shard, strict=False)):
                 continue
-            if int_names and len(local) == len(per_shard) - 1:
-                # a directory of the last axis (`/`-separated keys): its slab of the chunk
-                # map taken from bytes made once per shard, in C-level passes with no
-                # numpy call. A numpy call on a whole map lets go of the GIL, and each
-                # time the listing thread takes it back the event loop waits for it: it
-                # cost `ls -lR` of 100,000 inner chunks 0.15 s.
+            if last_axis:
                 span, first = per_shard[-1], base[-1]
                 at = 0
                 for i, c in zip(local, per_shard, strict=False):
@@ -649,7 +651,7 @@ class ZarrChunkSource(ChunkSource):
                 out += zip(map(str, lasts), zip(*[itertools.repeat(f, len(lasts)) for f in fixed], lasts, strict=True), strict=True)
                 continue
             found = np.argwhere(index.get_full_chunk_map()[local]) + base[n:]
-            found = found[(found < np.array(self._grid[n:])).all(axis=1)]
+            found = found[(found < limit).all(axis=1)]
             # hot (100 inner chunks per directory of `ls -lR`): the pairs are built by
             # zip in C, not a Python statement per chunk
             axes = found.T.tolist()  # the free coordinates, axis by axis
