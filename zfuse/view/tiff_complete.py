@@ -1,16 +1,29 @@
-"""Is a TIFF written so far complete, or only the beginning of one? Pure, no I/O.
+"""Is a TIFF written so far complete, only the beginning of one, or hostile? Pure, no I/O.
 
 Writers such as Bio-Formats close and reopen a file while writing it: the
 first `close()` sees a header whose IFDs or strips point past the end. Such a
 file is *incomplete*, not invalid: the write layer keeps it pending instead of
-refusing it. `incomplete_reason` decides, from the IFD chain alone:
+refusing it. `walk_tiff` walks the IFD chain once, with bounded work, and
+decides:
 
 - a prefix of a TIFF header (including the empty file) is incomplete;
-- an IFD, a tag value, or a strip/tile that lies past the end is incomplete;
+- an IFD, a tag value, or a strip/tile that lies past the end (but within the
+  largest file the chunk may have, `max_size`) is incomplete;
 - fewer image planes than the chunk holds (with the chunk's rows and columns)
   is incomplete;
+- a *structure problem* is a file no amount of further writing makes a chunk:
+  an IFD chain that loops, more IFDs than the chunk has planes allow, tags or
+  data that reach past `max_size`, or IFDs and tag values that claim more
+  bytes than the file has (twice over, for shared values: well-formed files
+  never overlap their structures). `decode_tiff` refuses those before any
+  other parse, so a crafted file costs at most a walk of its own bytes;
 - anything else (not a TIFF at all, or complete) is for `decode_tiff` to
-  accept or refuse: this module never refuses.
+  accept or refuse.
+
+Work and memory are bounded by the file's size: every IFD is visited once,
+at most `max_ifds(chunk_shapes)` of them, and tag values are read (as numpy
+views, no Python object per value) only while the bytes they claim stay
+within the budget.
 """
 
 from __future__ import annotations
@@ -19,8 +32,11 @@ import math
 import re
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass
 
-__all__ = ["incomplete_reason"]
+import numpy as np
+
+__all__ = ["TiffWalk", "incomplete_reason", "max_ifds", "walk_tiff"]
 
 _MAGICS = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")
 _TYPE_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4,
@@ -29,8 +45,16 @@ _NEW_SUBFILE_TYPE, _WIDTH, _LENGTH = 254, 256, 257
 _STRIP_OFFSETS, _STRIP_COUNTS, _SAMPLES, _PLANAR = 273, 279, 277, 284
 _TILE_OFFSETS, _TILE_COUNTS, _IMAGE_DEPTH = 324, 325, 32997
 _DESCRIPTION, _BITS = 270, 258
+_READ_TAGS = frozenset({_BITS, _NEW_SUBFILE_TYPE, _WIDTH, _LENGTH, _STRIP_OFFSETS, _STRIP_COUNTS,
+                        _SAMPLES, _PLANAR, _TILE_OFFSETS, _TILE_COUNTS, _IMAGE_DEPTH})
+_INT_DTYPES = {3: "u2", 4: "u4", 16: "u8"}
 _IMAGEJ_IMAGES = re.compile(rb"ImageJ=.*?\bimages=(\d+)", re.S)
-_MAX_IFDS = 1_000_000
+#: IFDs allowed when the chunk is not known (error messages only): the budget of
+#: claimed bytes bounds the walk as well
+_MAX_IFDS_UNKNOWN = 100_000
+#: bytes of structure (IFD tables and out-of-line tag values) a file may claim
+#: beyond twice its size
+_CLAIM_SLACK = 64 * 1024
 
 
 def _planes_of(shape: Sequence[int]) -> tuple[int, int, int]:
@@ -42,20 +66,50 @@ def _planes_of(shape: Sequence[int]) -> tuple[int, int, int]:
     return math.prod(shape[:-2]), int(shape[-2]), int(shape[-1])
 
 
-def incomplete_reason(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[Sequence[int]]) -> str | None:
+def max_ifds(chunk_shapes: Sequence[Sequence[int]]) -> int:
+    """The most IFDs a TIFF of one of `chunk_shapes` may have: one per plane, as many
+    again for reduced-resolution pages (thumbnails), and a few to spare."""
+    if not chunk_shapes:
+        return _MAX_IFDS_UNKNOWN
+    planes = max(_planes_of(s)[0] for s in chunk_shapes)
+    return 2 * planes + 16
+
+
+@dataclass(frozen=True)
+class TiffWalk:
+    """What one bounded walk of a TIFF's IFD chain found."""
+
+    incomplete: str | None = None  # why it is only the beginning of a TIFF
+    problem: str | None = None  # why no further writing makes it a chunk (refuse)
+    ifds: int = 0
+
+
+def incomplete_reason(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[Sequence[int]],
+                      max_size: int | None = None) -> str | None:
     """Why `data` is only the beginning of a TIFF of one of `chunk_shapes`, or None.
 
-    None means: not recognisably incomplete (complete, or not a TIFF at all).
+    None means: not recognisably incomplete (complete, not a TIFF at all, or a
+    structure problem, which `decode_tiff` refuses).
+    """
+    return walk_tiff(data, chunk_shapes, max_size).incomplete
+
+
+def walk_tiff(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[Sequence[int]],
+              max_size: int | None = None) -> TiffWalk:
+    """Walk `data`'s IFD chain once, with work bounded by its size (see the module doc).
+
+    `max_size`: the largest file the chunk may have; anything claimed past it is a
+    problem, not an incomplete file. None: only the file's own size bounds it.
     """
     view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
     size = len(view)
     head = bytes(view[:4])
     if size < 4:
         if any(m.startswith(head) for m in _MAGICS):
-            return f"{size} bytes: the TIFF header is not written yet"
-        return None
+            return TiffWalk(incomplete=f"{size} bytes: the TIFF header is not written yet")
+        return TiffWalk()
     if head not in _MAGICS:
-        return None
+        return TiffWalk()
     bo = "<" if head[:2] == b"II" else ">"
     big = head[2:] in (b"+\0", b"\0+")
     # struct formats of an IFD's entry count, an offset and a tag's value count; the
@@ -64,22 +118,44 @@ def incomplete_reason(data: bytes | bytearray | memoryview, chunk_shapes: Sequen
                                               else ("H", "I", "I", 12, 4, 4))
     csize, osize = struct.calcsize(cnt), struct.calcsize(off)
     if first_at + osize > size:
-        return f"{size} bytes: the TIFF header is not written yet"
+        return TiffWalk(incomplete=f"{size} bytes: the TIFF header is not written yet")
+    limit = max(size, max_size) if max_size is not None else None
+    ifd_limit = max_ifds(chunk_shapes)
+    budget = 2 * size + _CLAIM_SLACK  # bytes of structure the walk may read
+
+    def past(end: int, what: str) -> TiffWalk:
+        """`what` ends at byte `end`, past what is written: incomplete, unless no file
+        of the chunk may reach that far."""
+        if limit is not None and end > limit:
+            return TiffWalk(problem=f"{what} ends at byte {end}, past the {limit} bytes "
+                            "a TIFF of this chunk may have")
+        return TiffWalk(incomplete=f"{what} ends at byte {end}, past the {size} bytes written")
+
     (offset,) = struct.unpack(bo + off, view[first_at : first_at + osize])
     planes = 0
     dims: tuple[int, int] | None = None
     imagej: tuple[int, int, int] | None = None  # (images, first data offset, bytes per plane)
-    seen: set[int] = set()
+    seen: dict[int, int] = {}
     index = 0
-    while offset and offset not in seen and len(seen) < _MAX_IFDS:
-        seen.add(offset)
+    while offset:
+        if offset in seen:
+            return TiffWalk(problem=f"the IFD chain loops: IFD {index - 1} points back to "
+                            f"IFD {seen[offset]} at byte {offset}")
+        if index >= ifd_limit:
+            return TiffWalk(problem=f"more than {ifd_limit} IFDs (pages): a TIFF of this chunk "
+                            "has at most one per plane, and as many reduced-resolution ones")
+        seen[offset] = index
         if offset + csize > size:
-            return f"IFD {index} starts at byte {offset}, past the {size} bytes written"
+            return past(offset + csize, f"IFD {index}")
         (count,) = struct.unpack(bo + cnt, view[offset : offset + csize])
         end = offset + csize + count * esize + osize
         if end > size:
-            return f"IFD {index} ends at byte {end}, past the {size} bytes written"
-        tags: dict[int, list[int]] = {}
+            return past(end, f"IFD {index} ({count} entries)")
+        budget -= end - offset
+        if budget < 0:
+            return TiffWalk(problem=f"IFD {index}: the IFDs and tag values claim more than twice "
+                            f"the file's {size} bytes (overlapping structures)")
+        tags: dict[int, np.ndarray] = {}
         for i in range(count):
             at = offset + csize + i * esize
             tag, typ = struct.unpack(bo + "HH", view[at : at + 4])
@@ -89,50 +165,56 @@ def incomplete_reason(data: bytes | bytearray | memoryview, chunk_shapes: Sequen
             if nbytes > inline:
                 (value_at,) = struct.unpack(bo + off, view[value_at : value_at + osize])
                 if value_at + nbytes > size:
-                    return f"tag {tag} of IFD {index} points to byte {value_at + nbytes}, past the {size} bytes written"
+                    return past(value_at + nbytes, f"tag {tag} of IFD {index} ({n} values)")
+                budget -= nbytes
+                if budget < 0:
+                    return TiffWalk(problem=f"tag {tag} of IFD {index}: the IFDs and tag values claim "
+                                    f"more than twice the file's {size} bytes (overlapping structures)")
             if tag == _DESCRIPTION and index == 0 and typ == 2:
                 found = _IMAGEJ_IMAGES.search(bytes(view[value_at : value_at + min(nbytes, 4096)]))
                 if found:
                     imagej = (int(found.group(1)), 0, 0)
-            if tag in (_BITS, _NEW_SUBFILE_TYPE, _WIDTH, _LENGTH, _STRIP_OFFSETS, _STRIP_COUNTS, _SAMPLES,
-                       _PLANAR, _TILE_OFFSETS, _TILE_COUNTS, _IMAGE_DEPTH) and typ in (3, 4, 16):
-                fmt = {3: "H", 4: "I", 16: "Q"}[typ]
-                if n > 10_000_000:
-                    return None  # hostile; decode_tiff refuses it
-                tags[tag] = list(struct.unpack(bo + fmt * n, view[value_at : value_at + nbytes]))
-        offsets = tags.get(_STRIP_OFFSETS) or tags.get(_TILE_OFFSETS) or []
-        counts = tags.get(_STRIP_COUNTS) or tags.get(_TILE_COUNTS) or []
-        for o, c in zip(offsets, counts, strict=False):
-            if c and o + c > size:
-                return f"image data of IFD {index} ends at byte {o + c}, past the {size} bytes written"
-        if not tags.get(_WIDTH) or not tags.get(_LENGTH):
+            if tag in _READ_TAGS and typ in _INT_DTYPES and n:
+                tags[tag] = np.frombuffer(view, dtype=bo + _INT_DTYPES[typ], count=n, offset=value_at)
+        offsets = tags.get(_STRIP_OFFSETS, tags.get(_TILE_OFFSETS))
+        counts = tags.get(_STRIP_COUNTS, tags.get(_TILE_COUNTS))
+        if offsets is not None and counts is not None:
+            n = min(len(offsets), len(counts))
+            ends = offsets[:n].astype(np.uint64) + counts[:n].astype(np.uint64)
+            ends[counts[:n] == 0] = 0
+            if n and int(ends.max()) > size:
+                return past(int(ends.max()), f"image data of IFD {index}")
+
+        def first(tag: int, default: int, tags: dict[int, np.ndarray] = tags) -> int:
+            values = tags.get(tag)
+            return int(values[0]) if values is not None else default
+
+        if not first(_WIDTH, 0) or not first(_LENGTH, 0):
             # every image IFD has a size: this one is still being written (zeros so far)
-            return f"IFD {index} at byte {offset} has no image size yet ({count} entries)"
-        reduced = bool((tags.get(_NEW_SUBFILE_TYPE) or [0])[0] & 1)
-        if not reduced:
-            depth = max((tags.get(_IMAGE_DEPTH) or [1])[0], 1)
-            if (tags.get(_PLANAR) or [1])[0] == 2:
-                depth *= (tags.get(_SAMPLES) or [1])[0]
+            return TiffWalk(incomplete=f"IFD {index} at byte {offset} has no image size yet ({count} entries)")
+        if not first(_NEW_SUBFILE_TYPE, 0) & 1:  # not a reduced-resolution page
+            depth = max(first(_IMAGE_DEPTH, 1), 1)
+            if first(_PLANAR, 1) == 2:
+                depth *= first(_SAMPLES, 1)
             planes += depth
             if dims is None:
-                dims = ((tags.get(_LENGTH) or [0])[0], (tags.get(_WIDTH) or [0])[0])
-                if imagej is not None and offsets:
-                    bits = (tags.get(_BITS) or [8])[0]
-                    imagej = (imagej[0], offsets[0], dims[0] * dims[1] * max(bits // 8, 1))
+                dims = (first(_LENGTH, 0), first(_WIDTH, 0))
+                if imagej is not None and offsets is not None and len(offsets):
+                    bits = first(_BITS, 8)
+                    imagej = (imagej[0], int(offsets[0]), dims[0] * dims[1] * max(bits // 8, 1))
         (offset,) = struct.unpack(bo + off, view[end - osize : end])
         index += 1
-    if offset and offset not in seen:
-        return None  # too many IFDs: decode_tiff refuses it
-    wanted = [_planes_of(s) for s in chunk_shapes]
     if dims is None:
-        return "no image written yet (no IFD)"
+        return TiffWalk(incomplete="no image written yet (no IFD)", ifds=index)
+    wanted = [_planes_of(s) for s in chunk_shapes]
     fits = [p for p, r, c in wanted if (r, c) == dims]
     if imagej is not None and planes == 1 and imagej[0] > 1 and imagej[2]:
         # ImageJ's one-IFD stacks: `images=N` planes follow the first contiguously
         images, start, plane = imagej
         if start + images * plane > size:
-            return f"ImageJ stack of {images} images ends at byte {start + images * plane}, past the {size} bytes written"
+            found = past(start + images * plane, f"ImageJ stack of {images} images")
+            return TiffWalk(incomplete=found.incomplete, problem=found.problem, ifds=index)
         planes = images
     if fits and planes < min(fits):
-        return f"{planes} of {min(fits)} image plane(s) written"
-    return None
+        return TiffWalk(incomplete=f"{planes} of {min(fits)} image plane(s) written", ifds=index)
+    return TiffWalk(ifds=index)

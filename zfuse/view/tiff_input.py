@@ -44,8 +44,9 @@ import tifffile
 
 from zfuse.errors import InvalidTiffError
 from zfuse.view.tiff import TiffLayout, build_header
-from zfuse.view.tiff_complete import incomplete_reason
+from zfuse.view.tiff_complete import incomplete_reason, walk_tiff
 from zfuse.view.tiff_parse import read_position
+from zfuse.view.tiff_segments import ACCEPTED_COMPRESSIONS, check_segments
 
 __all__ = ["MAX_TIFF_FACTOR", "MAX_TIFF_SLACK", "decode_tiff", "max_file_size"]
 
@@ -149,6 +150,12 @@ def decode_tiff(
         fast = _own_layout(view, layout, shapes, want)
         if fast is not None:
             return fast
+
+    # Bounded work before any other parse: a loop, too many IFDs or overlapping tag
+    # values would cost tifffile (and the plain reader) time and memory without bound.
+    walk = walk_tiff(view, shapes, max_file_size(layout) if layout is not None else None)
+    if walk.problem is not None:
+        raise InvalidTiffError(f"malformed TIFF: {walk.problem}")
 
     plain = _plain_image(view, shapes, want, layout)
     if plain is not None:
@@ -413,7 +420,7 @@ def _decode_pages(
         if page.compression not in tifffile.TIFF.DECOMPRESSORS:
             raise _fail(
                 f"unsupported compression {_compression_name(page.compression)} in {where}: "
-                "save uncompressed or with deflate/LZW/packbits/zstd",
+                f"save with one of: {ACCEPTED_COMPRESSIONS}",
                 warnings,
             )
         for offset, count in zip(page.dataoffsets, page.databytecounts, strict=False):
@@ -448,6 +455,15 @@ def _decode_pages(
         else:
             got_desc = names if geom[0] == len(pages) else got_desc
         raise _fail(f"wrong shape: TIFF has {got_desc}; expected {expected}", warnings)
+
+    # The geometry is the chunk's: now every strip and tile must decode to exactly its
+    # part of it, checked with bounded work before tifffile decodes anything.
+    if planes_from_imagej:
+        if int(first.compression) != 1:
+            raise _fail("an ImageJ stack in one IFD (images=) must be uncompressed", warnings)
+    else:
+        for i, page in enumerate(pages):
+            check_segments(page, view, f"page {i}" if len(pages) > 1 else "the image")
 
     pages_dtype = np.dtype(first.dtype)
     out = np.empty(geom, dtype=pages_dtype.newbyteorder("="))

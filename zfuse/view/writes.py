@@ -68,6 +68,35 @@ RENAME_NOREPLACE = 1
 REPLACE_WINDOW = 30.0  # seconds an unlinked chunk stays in the store for a replacement (converters take seconds between deleting and creating their output)
 PENDING_TIMEOUT = 300.0  # seconds an incomplete closed file waits to be completed
 CHECKED_AHEAD = 2  # chunks after a committed one whose existence the commit checks (local stores)
+#: bytes that the commits of written files may hold at once while they decode and
+#: encode (each counts its file, and its chunk three times: the decoded pages, the
+#: chunk's values and the encoded chunk): bounded together, never by the machine
+DECODE_BUDGET = 512 * 2**20
+
+
+class MemoryBudget:
+    """Bytes shared by concurrent holders; a holder waits until its bytes fit. One
+    asking for more than the whole budget runs alone (it must be able to run)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.used = 0
+        self._changed = trio.Condition()
+
+    async def hold(self, nbytes: int) -> int:
+        """Wait until `nbytes` (at most the total) fit; returns what was taken."""
+        nbytes = min(max(nbytes, 0), self.total)
+        async with self._changed:
+            while self.used + nbytes > self.total:
+                await self._changed.wait()
+            self.used += nbytes
+        return nbytes
+
+    async def release(self, nbytes: int) -> None:
+        with trio.CancelScope(shield=True):
+            async with self._changed:
+                self.used -= nbytes
+                self._changed.notify_all()
 
 
 class Phase(Enum):
@@ -169,6 +198,7 @@ class Writes:
         journal: Callable[[Path, str], None] | None = None,
         before_replace: Callable[[Path], Awaitable[None]] = _nothing,
         process: Callable[[int], int] = lambda pid: pid,
+        decode_budget: int = DECODE_BUDGET,
     ) -> None:
         self.view = view
         self.read_only = read_only
@@ -181,6 +211,7 @@ class Writes:
         self.before_replace = before_replace  # readers of `path` keep its bytes
         # a request's thread id -> its process; asked only where the answer matters
         self.process = process
+        self.decode_budget = MemoryBudget(decode_budget)
         self.states: dict[Path, FileState] = {}
         self.removed: dict[Path, float] = {}  # unlinked chunks still in the store: deadline
         self.made_dirs: set[Path] = set()
@@ -379,7 +410,7 @@ class Writes:
             state.changed(self.clock())
             if standalone and not state.scratch:
                 # truncate(1) with no open file: the change must commit or fail now
-                reason = incomplete_reason(buffer, state.chunk_shapes)
+                reason = await self.run(incomplete_reason, bytes(buffer), state.chunk_shapes, state.limit)
                 if reason:
                     raise InvalidTiffError(f"truncating to {size} bytes leaves no complete TIFF: {reason}")
                 await self._commit(state)
@@ -395,13 +426,15 @@ class Writes:
         without a thread of its own."""
         if not state.dirty or state.scratch or state.phase is Phase.DETACHED:
             return False
-        buffer = state.buffer if state.buffer is not None else bytearray()
-        reason = incomplete_reason(buffer, state.chunk_shapes)
+        # A snapshot, walked (and stored) in a worker thread: the walk is bounded, but no
+        # parse runs on the event loop, and writes may land meanwhile.
+        data, generation = bytes(state.buffer or b""), state.generation
+        reason = await self.run(incomplete_reason, data, state.chunk_shapes, state.limit)
         if reason is not None:
             state.incomplete = reason
             return False
         state.incomplete = None
-        await self._commit(state, stored)
+        await self._commit(state, stored, data, generation)
         return True
 
     async def fsync(self, state: FileState, stored: Callable[[], None] | None = None) -> bool:
@@ -409,16 +442,20 @@ class Writes:
         buffered and fsync succeeds (programs that sync mid-write must not fail)."""
         return await self.flush(state, stored)
 
-    async def _commit(self, state: FileState, stored: Callable[[], None] | None = None) -> None:
+    async def _commit(self, state: FileState, stored: Callable[[], None] | None = None,
+                      data: bytes | None = None, generation: int | None = None) -> None:
+        """Store the state's bytes (`data`, a snapshot taken at `generation`, or the
+        buffer as it is once no other commit of the file runs)."""
         arr, coords = state.array, state.coords
         assert arr is not None and coords is not None and arr.layout is not None
         # One commit at a time per file; writes landing while it runs bump the
         # generation, so the file stays dirty and the next close stores them.
         async with state.commit_lock:
-            generation = state.generation
+            if data is None or generation is None:
+                data, generation = bytes(state.buffer or b""), state.generation
             state.size_shown = False  # the commit's cache drop (`stored`) comes after this
             await self.before_replace(state.path)
-            await self.store_tiff(arr, coords, bytes(state.buffer or b""), stored)
+            await self.store_tiff(arr, coords, data, stored)
             self.removed.pop(state.path, None)  # a replacement: nothing left to delete
             if state.generation == generation:
                 state.dirty = False
@@ -429,11 +466,15 @@ class Writes:
                          stored: Callable[[], None] | None = None) -> None:
         """Parse `data` as a TIFF of chunk `coords` and store it, then call `stored` (in
         the same worker thread); errors name the chunk's key."""
+        chunk_bytes = arr.layout.data_size if arr.layout is not None else 0
+        held = await self.decode_budget.hold(len(data) + 3 * chunk_bytes)
         try:
             await self.run(_commit_chunk, arr, coords, data, stored)
         except InvalidTiffError as e:
             self.stats.count("rejected_writes")
             raise InvalidTiffError(f"{arr.key_name(coords)}: {e}") from e
+        finally:
+            await self.decode_budget.release(held)
         self.stats.count("chunks_written")
 
     def release(self, state: FileState) -> Released:
@@ -606,7 +647,8 @@ class Writes:
                 self.states[new] = src
                 return
             data = bytes(src.buffer or b"")
-            reason = incomplete_reason(data, [tuple(new_arr.source.chunk_shape)])
+            limit = max_file_size(new_arr.layout) if new_arr.layout is not None else None
+            reason = await self.run(incomplete_reason, data, [tuple(new_arr.source.chunk_shape)], limit)
             if reason is not None:
                 raise InvalidTiffError(f"{new_arr.key_name(new_coords)}: the file is incomplete ({reason})")
             await self.before_replace(new)
