@@ -19,6 +19,12 @@ class CorruptDataError(ZfuseError):
     """Stored bytes are inconsistent: bad checksum, bad shard index, missing or mis-sized part."""
 
 
+class OutsideStoreError(CorruptDataError):
+    """A store key that would read or write outside the store's directory: a component
+    that is empty, `.`, `..`, absolute or holds NUL or a backslash, or a symbolic link
+    leading out of the store. Refused (EIO, naming the key), never followed."""
+
+
 class InvalidTiffError(ZfuseError, ValueError):
     """Bytes written into the mount are not an acceptable TIFF for that chunk."""
 

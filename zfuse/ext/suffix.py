@@ -53,6 +53,17 @@ _CONFIG_KEYS = frozenset({"suffix", *_BASE_KEYS})
 def parse_suffix(data: object) -> str:
     if not isinstance(data, str):
         raise MetadataError(f"suffix chunk key encoding: 'suffix' must be a string. Got {data!r}")
+    # Appended to a chunk key, every component the suffix starts after a '/' is a
+    # component of the key: one that is empty, '.' or '..' names another file than the
+    # chunk's (`..` one outside the store), and NUL or a backslash no file at all. The
+    # array is refused (shown with a README), never read through such keys.
+    later = data.split("/")[1:]
+    if any(part in ("", ".", "..") for part in later) or "\x00" in data or "\\" in data:
+        raise MetadataError(
+            "suffix chunk key encoding: 'suffix' would make chunk keys with a component that "
+            f"is empty, '.' or '..' (or holds NUL or a backslash), naming files outside the "
+            f"chunk's place in the store. Got {data!r}"
+        )
     return data
 
 

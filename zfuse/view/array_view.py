@@ -47,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from zfuse.errors import CorruptDataError
+from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.stats import Stats
 from zfuse.view.caches import ViewCaches
 from zfuse.view.hierarchy import unsupported_metadata
@@ -114,7 +114,9 @@ def advise_willneed(path: str) -> bool:
     """Ask the OS to read the file at `path` into its page cache in the background
     (posix_fadvise WILLNEED; blocking only to open it). False if it cannot be opened."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        # never through a final link, never waiting on a FIFO: the callers' paths were
+        # checked to stay inside the store (`stored_chunk_path`), and this only hints
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False
     try:
@@ -718,15 +720,16 @@ class ArrayView:
             return None
         fd, st = -1, None
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            # inside the store only (a link out of it: refused, then decoding reports it)
+            fd = self.source.open_raw_chunk(coords, os.O_RDONLY | os.O_NONBLOCK)
             st = os.fstat(fd)
             if stat_mod.S_ISREG(st.st_mode) and st.st_size == self.layout.data_size:
                 if advise:
                     os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
                 self.stats.count("chunks_passed_through")
                 return StoredChunkFile(self, coords, (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns), fd=fd)
-        except OSError:
-            st = None  # not stored, or not readable: decoding reports what it is
+        except (OSError, OutsideStoreError):
+            st = None  # not stored, not readable, or leading out of the store: decoding reports what it is
         if fd >= 0:
             os.close(fd)
         _DESCRIPTORS.give_back()
@@ -741,8 +744,19 @@ class ArrayView:
         """Ask the OS to read chunk `coords`'s stored file in (posix_fadvise WILLNEED, in
         the background: nothing is read or kept here), so opening and reading it later
         waits on no disk. Blocking (opens it); False when no such file is stored."""
-        path = self._raw_path(coords)
-        return path is not None and advise_willneed(path)
+        if self._raw_path(coords) is None:
+            return False
+        try:
+            fd = self.source.open_raw_chunk(coords, os.O_RDONLY | os.O_NONBLOCK)
+        except (OSError, OutsideStoreError):
+            return False  # not stored, or refused: the read says which
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
+        return True
 
     def forget(self, coords: Coords) -> None:
         self.cache.drop((id(self), coords))

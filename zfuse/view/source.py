@@ -19,6 +19,7 @@ import functools
 import itertools
 import logging
 import os
+import stat as stat_mod
 import threading
 import warnings
 import weakref
@@ -35,7 +36,7 @@ from zarr.core.chunk_key_encodings import V2ChunkKeyEncoding
 from zarr.core.sync import sync
 from zarr.storage import StorePath
 
-from zfuse.errors import CorruptDataError
+from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.ext import zarr_private
 from zfuse.ext.chunk_keys import ChunkKeyDecoder, standard_layout
 from zfuse.view.caches import BoundedLRU
@@ -199,6 +200,11 @@ class ChunkSource(ABC):
         """A local file holding chunk `coords`'s values exactly as its chunk file's data,
         when there is one (`ZarrChunkSource.raw_chunk_path`); here: none."""
         return None
+
+    def open_raw_chunk(self, coords: Coords, flags: int = os.O_RDONLY) -> int:
+        """A descriptor of `raw_chunk_path(coords)`'s file, opened inside the store only
+        (`ZarrChunkSource.open_raw_chunk`); only called where that is not None."""
+        raise NotImplementedError
 
     def may_store_raw(self) -> bool:
         """False when `raw_chunk_path` is None for every chunk, as known from memory."""
@@ -852,6 +858,17 @@ class ZarrChunkSource(ChunkSource):
             store = zarr_private.wrapped_store(store)
         return str(store.root) if type(store) in (LocalStore, AtomicLocalStore) else None
 
+    def _local_files(self) -> Any:
+        """The `AtomicLocalStore` under `_local_root`'s wrappers, or None: its `open_key`
+        and `stat_key` open stored files inside the store only."""
+        from zfuse.ext.transformers import TransformerStore
+        from zfuse.store import AtomicLocalStore, MeteredStore
+
+        store = self.store
+        while isinstance(store, (TransformerStore, MeteredStore)):
+            store = zarr_private.wrapped_store(store)
+        return store if type(store) is AtomicLocalStore else None
+
     def stored_sizes(self) -> dict[Coords, int] | None:
         """Stored byte size of every stored chunk (inner chunks of shards), when that is
         cheap: shard indexes, or a local store's file sizes. None otherwise (blocking)."""
@@ -871,15 +888,17 @@ class ZarrChunkSource(ChunkSource):
                     if self.in_grid(coords):
                         out[coords] = int(lengths[tuple(local)])
             return out
-        root = self._local_root()
-        if root is None:
+        files = self._local_files()
+        if files is None:
             return None
         out = {}
         for coords, key in self.list_chunk_keys():
             try:
-                out[coords] = os.stat(os.path.join(root, self.prefix + key)).st_size
-            except FileNotFoundError:
-                continue
+                st = files.stat_key(self.prefix + key)  # inside the store only
+            except OutsideStoreError:
+                return None  # a chunk leading out of the store: decoded, where reading it fails
+            if st is not None:
+                out[coords] = st.st_size
         return out
 
     def stored_chunk_path(self, coords: Coords) -> str | None:
@@ -890,7 +909,39 @@ class ZarrChunkSource(ChunkSource):
         root = self._chunk_root
         if root is None:
             return None
-        return os.path.join(root, self.prefix + self._encode_storage_key(coords))
+        key = self.prefix + self._encode_storage_key(coords)
+        if not self._stored_path_stays_inside(key):
+            return None  # read through the store instead, which refuses it (EIO, naming the key)
+        return os.path.join(root, key)
+
+    def _stored_path_stays_inside(self, key: str) -> bool:
+        """Whether opening `key`'s path plainly reaches a file inside the store, or
+        nothing: no `..` in the key and no symbolic link on its way (one O_PATH open,
+        no data read). Callers that open the path themselves (whole-image tiles) then
+        cannot be led out of the store by a link that is already there."""
+        files = self._local_files()
+        if files is None:
+            return False
+        try:
+            fd = files.open_key(key, os.O_PATH | os.O_NOFOLLOW)
+        except (FileNotFoundError, NotADirectoryError):
+            return True  # nothing stored (the fill value)
+        except OSError:
+            return False
+        except OutsideStoreError:
+            return False
+        try:
+            return not stat_mod.S_ISLNK(os.fstat(fd).st_mode)
+        finally:
+            os.close(fd)
+
+    def open_raw_chunk(self, coords: Coords, flags: int = os.O_RDONLY) -> int:
+        """A descriptor of chunk `coords`'s stored file (`raw_chunk_path`), opened inside
+        the store only: a key or link leading out of it raises OutsideStoreError."""
+        files = self._local_files()
+        if files is None:
+            raise OutsideStoreError(f"{self.name}: chunk {coords} is not in a local store")
+        return int(files.open_key(self.prefix + self._encode_storage_key(coords), flags))
 
     def raw_chunk_path(self, coords: Coords) -> str | None:
         """The local file whose bytes are chunk `coords`'s values exactly as a chunk file
@@ -899,7 +950,10 @@ class ZarrChunkSource(ChunkSource):
         booleans, whose stored bytes zarr does not check), not sharded, no storage
         transformers, in a local directory. None otherwise. The file may not exist
         (nothing stored). Blocking the first time (`stored_chunk_path`), then memory only."""
-        return self.stored_chunk_path(coords) if self._raw_stored else None
+        if not self._raw_stored or self._chunk_root is None:
+            return None
+        # unchecked: its readers open it with `open_raw_chunk`, inside the store only
+        return os.path.join(self._chunk_root, self.prefix + self._encode_storage_key(coords))
 
     def may_store_raw(self) -> bool:
         return self._raw_stored
