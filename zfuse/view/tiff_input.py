@@ -10,15 +10,20 @@ Invariants:
   bilevel images; an int16 chunk accepts ImageJ's signed-16-bit form (uint16
   offset by 32768, declared by its calibration function).
 - Any valid TIFF layout is accepted (via tifffile): strips or tiles, either
-  byte order, classic or BigTIFF, compressed with anything imagecodecs
-  decodes, one page per flattened leading-axis index, in IFD order. Pages run
+  byte order, classic or BigTIFF, compressed with a codec whose output can
+  be bounded before decoding (`tiff_segments.ACCEPTED_COMPRESSIONS`), one
+  page per flattened leading-axis index, in IFD order. Pages run
   in the order zfuse's own file for the chunk has (``layout.file_axes``:
   ImageJ's c, z, t order for an OME-Zarr t, c, z chunk), so what ImageJ saves
   is stored as it showed it.
   Reduced-resolution pages (thumbnails, NewSubfileType bit 0) are ignored.
-- Geometry, dtype and sample layout are checked on the IFDs *before* any
-  pixel is decoded, so a hostile file cannot make us allocate more than the
-  chunk's size; every strip/tile must lie inside the given bytes.
+- Hostile files cost bounded work: the IFD chain is walked once
+  (`tiff_complete.walk_tiff`: loops, too many IFDs, overlapping or
+  oversized tag values are refused) before tifffile or the plain reader
+  parses anything; geometry, dtype and sample layout are checked on the
+  IFDs, and every strip and tile's decoded size (`tiff_segments`) *before*
+  any pixel is decoded, so a file cannot make us allocate much more than
+  the chunk's size; every strip/tile must lie inside the given bytes.
 - zfuse's own layout (as produced by `build_header`) is recognised without
   tifffile when the caller passes the `layout`: the header must equal, byte
   for byte, the header zfuse would generate for the position it records, and
