@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import hostile_tiffs as h
 import pytest
-import stores
 
 from zfuse.testing import Mount, errno_of, snapshot, write_file
+
+import hostile_tiffs as h
+import stores
 
 pytestmark = pytest.mark.mount
 
