@@ -230,6 +230,8 @@ def _hostile_store(tmp_path: Path) -> Path:
     meta["chunk_key_encoding"] = {"name": "suffix", "configuration": {
         "suffix": "/../../../../private/secret", "base_encoding": {"name": "default"}}}
     (root / "suffix" / "zarr.json").write_text(json.dumps(meta))
+    # a group member that is a link out of the store (to an array of the secret)
+    (root / "linked").symlink_to(private / "a.zarr")
     # an OME multiscale whose dataset path leads up and out of its group
     ms = group.create_group("ms")
     ms.attrs["multiscales"] = [{"version": "0.4", "axes": [{"name": "y"}, {"name": "x"}],
@@ -263,6 +265,7 @@ def test_a_hostile_store_in_process(tmp_path: Path) -> None:
         sharded.pixel_bytes((1, 0))
     # the suffix array is not shown, with its reason; the dataset path is not followed
     assert ("suffix",) not in arrays
+    assert ("linked",) not in arrays and "linked" not in [name for name, _ in view.list_dir(())]
     assert any(path == "suffix" and "suffix" in reason for path, reason in view.problems)
     assert view.whole_images(("ms",)) == {}
     for path in (("raw",), ("zstd",), ("dirlink",), ("sharded",)):
@@ -319,7 +322,8 @@ def test_another_user_never_reads_a_file_outside_the_store(
     the store (a link to a root-only file, a linked directory, a linked shard), never
     the secret, and reads every chunk of the store's own; `image.ome.tif` has no
     byte of the secret; the `suffix` array whose keys would leave the store is a
-    README; the dataset path with `..` gives no pyramid. The log names each key."""
+    README; the dataset path with `..` gives no pyramid; a group member linked out
+    of the store is not shown. The log names each key."""
     root = _hostile_store(tmp_path)
     m = shared_mounts.start(root, "-o", "ro,allow_other", name="mnt")
     mnt = m.path
@@ -348,6 +352,7 @@ def test_another_user_never_reads_a_file_outside_the_store(
     assert sorted(os.listdir(mnt / "suffix")) == ["README", "zarr.json"]
     assert "suffix" in (mnt / "suffix" / "README").read_text()
     assert "pyramid.ome.tif" not in os.listdir(mnt / "ms")
+    assert "linked" not in os.listdir(mnt)
     log = m.log()
     assert "raw/c/0/1" in log and "outside the store" in log
 

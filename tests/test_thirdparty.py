@@ -12,8 +12,8 @@ For every store there (SOURCES.md says where each came from):
 
 Hierarchies are mounted one each. The ~290 single-array stores (mostly the
 zarrs snapshot arrays) would cost a daemon start each, so they are mounted
-together: a temporary group per Zarr format whose members are symlinks to
-the stores (nothing is copied; the data is read from ../shared). Each
+together: a temporary group per Zarr format whose members are the stores,
+hard-linked (no data is copied; a mount follows no symbolic link out of its store). Each
 single-array store is also opened on its own in process, where an array
 zarr-python cannot read must be refused with its own reason.
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -213,8 +214,16 @@ def _single_array_tree(tmp: Path, stores: list[Path], zarr_format: int) -> Path:
         rel = store.relative_to(THIRDPARTY)
         for i in range(1, len(rel.parts)):
             make_group(root.joinpath(*rel.parts[:i]))
-        (root / rel).symlink_to(store, target_is_directory=True)
+        # hard links, not a symbolic link: a mount follows no link out of its store
+        shutil.copytree(store, root / rel, copy_function=_link_or_copy)
     return root
+
+
+def _link_or_copy(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:  # another filesystem
+        shutil.copy2(src, dst)
 
 
 def single_array_stores() -> list[Path]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -210,12 +211,13 @@ def test_missing_codec_package_is_explained_in_a_hierarchy(tmp_path: Path, mount
     v2, v3 = tmp_path / "v2.zarr", tmp_path / "v3.zarr"
     v2.mkdir()
     (v2 / ".zgroup").write_text('{"zarr_format": 2}')
-    (v2 / "zfpy").symlink_to(THIRDPARTY / "zarrs" / "v2" / "array_zfpy_C.zarr")
-    (v2 / "blosc").symlink_to(THIRDPARTY / "zarrs" / "v2" / "array_blosc_C.zarr")
+    # copies, not symbolic links: a mount follows no link out of its store
+    shutil.copytree(THIRDPARTY / "zarrs" / "v2" / "array_zfpy_C.zarr", v2 / "zfpy")
+    shutil.copytree(THIRDPARTY / "zarrs" / "v2" / "array_blosc_C.zarr", v2 / "blosc")
     v3.mkdir()
     (v3 / "zarr.json").write_text('{"zarr_format": 3, "node_type": "group"}')
-    (v3 / "pcodec").symlink_to(THIRDPARTY / "zarrs" / "v3_zarr_python" / "array_pcodec.zarr")
-    (v3 / "zstd").symlink_to(THIRDPARTY / "zarrs" / "v3_zarr_python" / "array_zstd.zarr")
+    shutil.copytree(THIRDPARTY / "zarrs" / "v3_zarr_python" / "array_pcodec.zarr", v3 / "pcodec")
+    shutil.copytree(THIRDPARTY / "zarrs" / "v3_zarr_python" / "array_zstd.zarr", v3 / "zstd")
     for root, bad, codec, good in ((v2, "zfpy", "'zfpy'", "blosc"), (v3, "pcodec", "pcodec", "zstd")):
         m = mount(root, "-o", "ro")
         check_shown(m.path, reference(good, root, good))
