@@ -43,7 +43,7 @@ from types import TracebackType
 from typing import Any
 
 import numpy as np
-from zarr.abc.store import ByteRequest
+from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
@@ -321,6 +321,15 @@ class CountingStore(WrapperStore):
 
 FAULT_KINDS = ("error", "hang", "delay", "short")
 FAULT_OPS = ("get", "set", "delete", "exists", "getsize", "list")
+BYTE_RANGE_KINDS = ("any", "whole", "range", "offset", "suffix")
+
+
+def _byte_range_kind(byte_range: ByteRequest | None) -> str:
+    if byte_range is None:
+        return "whole"
+    if isinstance(byte_range, RangeByteRequest):
+        return "range"
+    return "offset" if isinstance(byte_range, OffsetByteRequest) else "suffix"
 
 
 @dataclasses.dataclass
@@ -336,7 +345,10 @@ class Fault:
         (None: one byte fewer), a truncated object or a short range (gets only).
     A request matches when its operation is in `ops` (get, set, delete, exists, getsize,
     list: the listings, matched on their prefix) and its key matches the shell pattern
-    `pattern` (fnmatch: `*` also crosses `/`). Of the matching requests, the first `after`
+    `pattern` (fnmatch: `*` also crosses `/`), and, for gets, its byte range is of the kind
+    `byte_range` names: "any", "whole" (no range), "range", "offset" or "suffix" (a shard's
+    index is read with a suffix request, its inner chunks with ranges). Of the matching
+    requests, the first `after`
     pass untouched; then every `every`-th is hit, at most `times` of them (None: no end).
     Counting is per rule, in request order: the same requests meet the same faults.
     """
@@ -344,6 +356,7 @@ class Fault:
     kind: str
     pattern: str = "*"
     ops: tuple[str, ...] = ("get",)
+    byte_range: str = "any"
     errno: int = errno.EIO
     exception: BaseException | None = None
     seconds: float | None = None
@@ -363,9 +376,13 @@ class Fault:
             raise ValueError("a delay needs seconds")
         if self.every < 1:
             raise ValueError("every counts from 1")
+        if self.byte_range not in BYTE_RANGE_KINDS:
+            raise ValueError(f"byte_range {self.byte_range!r}: one of {', '.join(BYTE_RANGE_KINDS)}")
 
-    def matches(self, op: str, key: str) -> bool:
-        return op in self.ops and fnmatch.fnmatchcase(key, self.pattern)
+    def matches(self, op: str, key: str, byte_range: ByteRequest | None = None) -> bool:
+        if op not in self.ops or not fnmatch.fnmatchcase(key, self.pattern):
+            return False
+        return self.byte_range == "any" or self.byte_range == _byte_range_kind(byte_range)
 
     def to_json(self) -> dict[str, Any]:
         """This rule as a control file holds it (`from_json`); an exception is kept as
@@ -457,14 +474,14 @@ class _FaultState:
         self.control_seen = seen
         self.set_faults(Fault.from_json(d) for d in docs)
 
-    def pick(self, op: str, key: str) -> tuple[int, Fault] | None:
+    def pick(self, op: str, key: str, byte_range: ByteRequest | None) -> tuple[int, Fault] | None:
         """The first rule that hits this request (counting it for every rule it matches)."""
         self.reread()
         with self.lock:
             self.requests.append((op, key))
             hit = None
             for i, fault in enumerate(self.faults):
-                if not fault.matches(op, key):
+                if not fault.matches(op, key, byte_range):
                     continue
                 self.counts[i] += 1
                 n = self.counts[i] - fault.after  # 1 for the first request past `after`
@@ -529,10 +546,10 @@ class FaultyStore(WrapperStore):
 
     # -- injecting ----------------------------------------------------------------------
 
-    async def _before(self, op: str, key: str) -> Fault | None:
+    async def _before(self, op: str, key: str, byte_range: ByteRequest | None = None) -> Fault | None:
         """Inject what the request meets before it reaches the store; return a "short"
         rule for the caller to apply to the answer."""
-        picked = self._faults.pick(op, key)
+        picked = self._faults.pick(op, key, byte_range)
         if picked is None:
             return None
         rule, fault = picked
@@ -570,7 +587,7 @@ class FaultyStore(WrapperStore):
         return prototype.buffer.from_bytes(data[:n])
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
-        fault = await self._before("get", key)
+        fault = await self._before("get", key, byte_range)
         value = await self._store.get(key, prototype, byte_range)
         return value if fault is None else self._shorten(fault, value, prototype)
 
