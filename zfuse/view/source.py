@@ -973,7 +973,8 @@ class ZarrChunkSource(ChunkSource):
     def _chunk_root(self) -> str | None:
         """`stored_chunk_path`'s directory: the local root when a chunk is one object."""
         direct = self.sharding is None and not self._has_transformers()
-        return self._local_root() if direct else None
+        files = self._local_files() if direct else None  # (zfuse's own local store: it opens inside only)
+        return str(files.root) if files is not None else None
 
     def read_stored(self, coords: Coords) -> bytes | None:
         """Chunk `coords` as stored (an inner chunk's bytes for sharded arrays), not
