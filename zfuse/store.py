@@ -210,9 +210,15 @@ class AtomicLocalStore(LocalStore):
     def __init__(self, root: Any, *, read_only: bool = False, durable: bool = True) -> None:
         super().__init__(root, read_only=read_only)
         self.durable = durable
+        self._init_root()
+        self.on_leftover: Any = None  # called with each leftover removed (key): counts it
+
+    def _init_root(self) -> None:
         self._root_fd: int | None = None
         self._root_lock = threading.Lock()
-        self.on_leftover: Any = None  # called with each leftover removed (key): counts it
+        # the descriptors this store opened, closed when it goes (`clear` opens anew)
+        self._root_fds: list[int] = []
+        weakref.finalize(self, _close_all, self._root_fds)
 
     def with_read_only(self, read_only: bool = False) -> AtomicLocalStore:
         return type(self)(self.root, read_only=read_only, durable=self.durable)
@@ -220,13 +226,20 @@ class AtomicLocalStore(LocalStore):
     def __getstate__(self) -> dict[str, Any]:
         # a copy opens the directory again (a descriptor and a lock do not travel)
         state = dict(self.__dict__)
-        for name in ("_root_fd", "_root_lock", "on_leftover"):
+        for name in ("_root_fd", "_root_lock", "_root_fds", "on_leftover"):
             state.pop(name, None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._root_fd, self._root_lock, self.on_leftover = None, threading.Lock(), None
+        self._init_root()
+        self.on_leftover = None
+
+    async def clear(self) -> None:
+        await super().clear()
+        with self._root_lock:  # the directory was made anew: open it anew
+            _close_all(self._root_fds)
+            self._root_fd = None
 
     @classmethod
     async def open(cls, root: Any, *, read_only: bool = False, mode: Any = None,
@@ -247,7 +260,7 @@ class AtomicLocalStore(LocalStore):
                     if not self.read_only:
                         os.makedirs(self.root, exist_ok=True)  # (zarr's LocalStore makes it on open)
                     fd = os.open(self.root, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
-                    weakref.finalize(self, os.close, fd)
+                    self._root_fds.append(fd)
                     self._root_fd = fd
         return fd
 
@@ -582,6 +595,11 @@ class AtomicLocalStore(LocalStore):
                     "(a daemon that stopped while storing a chunk)", key)
         if self.on_leftover is not None:
             self.on_leftover(key)
+
+
+def _close_all(fds: list[int]) -> None:
+    while fds:
+        os.close(fds.pop())
 
 
 LIST_DIR_BATCH = 1000
