@@ -207,5 +207,7 @@ def test_rules_round_trip_through_json() -> None:
         assert a.to_json() == b.to_json()
     assert back[0].errno == errno.ENOSPC and back[0].ops == ("get", "set")
     assert isinstance(back[1].exception, ConnectionResetError)
+    assert Fault.from_json(Fault("error", exception=PermissionError(errno.EACCES, "no")).to_json()).make_error(
+        "get", "k").errno == errno.EACCES
     with pytest.raises(ValueError):
         Fault.from_json({"kind": "error", "exception": ["os.system", "x"]})

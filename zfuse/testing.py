@@ -390,24 +390,28 @@ class Fault:
         out: dict[str, Any] = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         out["ops"] = list(self.ops)
         out["errno"] = errno.errorcode.get(self.errno, self.errno)
-        if self.exception is not None:
-            out["exception"] = [type(self.exception).__name__, str(self.exception)]
+        exc = self.exception
+        if isinstance(exc, OSError) and exc.errno is not None:
+            out["exception"] = [type(exc).__name__, exc.strerror or "", exc.errno]
+        elif exc is not None:
+            out["exception"] = [type(exc).__name__, str(exc)]
         return out
 
     @classmethod
     def from_json(cls, doc: Mapping[str, Any]) -> Fault:
         """A rule from a control file: `errno` a name ("EACCES") or number, `exception`
-        `[builtin exception name, message]`; other fields as the dataclass."""
+        `[builtin exception name, message]` (an OSError's `[name, message, errno]`);
+        other fields as the dataclass."""
         doc = dict(doc)
         code = doc.get("errno", errno.EIO)
         doc["errno"] = getattr(errno, code) if isinstance(code, str) else int(code)
         exc = doc.get("exception")
         if exc is not None:
-            name, message = exc if isinstance(exc, list) else (exc, "injected fault")
+            name, *args = exc if isinstance(exc, list) else [exc, "injected fault"]
             kind = getattr(builtins, name, None)
             if not (isinstance(kind, type) and issubclass(kind, BaseException)):
                 raise ValueError(f"not a builtin exception: {name}")
-            doc["exception"] = kind(message)
+            doc["exception"] = kind(args[1], args[0]) if len(args) == 2 else kind(*args)
         return cls(**doc)
 
     def make_error(self, op: str, key: str) -> BaseException:
