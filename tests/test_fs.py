@@ -202,7 +202,9 @@ def test_rm_then_refused_file_keeps_the_chunk(v3, clock: Clock) -> None:
     k.unlink(CHUNK)
     assert not k.exists(CHUNK)
     fh = k.open(CHUNK, os.O_WRONLY | os.O_CREAT)
-    k.write(fh, tiff(np.zeros((8, 16), "float32")))
+    with pytest.raises(FsError) as e:  # [write-13]: refused once its first IFD is written
+        k.write(fh, tiff(np.zeros((8, 16), "float32")))
+    assert e.value.errno == errno.EINVAL
     with pytest.raises(FsError) as e:
         k.call(k.fs.flush, fh)
     assert e.value.errno == errno.EINVAL
@@ -551,8 +553,15 @@ def test_bfconvert_overwrite_sequence_refused_keeps_the_chunk(v3, clock: Clock) 
     k.close(reader)
     clock.now += 10
     k.tick()
+    refused_at = None
     for off in range(8, len(bad)):
-        k.write(fh, bad[off : off + 1], off)
+        try:
+            k.write(fh, bad[off : off + 1], off)
+        except FsError as e:
+            assert e.errno == errno.EINVAL
+            refused_at = refused_at or off
+    # refused at the byte that completed the first IFD, and at every write after it
+    assert refused_at is not None and refused_at < len(bad) // 2
     with pytest.raises(FsError):
         k.close(fh)
     clock.now += 10

@@ -29,6 +29,11 @@ class InvalidTiffError(ZfuseError, ValueError):
     """Bytes written into the mount are not an acceptable TIFF for that chunk."""
 
 
+class RefusedAgainError(InvalidTiffError):
+    """A write or close of a file already refused (and journaled) at an earlier write:
+    EINVAL again, logged quietly, not journaled a second time."""
+
+
 class TiffLayoutError(ZfuseError, ValueError):
     """No chunk-file TIFF layout or header can be made from these arguments (a chunk
     shape, dtype or per-axis list that does not fit, coordinates outside the grid)."""

@@ -45,7 +45,14 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import trio
 
-from zfuse.errors import CorruptDataError, NotAllowedError, ReadOnlyError, ZfuseError, errno_for
+from zfuse.errors import (
+    CorruptDataError,
+    NotAllowedError,
+    ReadOnlyError,
+    RefusedAgainError,
+    ZfuseError,
+    errno_for,
+)
 from zfuse.inodes import Inode, InodeTable
 from zfuse.stats import Stats
 from zfuse.view.array_view import stored_files_bound
@@ -480,7 +487,7 @@ class FileSystem:
         code = errno_for(exc)
         where = "/".join(path) if path else "/"
         key = self.store_key(path) if path else where
-        if isinstance(exc, NotAllowedError) and code in QUIET_ERRNOS:
+        if isinstance(exc, RefusedAgainError) or (isinstance(exc, NotAllowedError) and code in QUIET_ERRNOS):
             log.debug("%s %s: %s", op, where, exc)
             return FsError(code)
         self.stats.count("errors")

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["TiffWalk", "incomplete_reason", "max_ifds", "walk_tiff"]
+__all__ = ["TiffWalk", "early_refusal", "incomplete_reason", "max_ifds", "walk_tiff"]
 
 _MAGICS = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")
 _TYPE_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4,
@@ -218,3 +218,88 @@ def walk_tiff(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[Seque
     if fits and planes < min(fits):
         return TiffWalk(incomplete=f"{planes} of {min(fits)} image plane(s) written", ifds=index)
     return TiffWalk(ifds=index)
+
+
+_SAMPLE_FORMAT = 339
+_FORMAT_KINDS = {1: "u", 2: "i", 3: "f", 6: "c"}
+
+
+def early_refusal(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[Sequence[int]],
+                  dtype: np.dtype) -> tuple[bool, str | None]:
+    """(decided, reason): whether the first IFD is all written, with its image size and
+    sample type set, and if so why it can never be a chunk of `chunk_shapes` and `dtype`
+    (None: it can). Reads one IFD with numpy (no Python object per entry), so a writer
+    can be refused at the write that completes the IFD instead of at close, which some
+    writers never report (tifffile ignores close()'s error).
+
+    Only what decode_tiff refuses whatever follows counts: pixel size (the plane's rows
+    and columns; a reduced-resolution first page decides nothing), bits per sample and
+    sample format kind (an int16 chunk takes ImageJ's uint16 form, a bool chunk 1-bit
+    or 8-bit unsigned), interleaved samples.
+    """
+    view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
+    head = bytes(view[:4])
+    if len(view) >= 4 and head not in _MAGICS:
+        return (True, None)  # not a TIFF: close() says so
+    if len(view) < 16:
+        return (False, None)
+    bo = "<" if head[:2] == b"II" else ">"
+    big = head[2:] in (b"+\0", b"\0+")
+    cnt, off, csize, esize, first_at = ("Q", "Q", 8, 20, 8) if big else ("H", "I", 2, 12, 4)
+    inline_size = 8 if big else 4
+    (offset,) = struct.unpack_from(bo + off, view, first_at)
+    if not offset or offset + csize > len(view):
+        return (False, None)
+    (count,) = struct.unpack_from(bo + cnt, view, offset)
+    if offset + csize + count * esize > len(view):
+        return (False, None)
+    entries = np.frombuffer(view, dtype=np.dtype([
+        ("tag", bo + "u2"), ("type", bo + "u2"), ("count", bo + ("u8" if big else "u4")),
+        ("value", f"V{inline_size}")]), count=count, offset=offset + csize)
+    formats = {3: "H", 4: "I", 16: "Q"}
+
+    def first(tag: int, default: int) -> int | None:
+        """The tag's first value; None if it is not an integer or not written yet."""
+        found = np.flatnonzero(entries["tag"] == tag)
+        if not len(found):
+            return default
+        entry = entries[found[0]]
+        fmt = formats.get(int(entry["type"]))
+        if fmt is None or not int(entry["count"]):
+            return None
+        raw = entry["value"].tobytes()
+        if struct.calcsize(fmt) * int(entry["count"]) <= inline_size:
+            return struct.unpack_from(bo + fmt, raw)[0]
+        (at,) = struct.unpack_from(bo + off, raw)
+        if at + struct.calcsize(fmt) > len(view):
+            return None
+        return struct.unpack_from(bo + fmt, view, at)[0]
+
+    width, length, bits = first(_WIDTH, 0), first(_LENGTH, 0), first(_BITS, 0)
+    spp, planar, fmt = first(_SAMPLES, 1), first(_PLANAR, 1), first(_SAMPLE_FORMAT, 1)
+    if not width or not length or not bits or None in (spp, planar, fmt):
+        return (False, None)  # not written yet (writers fill IFDs in later)
+    if (first(_NEW_SUBFILE_TYPE, 0) or 0) & 1:
+        return (True, None)
+    if spp != 1 and planar != 2:
+        return (True, f"the image has {spp} samples per pixel, interleaved (RGB or multi-channel); "
+                "this chunk is one sample per pixel (grayscale)")
+    planes = [_planes_of(s) for s in chunk_shapes]
+    if planes and all((r, c) != (length, width) for _, r, c in planes):
+        sizes = " or ".join(f"{r}x{c}" for _, r, c in planes)
+        return (True, f"wrong shape: the image is {length}x{width} (rows x columns), "
+                f"the chunk's planes are {sizes}")
+    kind = _FORMAT_KINDS.get(fmt or 1)
+    want_bits = dtype.itemsize * 8
+    if dtype.kind == "b":
+        ok = kind == "u" and bits in (1, 8)
+    elif dtype.kind == "i" and dtype.itemsize == 2:
+        ok = bits == 16 and kind in ("i", "u")  # ImageJ's signed 16-bit is uint16 + 32768
+    else:
+        ok = bits == want_bits and kind == dtype.kind
+    if not ok:
+        got = f"{bits}-bit {({'u': 'unsigned', 'i': 'signed', 'f': 'float', 'c': 'complex'}).get(kind or '', 'unknown')}"
+        name = "bool" if dtype.kind == "b" else dtype.newbyteorder("=").name
+        return (True, f"wrong dtype: the image has {got} pixels, the chunk is {name}; "
+                f"save the TIFF as {name} (zfuse does not convert)")
+    return (True, None)

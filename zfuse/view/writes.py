@@ -46,10 +46,11 @@ from zfuse.errors import (
     InvalidTiffError,
     NotAllowedError,
     ReadOnlyError,
+    RefusedAgainError,
 )
 from zfuse.stats import Stats
 from zfuse.view.array_view import ArrayView
-from zfuse.view.tiff_complete import incomplete_reason
+from zfuse.view.tiff_complete import early_refusal, incomplete_reason
 from zfuse.view.tiff_input import decode_tiff, max_file_size
 from zfuse.view.tree import META_NAME, Entry, Node, View
 
@@ -142,6 +143,10 @@ class FileState:
     # after its open) needs no look-up of its process
     writer_threads: set[int] = field(default_factory=set)
     incomplete: str | None = None  # why the last close left it pending
+    # whether its first IFD has been looked at once written (`early_refusal`), and why
+    # it can never be the chunk: every write after that fails, and so does the close
+    ifd_checked: bool = False
+    refused: str | None = None
     mtime_ns: int = field(default_factory=time.time_ns)
     changed_at: float = 0.0  # the Writes clock: pending files expire from here
     commit_lock: trio.Lock = field(default_factory=trio.Lock)
@@ -339,6 +344,7 @@ class Writes:
         if flags & os.O_TRUNC:
             state.buffer = bytearray()
             state.changed(self.clock())
+            state.ifd_checked, state.refused = False, None
         if pid is not None:
             self._add_writer(state, pid)
         state.handles += 1
@@ -358,6 +364,7 @@ class Writes:
             state.changed(self.clock())
             state.dirty = not state.scratch
             state.phase = Phase.OPEN
+            state.ifd_checked, state.refused = False, None
         if pid is not None:
             self._add_writer(state, pid)
         state.handles += 1
@@ -369,6 +376,8 @@ class Writes:
         the kernel computed from the size it had cached (another process's view)."""
         if append:
             off = len(state.buffer) if state.buffer is not None else len(await self.run(load_buffer, state))
+        if state.refused is not None:
+            raise RefusedAgainError(f"the file was refused at an earlier write: {state.refused}")
         end = off + len(buf)
         if end > state.limit:
             raise FileTooLargeError(f"{len(buf)} bytes at offset {off} exceed the {state.limit}-byte limit")
@@ -382,7 +391,23 @@ class Writes:
                 buffer.extend(bytes(end - len(buffer)))
             buffer[off:end] = buf
         state.changed(self.clock())
+        if not state.ifd_checked and not state.scratch and state.array is not None:
+            self._check_first_ifd(state, buffer)
         return len(buf)
+
+    def _check_first_ifd(self, state: FileState, buffer: bytearray) -> None:
+        """Refuse at this write a file whose first IFD, now written, can never be the chunk
+        (some writers never report close()'s error: tifffile ignores it). One IFD read with
+        numpy: bounded work, on the event loop like the write itself."""
+        assert state.array is not None
+        decided, reason = early_refusal(buffer, state.chunk_shapes, state.array.source.dtype)
+        state.ifd_checked = decided
+        if reason is not None:
+            state.refused = reason
+            state.incomplete = None  # refused, not pending: the last close drops it
+            self.stats.count("rejected_writes")
+            assert state.coords is not None
+            raise InvalidTiffError(f"{state.array.key_name(state.coords)}: {reason}")
 
     async def truncate(self, path: Path, size: int, state: FileState | None, pid: int | None) -> None:
         """truncate/ftruncate; without an open file (truncate(1)) it commits or fails now."""
@@ -403,6 +428,8 @@ class Writes:
             buffer = await self.run(load_buffer, state)
             if size == len(buffer) and not state.dirty:
                 return
+            if size == 0:
+                state.ifd_checked, state.refused = False, None  # a new file from here
             if size < len(buffer):
                 del buffer[size:]
             else:
@@ -426,6 +453,8 @@ class Writes:
         without a thread of its own."""
         if not state.dirty or state.scratch or state.phase is Phase.DETACHED:
             return False
+        if state.refused is not None:
+            raise RefusedAgainError(f"not stored: {state.refused}")
         # A snapshot, walked (and stored) in a worker thread: the walk is bounded, but no
         # parse runs on the event loop, and writes may land meanwhile.
         data, generation = bytes(state.buffer or b""), state.generation
@@ -486,6 +515,15 @@ class Writes:
             state.phase = Phase.PENDING
             state.changed_at = self.clock()
             self.stats.count("pending_files")
+            # A writer that closes and reopens (Bio-Formats) completes it soon; one that
+            # wrote all it meant to (fewer planes than the chunk) must hear why nothing
+            # landed now, not when the file is dropped.
+            reason = (f"closed incomplete, pending ({state.incomplete}): not stored until a write "
+                      f"completes it; dropped after {self.pending_timeout:g} s, the stored chunk "
+                      "unchanged")
+            if state.buffer:  # an emptied file (ImageMagick opens with O_TRUNC first) says nothing
+                log.warning("%s: %s", "/".join(state.path), reason)
+                self.journal(state.path, reason)
             return Released.PENDING
         if state.dirty and not state.buffer and not self.stored(state) and not state.committed:
             # created and closed empty (`touch`, tools that create first and fill

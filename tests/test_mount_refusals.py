@@ -1,0 +1,63 @@
+"""Refusals nobody can miss, on real mounts: a file that can never be the chunk fails
+the write that shows it (tifffile, which ignores close()'s error, raises), and a file
+closed incomplete is named in `.zfuse/errors` at its close."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+from zfuse.testing import snapshot
+
+import stores
+
+pytestmark = pytest.mark.mount
+
+
+def test_tifffile_of_the_wrong_dtype_raises_at_write(tmp_path: Path, mount) -> None:
+    """[write-13] tifffile.imwrite of float32 into a uint16 chunk raises, the chunk is
+    unchanged and one line of `.zfuse/errors` says why."""
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src, shape=(3, 8, 16), chunks=(3, 8, 16))
+    m = mount(src)
+    before = snapshot(src)
+    target = m.path / "c" / "0" / "0" / "0.tiff"
+    with pytest.raises(OSError):
+        tifffile.imwrite(target, np.ones((3, 8, 16), "float32"), photometric="minisblack")
+    assert snapshot(src) == before
+    np.testing.assert_array_equal(tifffile.imread(target), data)
+    lines = [line for line in m.errors().splitlines() if "wrong dtype" in line]
+    assert len(lines) == 1 and "float" in lines[0] and "uint16" in lines[0], m.errors()
+
+
+def test_a_wrong_plane_size_fails_cp(tmp_path: Path, mount) -> None:
+    """[write-13] cp of a TIFF whose planes are not the chunk's fails with an error."""
+    src = tmp_path / "a.zarr"
+    stores.v3(src, shape=(8, 16), chunks=(8, 16))
+    m = mount(src)
+    before = snapshot(src)
+    small = tmp_path / "small.tif"
+    tifffile.imwrite(small, np.ones((4, 4), "uint16"))
+    with pytest.raises(OSError):
+        shutil.copyfile(small, m.path / "c" / "0" / "0.tiff")
+    assert snapshot(src) == before
+    assert "wrong shape" in m.errors()
+
+
+def test_fewer_planes_than_the_chunk_are_named_at_close(tmp_path: Path, mount) -> None:
+    """[write-2] [write-13] a complete TIFF of 2 of the chunk's 3 planes: close succeeds (Bio-Formats
+    closes and reopens), the file is pending, and `.zfuse/errors` names it and why at once."""
+    src = tmp_path / "a.zarr"
+    stores.v3(src, shape=(3, 8, 16), chunks=(3, 8, 16))
+    m = mount(src)
+    before = snapshot(src)
+    two = tmp_path / "two.tif"
+    tifffile.imwrite(two, np.ones((2, 8, 16), "uint16"), photometric="minisblack")
+    shutil.copyfile(two, m.path / "c" / "0" / "0" / "0.tiff")
+    assert snapshot(src) == before
+    (line,) = [line for line in m.errors().splitlines() if "pending" in line]
+    assert "c/0/0/0.tiff" in line and "2 of 3 image plane(s)" in line, line
