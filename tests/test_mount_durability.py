@@ -58,10 +58,14 @@ class _Strace:
 
 def _chunk_syscalls(lines: list[str], key_path: str, sync: str = "fdatasync") -> tuple[list[int], list[int]]:
     """Line numbers of `sync` calls on the chunk's temporary files, and of renames onto it."""
-    tmp = re.escape(os.path.dirname(key_path)) + r"/\." + re.escape(os.path.basename(key_path)) + r"\.[^.>\"]+\.tmp"
+    # names appear whole ("/store/c/0/0") or relative to a directory descriptor, as the
+    # store opens and renames inside its own directory ([outside-1]): 15</store/c/0>, "0"
+    folder, name = re.escape(os.path.dirname(key_path)), re.escape(os.path.basename(key_path))
+    tmp = folder + r'(/|>, ")\.' + name + r'\.[^.>"]+\.tmp'
+    target = f'("{re.escape(key_path)}"|{folder}>, "{name}")'
     syncs = [i for i, line in enumerate(lines) if f"{sync}(" in line and re.search(tmp, line)]
     renames = [i for i, line in enumerate(lines) if "rename" in line and re.search(tmp, line)
-               and line.rstrip().endswith("= 0") and f'"{key_path}"' in line]
+               and line.rstrip().endswith("= 0") and re.search(target, line)]
     return syncs, renames
 
 
