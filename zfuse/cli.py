@@ -15,38 +15,17 @@ import argparse
 import json
 import logging
 import os
-import re
 import subprocess
 import sys
 from collections.abc import Callable
 
+from zfuse import mount_options
 from zfuse.daemon import MountConfig
+from zfuse.mount_options import MOUNT_OPTIONS, apply_mount_options
+
+__all__ = ["MOUNT_OPTIONS", "apply_mount_options", "build_parser", "main", "parse_size"]
 
 SUBCOMMANDS = {"mount", "umount", "unmount", "status", "reload", "info", "concat"}
-_SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?$")
-
-# -o options zfuse itself understands: (name, meaning); the rest go to FUSE unchanged
-MOUNT_OPTIONS = [
-    ("ro", "read-only: every write fails with EROFS"),
-    ("rw", "read-write (the default, except for http(s) sources)"),
-    ("allow_other", "other users may see the mount (non-root needs user_allow_other in /etc/fuse.conf)"),
-    ("cache_size=SIZE", "bounded LRU of decoded chunks, e.g. 512M (default 256M)"),
-    ("all_chunks", "list every grid position; missing chunks read as the fill value"),
-    ("crop_edges", "edge chunks cropped to the array bounds"),
-    ("metadata_ttl=S", "every S seconds (and on SIGHUP / zfuse reload) open the source again"),
-    ("timeout=S", "bound every store request: a hung server gives EIO, not a hung ls"),
-    ("threads=N", "worker threads for store I/O and decoding (default 8)"),
-    ("replace_window=S", "an unlinked chunk stays in the store this long for a replacement (default 30)"),
-    ("pending_timeout=S", "an incomplete closed TIFF waits this long to be completed (default 300)"),
-    ("durability=disk|process", "what close() promises: on disk (default, fdatasync per object) or "
-     "in the store's files (survives the daemon; fsync() reaches the disk; as zarr-python's LocalStore)"),
-    ("read_ahead_kb=N", "the kernel's read-ahead window for this mount, in KiB (default 1024; root only)"),
-    ("log_file=PATH", "append the daemon's log (refused writes and why, errors) to PATH"),
-    ("endpoint_url=URL", "object store endpoint (S3-compatible servers)"),
-    ("profile=NAME", "AWS profile for s3:// credentials"),
-    ("region=NAME", "object store region"),
-    ("anon", "anonymous access to a public bucket"),
-]
 
 _MOUNT_EPILOG = """\
 -o options (comma-separated; also in /etc/fstab and mount -t fuse.zfuse):
@@ -69,75 +48,11 @@ examples:
 
 
 def parse_size(text: str) -> int:
-    """'256M', '1G', '1048576' -> bytes."""
-    m = _SIZE_RE.match(text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 256M or 1G)")
-    scale = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}[m.group(2).lower()]
-    return int(float(m.group(1)) * scale)
-
-
-def apply_mount_options(config: MountConfig, options: list[str]) -> None:
-    """Fold `-o a,b=c` options into the config; unknown ones go to FUSE unchanged."""
-    for group in options:
-        for opt in filter(None, (o.strip() for o in group.split(","))):
-            key, _, value = opt.partition("=")
-            if key == "ro":
-                config.read_only = True
-            elif key == "rw":
-                config.read_only = False
-            elif key == "allow_other":
-                config.allow_other = True
-            elif key == "cache_size":
-                config.cache_bytes = parse_size(value)
-            elif key == "listing_cache":
-                config.listing_cache_names = parse_size(value)  # a count of names: 200k, 1M
-            elif key == "index_cache_size":
-                config.index_cache_bytes = parse_size(value)
-            elif key == "all_chunks":
-                config.all_chunks = True
-            elif key == "crop_edges":
-                config.crop_edges = True
-            elif key == "metadata_ttl":
-                config.metadata_ttl = float(value)
-            elif key == "timeout":
-                config.timeout = float(value)
-            elif key == "replace_window":
-                config.replace_window = float(value)
-            elif key == "pending_timeout":
-                config.pending_timeout = float(value)
-            elif key == "durability":
-                if value not in ("disk", "process"):
-                    raise ValueError("durability is disk or process")
-                config.durability = value
-            elif key == "read_ahead_kb":
-                config.read_ahead_kb = int(value)
-            elif key == "threads":
-                config.max_threads = int(value)
-            elif key == "log_file":
-                if not value:
-                    raise ValueError("log_file needs a path: -o log_file=PATH")
-                config.log_file = os.path.abspath(os.path.expanduser(value))
-            elif key in ("endpoint_url", "profile", "region", "anon"):
-                _storage_option(config, key, value)
-            elif key in ("dev", "suid", "nodev", "nosuid", "exec", "noexec", "auto", "noauto",
-                         "user", "nouser", "_netdev", "nofail", "defaults", "x-systemd.automount"):
-                continue  # mount(8)/fstab options that mean nothing to a FUSE daemon
-            elif key.startswith("x-"):
-                continue
-            else:
-                config.fuse_options.append(opt)
-
-
-def _storage_option(config: MountConfig, key: str, value: str) -> None:
-    so = config.storage_options
-    if key == "endpoint_url":
-        so.setdefault("client_kwargs", {})["endpoint_url"] = value
-        so["endpoint_url"] = value
-    elif key == "anon":
-        so["anon"] = value.lower() not in ("0", "false", "no")
-    else:
-        so[key] = value
+    """'256M', '1G', '1048576' -> bytes (an argparse type)."""
+    try:
+        return mount_options.parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 # -- the parser -------------------------------------------------------------------
@@ -191,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
-    options = "".join(f"  {name:<18}{meaning}\n" for name, meaning in MOUNT_OPTIONS)
+    options = mount_options.options_help()
     p = add("mount", "mount a Zarr store: every chunk a TIFF file",
             "Mount SOURCE at MOUNTPOINT: groups and arrays are directories, every chunk a .tiff "
             "file. Returns once the mount is live; the daemon stays in the background.",

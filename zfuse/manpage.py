@@ -146,8 +146,8 @@ def render() -> str:
     out += [".SH MOUNT OPTIONS",
             _esc("Given as -o OPTS to zfuse mount, or in the options field of /etc/fstab "
                  "(type fuse.zfuse). Other options go to FUSE unchanged.")]
-    for opt, meaning in MOUNT_OPTIONS:
-        out += [".TP", ".B " + _esc(opt), _esc(meaning)]
+    for option in MOUNT_OPTIONS:
+        out += [".TP", ".B " + _esc(option.spelled), _esc(option.meaning)]
     return "\n".join(out) + "\n" + _SECTIONS_AFTER.lstrip("\n")
 
 
