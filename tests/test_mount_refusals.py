@@ -31,7 +31,7 @@ def test_tifffile_of_the_wrong_dtype_raises_at_write(tmp_path: Path, mount) -> N
     assert snapshot(src) == before
     np.testing.assert_array_equal(tifffile.imread(target), data)
     lines = [line for line in m.errors().splitlines() if "wrong dtype" in line]
-    assert len(lines) == 1 and "float" in lines[0] and "uint16" in lines[0], m.errors()
+    assert len(lines) == 1 and "float32" in lines[0] and "uint16" in lines[0], m.errors()
 
 
 def test_a_wrong_plane_size_fails_cp(tmp_path: Path, mount) -> None:

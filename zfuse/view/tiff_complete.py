@@ -298,7 +298,8 @@ def early_refusal(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[S
     else:
         ok = bits == want_bits and kind == dtype.kind
     if not ok:
-        got = f"{bits}-bit {({'u': 'unsigned', 'i': 'signed', 'f': 'float', 'c': 'complex'}).get(kind or '', 'unknown')}"
+        names = {"u": "uint", "i": "int", "f": "float", "c": "complex"}
+        got = f"{names[kind]}{bits}" if kind in names and bits % 8 == 0 else f"{bits}-bit (sample format {fmt})"
         name = "bool" if dtype.kind == "b" else dtype.newbyteorder("=").name
         return (True, f"wrong dtype: the image has {got} pixels, the chunk is {name}; "
                 f"save the TIFF as {name} (zfuse does not convert)")
