@@ -30,11 +30,13 @@ import zarr
 from zfuse.testing import (
     Fault,
     Mount,
+    MountError,
     Mounts,
     assert_no_traceback,
     errno_of,
     read_fault_journal,
     snapshot,
+    start_mount,
     tiff_bytes,
     wait_until,
     write_faults,
@@ -72,7 +74,8 @@ class FaultyMount:
 
 @pytest.fixture
 def faulty_mount(tmp_path: Path) -> Iterator[Callable[..., FaultyMount]]:
-    """faulty_mount(source, *cli_args, faults=[...]) -> FaultyMount; unmounted at teardown."""
+    """faulty_mount(source, *cli_args, faults=[...]) -> FaultyMount; unmounted at teardown.
+    (Mountpoints `faultyN`, beside the `mount` fixture's `mntN` in the same directory.)"""
     with Mounts(tmp_path) as mounts:
 
         def make(source: Path, *args: str, faults: tuple[Fault, ...] | list[Fault] = ()) -> FaultyMount:
@@ -81,7 +84,7 @@ def faulty_mount(tmp_path: Path) -> Iterator[Callable[..., FaultyMount]]:
             write_faults(control, faults)
             command = [sys.executable, str(DAEMON), str(control), str(journal)]
             m = _mount_or_fail(lambda: mounts.start(
-                source, "-o", f"replace_window={TEST_REPLACE_WINDOW}", *args, command=command))
+                source, "-o", f"replace_window={TEST_REPLACE_WINDOW}", *args, name="faulty", command=command))
             return FaultyMount(m, control, journal)
 
         yield make
@@ -331,3 +334,13 @@ def test_a_hung_listing_fails_ls_within_the_timeout(tmp_path: Path, faulty_mount
         child.wait()
     assert child.returncode != 0
     assert b"Input/output error" in child.stderr.read()  # type: ignore[union-attr]
+
+
+def test_start_mount_refuses_a_mount_point_in_use(tmp_path: Path, mount) -> None:
+    """`zfuse.testing.start_mount` on a live mount point fails at once: that the path is a
+    mount would otherwise pass for the new daemon's mount being live."""
+    src = tmp_path / "a.zarr"
+    stores.v3(src)
+    m = mount(src)
+    with pytest.raises(MountError, match="a mount point already"):
+        start_mount([src], m.path)

@@ -171,8 +171,10 @@ def start_mount(
     (`python -m` imports zfuse from there first, so a benchmark can run an older
     checkout). Raises MountError, with the log (its last `log_tail` characters if given),
     when the daemon exits first or the mount is not live after `timeout` s (then it has
-    been unmounted)."""
+    been unmounted), and at once if `mountpoint` is a mount point already."""
     mountpoint.mkdir(parents=True, exist_ok=True)
+    if os.path.ismount(mountpoint):  # its being a mount would not say that this daemon's is live
+        raise MountError(f"{mountpoint} is a mount point already")
     log_path = mountpoint.parent / f"{mountpoint.name}.log"
     program = list(command) if command is not None else [sys.executable, "-m", "zfuse.cli"]
     cmd = [*program, "mount", *map(str, sources), str(mountpoint), "-f", *args]
