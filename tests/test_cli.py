@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import zarr
 
@@ -29,17 +30,24 @@ def test_background_mount_returns_once_live_and_umount(tmp_path: Path) -> None:
     stores.v3(tmp_path / "a.zarr")
     mnt = tmp_path / "mnt"
     mnt.mkdir()
-    r = run("mount", str(tmp_path / "a.zarr"), str(mnt))
+    log = tmp_path / "zfuse.log"
+    r = run("mount", "--log-file", str(log), str(tmp_path / "a.zarr"), str(mnt))
     try:
         assert r.returncode == 0, r.stderr
         assert os.path.ismount(mnt)  # live when the command returns
         assert (mnt / "c" / "0" / "0.tiff").is_file()
         busy = run("mount", str(tmp_path / "a.zarr"), str(mnt))
         assert busy.returncode != 0 and "busy" in busy.stderr
+        pid = json.loads((mnt / ".zfuse" / "mount").read_text())["pid"]
+        # a pending file: the daemon drops it (and logs it) only as it exits
+        (mnt / "c" / "0" / "1.tiff").write_bytes(b"II*\0")
     finally:
         u = run("umount", str(mnt))
     assert u.returncode == 0, u.stderr
     assert not os.path.ismount(mnt)
+    # umount returned once the daemon had exited: its last words are in the log
+    assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert "dropped at unmount" in log.read_text()
 
 
 def test_info_describes_arrays(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ import argparse
 import json
 import logging
 import os
+import select
 import subprocess
 import sys
 from collections.abc import Callable
@@ -122,6 +123,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="lazy unmount: detach now, finish once no process uses the mount; also "
                         "clears a stale mount whose daemon died ('Transport endpoint is not "
                         "connected')")
+    p.add_argument("--timeout", type=float, default=120.0, metavar="S",
+                   help="wait at most S seconds (default 120) for the daemon to exit once "
+                        "unmounted: it commits open files and carries out pending deletions "
+                        "first, so a script may go on once umount returns")
 
     p = add("status", "list running zfuse mounts: source, pid, uptime, counters",
             "Show every zfuse mount (or the given ones): mountpoint, source, daemon PID, "
@@ -376,6 +381,9 @@ def cmd_umount(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"zfuse: {shown} is not a zfuse mount (it is {entry.fstype}); use umount(8)",
               file=sys.stderr)
         return 1
+    # The daemon, to wait for once unmounted (its pid from .zfuse/mount, held by a pidfd
+    # so a reused pid cannot be mistaken for it); a lazy unmount does not wait.
+    daemon = None if args.lazy else _daemon_pidfd(entry.mountpoint)
     cmd = ["fusermount3", "-u", *(["-z"] if args.lazy else []), entry.mountpoint]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
@@ -389,8 +397,31 @@ def cmd_umount(args: argparse.Namespace, argv: list[str]) -> int:
             print(f"zfuse: cannot unmount {shown} ({entry.fstype}): {reason}", file=sys.stderr)
         else:
             print(f"zfuse: cannot unmount {shown}: {reason}", file=sys.stderr)
+        if daemon is not None:
+            os.close(daemon)
         return 1
+    if daemon is not None:
+        try:
+            if not select.select([daemon], [], [], args.timeout)[0]:
+                print(f"zfuse: {shown} is unmounted, but its daemon is still finishing after "
+                      f"{args.timeout:g} s (committing open files, deleting unlinked chunks); "
+                      "see its log", file=sys.stderr)
+                return 1
+        finally:
+            os.close(daemon)
     return 0
+
+
+def _daemon_pidfd(mountpoint: str) -> int | None:
+    """A pidfd of the daemon serving `mountpoint` (readable once it exits), or None if its
+    pid cannot be learnt in a few seconds (a hung or dead daemon: nothing to wait for)."""
+    from zfuse.mounts import MOUNT_FILE, read_json
+
+    try:
+        pid = int(read_json(mountpoint, MOUNT_FILE, timeout=5.0)["pid"])
+        return os.pidfd_open(pid)
+    except Exception:
+        return None
 
 
 def cmd_status(args: argparse.Namespace, argv: list[str]) -> int:
