@@ -237,6 +237,25 @@ def test_nonempty_mountpoint_warns(tmp_path: Path) -> None:
 
 
 @pytest.mark.mount
+def test_mounting_a_store_twice_warns(tmp_path: Path) -> None:
+    """The second mount of one store says where the first is and that they do not see
+    each other's writes until a reload; both mount."""
+    stores.v3(tmp_path / "a.zarr")
+    (tmp_path / "one").mkdir()
+    (tmp_path / "two").mkdir()
+    try:
+        first = _background_mount(tmp_path, "a.zarr", "one")
+        assert "already mounted" not in first.stderr
+        second = _background_mount(tmp_path, "a.zarr", "two")
+        assert f"is already mounted at {tmp_path}/one" in second.stderr, second.stderr
+        assert "until a reload" in second.stderr
+    finally:
+        for name in ("one", "two"):
+            run_in(tmp_path, "umount", name)
+            _cleanup(tmp_path / name)
+
+
+@pytest.mark.mount
 def test_findmnt_shows_the_source_and_fuse_zfuse(tmp_path: Path) -> None:
     """fsname = the source (absolute, even when given relative), subtype zfuse; a path
     with a space and a comma survives libfuse's option parsing."""

@@ -237,7 +237,7 @@ def describe_open_error(sources: list[str], exc: BaseException) -> str:
 
 def _run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int | None,
                     verbose: int) -> int:
-    from zfuse.daemon import check_mountpoint, check_sources, serve
+    from zfuse.daemon import check_mountpoint, check_sources, mounted_elsewhere, serve
     from zfuse.open_view import make_view
     from zfuse.stats import Stats
 
@@ -276,8 +276,9 @@ def _run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int
         # let go of the caller's directory (it could not be unmounted or removed
         # while the daemon runs); every path in `config` is absolute by now
         os.chdir("/")
-        if warning:
-            log.warning("%s", warning)
+        for message in (warning, mounted_elsewhere(config.sources)):
+            if message:
+                log.warning("%s", message)
         stats = Stats()
         view = make_view(config, stats)
     except SystemExit as e:

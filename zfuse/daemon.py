@@ -137,6 +137,23 @@ def check_mountpoint(mountpoint: str) -> str | None:
     return None
 
 
+def mounted_elsewhere(sources: list[str]) -> str | None:
+    """A warning if zfuse already mounts the same source(s) somewhere: the two daemons
+    keep their own caches and listings, so neither sees the other's writes until a
+    reload. None if not (or the mount table cannot be read)."""
+    from zfuse.mounts import zfuse_mounts
+
+    shown = fsname_of(sources)
+    try:
+        others = [e.mountpoint for e in zfuse_mounts() if e.source == shown]
+    except OSError:
+        return None
+    if not others:
+        return None
+    return (f"{shown} is already mounted at {', '.join(others)}: the mounts do not see each "
+            "other's writes until a reload (zfuse reload MOUNTPOINT, or -o metadata_ttl=S)")
+
+
 def _is_stale(mountpoint: str) -> bool:
     """True if a FUSE mount's daemon is gone (the kernel may still answer stat() of
     its root from cache; statfs always asks the daemon). A hung daemon is not stale."""
