@@ -185,8 +185,11 @@ def test_unlink_truncate_mv_cp_p_rsync(tmp_path: Path, mount) -> None:
     if shutil.which("rsync"):
         new2 = stores.values((8, 16), "uint16", seed=22)
         tifffile.imwrite(tmp_path / "1.tiff", new2)
+        os.utime(tmp_path / "1.tiff", (1_600_000_000, 1_600_000_000))
         subprocess.run(["rsync", "-a", str(tmp_path / "1.tiff"), str(c / "1") + "/"], check=True)
         np.testing.assert_array_equal(stores.open_any(src)[8:16, 16:30], new2[:, :14])
+        # rsync -a set the source's mtime on its temporary file, then renamed it
+        assert int(os.stat(c / "1" / "1.tiff").st_mtime) == 1_600_000_000
 
 
 BAD_INPUTS = ["not-tiff", "wrong-dtype", "wrong-shape", "wrong-pages", "unsupported-compression",

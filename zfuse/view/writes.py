@@ -694,6 +694,9 @@ class Writes:
             self.removed.pop(new, None)
             del self.states[old]
             self._detach(new)
+            # the chunk has the renamed file's mtime, as on a disk (rsync sets it on its
+            # temporary file, then renames it)
+            self.mtimes[new] = src.mtime_ns
             return
         old_arr, old_coords = self.view.chunk_at(old)
         if old_arr is None or old_coords is None or not old_arr.exists(old_coords) or old in self.removed:
