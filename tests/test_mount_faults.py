@@ -344,3 +344,26 @@ def test_start_mount_refuses_a_mount_point_in_use(tmp_path: Path, mount) -> None
     m = mount(src)
     with pytest.raises(MountError, match="a mount point already"):
         start_mount([src], m.path)
+
+
+@pytest.mark.xfail(strict=True, reason="each of the kernel's read requests of one read() asks the hung "
+                   "store again, one after another: measured 6 hung gets and 6 s for one read() of a 1 MiB "
+                   "chunk file at timeout=1 (image.ome.tif alike)")
+def test_one_read_of_a_big_file_waits_one_timeout(tmp_path: Path, faulty_mount) -> None:
+    """One read() of a whole 2 MiB chunk file (several kernel read requests) whose chunk
+    hangs: the requests share the one failed get, so the read fails within the timeout
+    and the store is asked once or twice, not once per request."""
+    timeout = 0.5
+    src = tmp_path / "big.zarr"
+    stores.v3(src, shape=(2048, 1024), chunks=(1024, 1024))
+    fm = faulty_mount(src, "-o", f"timeout={timeout:g}", faults=[Fault("hang", pattern="c/1/0")])
+    target = fm.path / "c" / "1" / "0.tiff"
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        start = time.monotonic()
+        assert errno_of(os.pread, fd, os.fstat(fd).st_size, 0) in ("EIO", "ok")  # ok: a short read
+        seconds = time.monotonic() - start
+    finally:
+        os.close(fd)
+    hung = len(fm.injected("hang"))
+    assert hung <= 2 and seconds < timeout * 3 + 5, (hung, seconds)
