@@ -56,6 +56,12 @@ class NotAChunkKeyError(ZfuseError, ValueError):
     """A key its chunk key encoding did not produce (``decode_chunk_key``; zarr expects ValueError)."""
 
 
+class StoreTimeoutError(ZfuseError, TimeoutError):
+    """A store request that got no answer in time (`-o timeout=`), or one refused at once
+    because the same key timed out moments ago. EIO; the message names the request,
+    the key, the wait and the store."""
+
+
 class ReadOnlyError(ZfuseError):
     """A change on a read-only mount (EROFS)."""
 

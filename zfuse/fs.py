@@ -493,6 +493,8 @@ class FileSystem:
         self.stats.count("errors")
         expected = isinstance(exc, (ZfuseError, OSError, TimeoutError))
         reason = str(exc) if expected else f"{type(exc).__name__}: {exc}"
+        if not str(exc):  # (aiohttp's TimeoutError says nothing): never an empty reason
+            reason = f"{type(exc).__name__} (no message) in {op} of store key {key}"
         log.error("%s %s [store key %s]: %s (%s)", op, where, key, reason,
                   errno.errorcode.get(code, code), exc_info=None if expected else exc)
         self.journal(path or (), f"{op}: {reason} ({errno.errorcode.get(code, code)})")

@@ -29,15 +29,17 @@ def open_source(
     timeout: float | None = None,
     durable: bool = True,
 ) -> Any:
-    """The zarr group/array (or concatenation) a mount shows, on metered stores."""
+    """The zarr group/array (or concatenation) a mount shows, on metered stores. Each
+    request is bounded by `timeout` seconds (0: not bounded); by default a remote
+    source's by DEFAULT_REMOTE_TIMEOUT, a local directory's not at all."""
     from zfuse.ext.api import open_array
-    from zfuse.store import MeteredStore, open_store
+    from zfuse.store import MeteredStore, default_timeout, open_store
 
     mode = "r" if read_only else "r+"
 
     def store_of(source: str) -> MeteredStore:
         return MeteredStore(open_store(source, read_only=read_only, storage_options=storage_options,
-                                       durable=durable), stats, timeout)
+                                       durable=durable), stats, default_timeout(source, timeout), source)
 
     if concat_axis is not None:
         from zfuse.ext.concat import concat

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 
@@ -15,6 +16,7 @@ class Stats:
         self._lock = threading.Lock()
         self._counters: dict[str, float] = {}
         self._gauges: dict[str, Callable[[], float]] = {}
+        self._in_flight: dict[object, float] = {}  # store requests under way: their start (monotonic)
         self.started = time.time()
 
     def __getstate__(self) -> dict[str, Any]:
@@ -27,6 +29,7 @@ class Stats:
         self._lock = threading.Lock()
         self._counters = dict(state["counters"])
         self._gauges = {}
+        self._in_flight = {}
         self.started = state["started"]
 
     def count(self, name: str, amount: float = 1) -> None:
@@ -39,11 +42,27 @@ class Stats:
         with self._lock:
             self._gauges[name] = read
 
+    @contextmanager
+    def in_flight(self) -> Iterator[None]:
+        """Around one store request: shown as `store_requests_in_flight` (how many are
+        under way now) and `store_oldest_request_s` (how long the oldest has waited)."""
+        token = object()
+        with self._lock:
+            self._in_flight[token] = time.monotonic()
+        try:
+            yield
+        finally:
+            with self._lock:
+                del self._in_flight[token]
+
     def snapshot(self) -> dict[str, Any]:
         with self._lock:
             out: dict[str, Any] = dict(self._counters)
             gauges = list(self._gauges.items())
+            starts = list(self._in_flight.values())
         for name, read in gauges:
             out[name] = read()
+        out["store_requests_in_flight"] = len(starts)
+        out["store_oldest_request_s"] = round(time.monotonic() - min(starts), 1) if starts else 0
         out["uptime_s"] = round(time.time() - self.started, 3)
         return out

@@ -21,7 +21,7 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Iterable, Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from zarr.abc.store import (
     ByteRequest,
@@ -33,7 +33,7 @@ from zarr.abc.store import (
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import LocalStore, WrapperStore
 
-from zfuse.errors import OutsideStoreError
+from zfuse.errors import OutsideStoreError, StoreTimeoutError
 from zfuse.stats import Stats
 from zfuse.workers import WorkerThreads
 
@@ -746,41 +746,170 @@ def _free_in_background(dir_fd: int, old: str, name: str, label: str = "") -> No
         _freeing.submit(os.close, fd)
 
 
-class MeteredStore(WrapperStore[Store]):
-    """Counts store requests/bytes and bounds each request by `timeout` seconds."""
+# Remote stores (anything but a local directory) bound each request by this many seconds
+# unless `-o timeout=S` says otherwise: aiohttp's own bound is 5 minutes, during which the
+# reader sits in `D` state, deaf to SIGKILL.
+DEFAULT_REMOTE_TIMEOUT = 20.0
+# After a request for a key timed out, requests for the same key fail at once for this
+# long (the read-ahead, zarr's and the kernel's repeated requests of one read() each
+# waited out a whole timeout, one after another)...
+FAILED_RECENTLY_S = 5.0
+# ... and requests for it still under way give up with it (checked this often).
+SHARED_CHECK_S = 0.25
+FAILED_KEYS_KEPT = 1024
 
-    def __init__(self, store: Store, stats: Stats | None = None, timeout: float | None = None) -> None:
+
+def is_remote(source: str) -> bool:
+    """Whether a source is a URL (s3://, gs://, https://, ...), not a local directory."""
+    return "://" in source and not source.startswith("file://")
+
+
+def default_timeout(source: str, timeout: float | None) -> float | None:
+    """The per-request bound of a source's store: `timeout` if given (0: none), else
+    DEFAULT_REMOTE_TIMEOUT for a remote source and none for a local directory."""
+    if timeout is not None:
+        return timeout or None
+    return DEFAULT_REMOTE_TIMEOUT if is_remote(source) else None
+
+
+def source_label(source: str) -> str:
+    """A source as log lines show it: a URL without credentials."""
+    if "://" not in source:
+        return source
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(source)
+    if parts.username or parts.password:
+        host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+        return parts._replace(netloc=host).geturl()
+    return source
+
+
+class MeteredStore(WrapperStore[Store]):
+    """Counts store requests/bytes and bounds each request by `timeout` seconds.
+
+    A request that times out raises StoreTimeoutError naming the request, its key, the
+    wait and `source`. For FAILED_RECENTLY_S after that, requests for the same key fail
+    at once with the same reason, and those for it already under way give up with it:
+    one read() of a hung chunk waits one timeout, not one per request made for it.
+    Counted: `store_timeouts`, `store_failed_fast` (refused at once for a recent
+    timeout), `store_errors` (any other failure); requests under way in the Stats'
+    `store_requests_in_flight` and `store_oldest_request_s`.
+    """
+
+    def __init__(self, store: Store, stats: Stats | None = None, timeout: float | None = None,
+                 source: str | None = None) -> None:
         super().__init__(store)
         self.stats = stats or Stats()
-        self.timeout = timeout
+        self.timeout = timeout or None  # (0: none)
+        self.source = source_label(source) if source else _describe(store)
+        # key -> (monotonic time its request timed out, the reason)
+        self._timed_out: dict[str, tuple[float, str]] = {}
         if isinstance(store, AtomicLocalStore):  # leftovers of a crashed writer, removed: counted
             stats_ = self.stats
             store.on_leftover = lambda key: stats_.count("leftovers_removed")
 
     def _with_store(self, store: Store) -> MeteredStore:
-        return type(self)(store, self.stats, self.timeout)
+        return type(self)(store, self.stats, self.timeout, self.source)
 
     @classmethod
     async def open(  # type: ignore[override]
         cls, store_cls: type[Store], *args: Any, stats: Stats | None = None,
-        timeout: float | None = None, **kwargs: Any,  # noqa: ASYNC109 - bounds each request, not opening
+        timeout: float | None = None, source: str | None = None,  # noqa: ASYNC109 - bounds each request, not opening
+        **kwargs: Any,
     ) -> MeteredStore:
         """Open `store_cls(*args, **kwargs)` and meter it (zarr's WrapperStore.open, plus ours)."""
-        return cls(await store_cls.open(*args, **kwargs), stats, timeout)
+        return cls(await store_cls.open(*args, **kwargs), stats, timeout, source)
 
-    async def _bounded(self, coro: Any) -> Any:
-        if self.timeout is None:
-            return await coro
-        try:
-            return await asyncio.wait_for(coro, self.timeout)
-        except TimeoutError:
+    # -- bounding requests ------------------------------------------------------
+    def _failed_recently(self, key: str, since: float | None = None) -> tuple[float, str] | None:
+        """(when, reason) of the timeout of a request for `key` less than FAILED_RECENTLY_S
+        ago (and at or after `since`, if given), else None."""
+        memo = self._timed_out.get(key)
+        if memo is None:
+            return None
+        if time.monotonic() - memo[0] >= FAILED_RECENTLY_S:
+            self._timed_out.pop(key, None)
+            return None
+        return memo if since is None or memo[0] >= since else None
+
+    def _note_timeout(self, key: str, reason: str) -> None:
+        if len(self._timed_out) >= FAILED_KEYS_KEPT:
+            now = time.monotonic()
+            for k in [k for k, (t, _) in list(self._timed_out.items()) if now - t >= FAILED_RECENTLY_S]:
+                self._timed_out.pop(k, None)
+            if len(self._timed_out) >= FAILED_KEYS_KEPT:
+                self._timed_out.clear()
+        self._timed_out[key] = (time.monotonic(), reason)
+
+    def _shared_failure(self, op: str, key: str, memo: tuple[float, str]) -> StoreTimeoutError:
+        ago = time.monotonic() - memo[0]
+        return StoreTimeoutError(f"{memo[1]} {ago:.1f} s ago: {op} of the same key fails at once "
+                                 f"for {FAILED_RECENTLY_S:g} s")
+
+    async def _bounded(self, coro: Any, op: str = "request", key: str = "") -> Any:
+        """Await a request of the wrapped store (`op` of `key`, for messages), bounded."""
+        memo = self._failed_recently(key)
+        if memo is not None:
+            close = getattr(coro, "close", None)
+            if close is not None:
+                close()  # (never awaited)
+            self.stats.count("store_failed_fast")
+            raise self._shared_failure(op, key, memo)
+        start = time.monotonic()
+        with self.stats.in_flight():
+            if self.timeout is None:
+                try:
+                    return await coro
+                except Exception as e:
+                    self._raise_failed(e, op, key, start)
+            task = asyncio.ensure_future(coro)
+            deadline = start + self.timeout
+            try:
+                while True:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        break
+                    done, _ = await asyncio.wait({task}, timeout=min(remaining, SHARED_CHECK_S))
+                    if done:
+                        try:
+                            return task.result()
+                        except Exception as e:
+                            self._raise_failed(e, op, key, start)
+                    memo = self._failed_recently(key, since=start)
+                    if memo is not None:  # another request for this key timed out meanwhile
+                        _abandon(task)
+                        self.stats.count("store_failed_fast")
+                        raise self._shared_failure(op, key, memo)
+            except asyncio.CancelledError:
+                _abandon(task)
+                raise
+            _abandon(task)
             self.stats.count("store_timeouts")
-            raise TimeoutError(f"store request timed out after {self.timeout}s") from None
+            reason = f"store request {op} {key} timed out after {self.timeout:g} s ({self.source})"
+            self._note_timeout(key, reason)
+            raise StoreTimeoutError(reason)
+
+    def _raise_failed(self, exc: Exception, op: str, key: str, start: float) -> NoReturn:
+        """Raise what a failed request raises: the store's own timeout (aiohttp's, whose
+        message is empty) as a StoreTimeoutError naming the request; anything else as
+        it is. Counted either way (the end of a listing is no failure)."""
+        if isinstance(exc, StopAsyncIteration):
+            raise exc
+        if isinstance(exc, TimeoutError) and not isinstance(exc, StoreTimeoutError):
+            self.stats.count("store_timeouts")
+            detail = f": {exc}" if str(exc) else ""
+            reason = (f"store request {op} {key} timed out after {time.monotonic() - start:.1f} s "
+                      f"(the store's own timeout{detail}) ({self.source})")
+            self._note_timeout(key, reason)
+            raise StoreTimeoutError(reason) from exc
+        self.stats.count("store_errors")
+        raise exc
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
         kind = _kind(key)
         self.stats.count(f"store_get_{kind}{'_ranged' if byte_range is not None else ''}")
-        result = await self._bounded(self._store.get(key, prototype, byte_range))
+        result = await self._bounded(self._store.get(key, prototype, byte_range), "get", key)
         if result is not None:
             self.stats.count(f"store_bytes_{kind}", len(result))
         return result
@@ -860,13 +989,15 @@ class MeteredStore(WrapperStore[Store]):
     ) -> list[Buffer | None]:
         key_ranges = list(key_ranges)
         self.stats.count("store_get_partial", len(key_ranges))
-        results = await self._bounded(self._store.get_partial_values(prototype, key_ranges))
+        keys = sorted({k for k, _ in key_ranges})
+        results = await self._bounded(self._store.get_partial_values(prototype, key_ranges),
+                                      f"get ({len(key_ranges)} ranges)", ",".join(keys))
         self.stats.count("store_bytes_chunk", sum(len(r) for r in results if r is not None))
         return results
 
     async def exists(self, key: str) -> bool:
         self.stats.count("store_exists")
-        return await self._bounded(self._store.exists(key))
+        return await self._bounded(self._store.exists(key), "exists", key)
 
     @property
     def local_writer(self) -> bool:
@@ -887,33 +1018,59 @@ class MeteredStore(WrapperStore[Store]):
     async def set(self, key: str, value: Buffer) -> None:
         self.stats.count("store_set")
         self.stats.count("store_bytes_written", len(value))
-        await self._bounded(self._store.set(key, value))
+        await self._bounded(self._store.set(key, value), "set", key)
 
     async def delete(self, key: str) -> None:
         self.stats.count("store_delete")
-        await self._bounded(self._store.delete(key))
+        await self._bounded(self._store.delete(key), "delete", key)
 
-    async def _listing(self, it: AsyncIterator[str]) -> AsyncIterator[str]:
+    async def _listing(self, it: AsyncIterator[str], op: str, prefix: str) -> AsyncIterator[str]:
+        """The keys of a listing, each page bounded by the timeout (a hung listing fails
+        as a hung get does: StoreTimeoutError naming the listing and its prefix)."""
         self.stats.count("store_list")
         keys = 0
         try:
-            async for key in it:
+            while True:
+                try:
+                    key = await self._bounded(it.__anext__(), op, prefix)
+                except StopAsyncIteration:
+                    return
                 keys += 1
                 yield key
         finally:
             self.stats.count("store_list_keys", keys)
             close = getattr(it, "aclose", None)
             if close is not None:
-                await close()  # a listing read in pages may stop early: let the store clean up
+                try:
+                    await close()  # a listing read in pages may stop early: let the store clean up
+                except RuntimeError:
+                    pass  # still running the page given up on (timed out): cancelled, it ends itself
 
     def list(self) -> AsyncIterator[str]:
-        return self._listing(self._store.list())
+        return self._listing(self._store.list(), "list", "/")
 
     def list_prefix(self, prefix: str) -> AsyncIterator[str]:
-        return self._listing(self._store.list_prefix(prefix))
+        return self._listing(self._store.list_prefix(prefix), "list_prefix", prefix or "/")
 
     def list_dir(self, prefix: str) -> AsyncIterator[str]:
-        return self._listing(self._store.list_dir(prefix))
+        return self._listing(self._store.list_dir(prefix), "list_dir", prefix or "/")
+
+
+def _abandon(task: Any) -> None:
+    """Cancel a request given up on, without waiting for it (a hung one may not end
+    soon); its outcome is collected, never reported."""
+    task.cancel()
+    task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+
+def _describe(store: Store) -> str:
+    """A store as messages name it: its root directory, URL or type."""
+    for attr in ("root", "path", "url"):
+        value = getattr(store, attr, None)
+        if value:
+            return str(value)
+    inner = getattr(store, "_store", None)
+    return _describe(inner) if inner is not None and inner is not store else type(store).__name__
 
 
 def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] | None = None,
