@@ -18,6 +18,7 @@ import asyncio
 import functools
 import itertools
 import logging
+import math
 import os
 import stat as stat_mod
 import threading
@@ -39,6 +40,7 @@ from zarr.storage import StorePath
 from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.ext import zarr_private
 from zfuse.ext.chunk_keys import ChunkKeyDecoder, standard_layout
+from zfuse.view import bounded_decode
 from zfuse.view.caches import BoundedLRU
 
 log = logging.getLogger("zfuse.view")
@@ -773,8 +775,24 @@ class ZarrChunkSource(ChunkSource):
         if fetched is None:
             return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
         buf, spec = fetched
+        try:
+            return self._decode(buf, spec, coords)
+        except CorruptDataError as e:
+            raise CorruptDataError(f"{self.chunk_key(coords)}: {e}") from e
+        except (ValueError, RuntimeError, TypeError) as e:
+            # zarr's codecs meet bad stored bytes as any of these: corrupt data (EIO for
+            # this file, one log line), not a daemon error
+            raise CorruptDataError(f"{self.chunk_key(coords)}: the stored chunk does not decode: "
+                                   f"{type(e).__name__}: {e}") from e
+
+    def _decode(self, buf: Any, spec: Any, coords: Coords) -> np.ndarray:
+        """A fetched chunk's values, every decompression bounded by the chunk's size."""
         codecs = self._sync_codecs
+        nbytes = self._chunk_nbytes
         if codecs is None:
+            values = self._decode_v2_bounded(buf)
+            if values is not None:
+                return values
             pipeline = (self.sharding or self.array.async_array).codec_pipeline
             (decoded,) = sync(pipeline.decode([(buf, spec)]))
             if decoded is None:
@@ -782,12 +800,55 @@ class ZarrChunkSource(ChunkSource):
         else:
             # decoding in this worker thread with the codecs' synchronous methods:
             # zarr's pipeline would hop to a thread per codec, and would hold
-            # its event loop, which serves every other read
+            # its event loop, which serves every other read. Each stage's output is
+            # bounded (bounded_decode): the one feeding the serializer by the chunk's
+            # size, the others by their input and the chunk's size.
             serializer, bytes_codecs = codecs
-            for codec in reversed(bytes_codecs):
-                buf = zarr_private.decode_sync(codec, buf, spec)
+            for i, codec in enumerate(reversed(bytes_codecs)):
+                limit = nbytes if i == len(bytes_codecs) - 1 else len(buf) + nbytes + 65536
+                out = bounded_decode.bounded(
+                    codec, buf.as_numpy_array(), limit,
+                    functools.partial(zarr_private.decode_sync, codec, buf, spec))
+                buf = spec.prototype.buffer.from_bytes(out) if isinstance(out, (bytes, bytearray)) else out
             decoded = zarr_private.decode_sync(serializer, buf, spec)
-        return np.asarray(decoded.as_numpy_array()).reshape(self.chunk_shape)
+        values = np.asarray(decoded.as_numpy_array())
+        if values.size != math.prod(self.chunk_shape):
+            raise CorruptDataError(f"the stored chunk decodes to {values.size} values, "
+                                   f"the chunk holds {math.prod(self.chunk_shape)}")
+        return values.reshape(self.chunk_shape)
+
+    @functools.cached_property
+    def _chunk_nbytes(self) -> int:
+        return math.prod(self.chunk_shape) * np.dtype(self.dtype).itemsize
+
+    def _decode_v2_bounded(self, buf: Any) -> np.ndarray | None:
+        """A v2 chunk (C order, no filters) whose compressor zfuse bounds, decoded as
+        zarr's V2Codec does (decompress, view as the dtype, reshape) with the output
+        bounded by the chunk's size; None for anything else (zarr's pipeline decodes it,
+        after a declared size is checked where the framing has one)."""
+        if self.zarr_format != 2 or self.sharding is not None:
+            return None
+        meta = self.array.metadata
+        compressor = getattr(meta, "compressor", None)
+        if compressor is None:
+            return None
+        ident, config = bounded_decode.codec_id(compressor)
+        if ident is None:
+            return None
+        raw = buf.as_numpy_array()
+        if getattr(meta, "filters", None):
+            # the filters come after: check what the framing declares, else leave it to zarr
+            if ident in ("blosc", "lz4"):
+                bounded_decode.decompress_bounded(ident, config, raw, self._chunk_nbytes)
+            return None
+        out = bounded_decode.decompress_bounded(ident, config, raw, self._chunk_nbytes)
+        if out is None:
+            return None  # its declared size was checked: zarr decodes it
+        stored = np.dtype(self.array.metadata.dtype.to_native_dtype())
+        if len(out) != self._chunk_nbytes:
+            raise CorruptDataError(f"the stored chunk decompresses to {len(out)} bytes, "
+                                   f"the chunk holds {self._chunk_nbytes}")
+        return np.frombuffer(out, dtype=stored).reshape(self.chunk_shape)
 
     # -- stored bytes (whole-image passthrough) -------------------------------
     def stored_codecs(self) -> list[dict[str, Any]] | None:

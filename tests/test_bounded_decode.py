@@ -1,0 +1,96 @@
+"""Stored chunks are input too: every compressor zfuse knows decodes into at most the
+chunk's bytes (FUSE-free, plain calls). A bomb is refused as corrupt data before it
+costs memory; honest streams decode to exactly what numcodecs gives."""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import lzma
+import zlib
+
+import numcodecs
+import numpy as np
+import pytest
+from numcodecs import Blosc
+
+from zfuse.errors import CorruptDataError
+from zfuse.view.bounded_decode import bounded, codec_id, decompress_bounded
+
+BIG = 256 * 2**20  # what a bomb holds; the limit is a 64 KiB chunk
+LIMIT = 64 * 1024
+HONEST = (np.arange(LIMIT, dtype=np.uint32) % 251).astype(np.uint8).tobytes()
+
+
+def _rss_peak_kib() -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1])
+    raise AssertionError
+
+
+STREAMS = {
+    "zstd": lambda b: numcodecs.Zstd(level=1).encode(b),
+    "gzip": lambda b: gzip.compress(b, 1),
+    "zlib": lambda b: zlib.compress(b, 1),
+    "bz2": lambda b: bz2.compress(b, 1),
+    "lzma": lambda b: lzma.compress(b, preset=0),
+}
+
+
+@pytest.mark.parametrize("ident", list(STREAMS))
+def test_stream_bombs_are_refused_within_the_limit(ident: str) -> None:
+    bomb = STREAMS[ident](bytes(BIG))
+    before = _rss_peak_kib()
+    with pytest.raises(CorruptDataError):
+        decompress_bounded(ident, {}, bomb, LIMIT)
+    assert _rss_peak_kib() - before < 64 * 1024, "the refusal grew the process by 64 MiB or more"
+
+
+@pytest.mark.parametrize("ident", list(STREAMS))
+def test_honest_streams_decode_exactly(ident: str) -> None:
+    assert bytes(decompress_bounded(ident, {}, STREAMS[ident](HONEST), LIMIT) or b"") == HONEST
+    with pytest.raises(CorruptDataError):  # one byte short of a limit it needs
+        decompress_bounded(ident, {}, STREAMS[ident](HONEST), LIMIT - 1)
+
+
+def test_a_multi_member_gzip_stream_decodes_whole() -> None:
+    half = len(HONEST) // 2
+    data = gzip.compress(HONEST[:half]) + gzip.compress(HONEST[half:])
+    assert bytes(decompress_bounded("gzip", {}, data, LIMIT) or b"") == HONEST
+
+
+def test_two_zstd_frames_are_bounded_together() -> None:
+    """Each frame declares a size within the limit; together they exceed it."""
+    frame = numcodecs.Zstd(level=1).encode(bytes(LIMIT))
+    with pytest.raises(CorruptDataError):
+        decompress_bounded("zstd", {}, frame + frame, LIMIT)
+
+
+@pytest.mark.parametrize("codec", [Blosc(cname="zstd"), numcodecs.LZ4()])
+def test_declared_sizes_are_checked_before_decoding(codec: numcodecs.abc.Codec) -> None:
+    ident, config = codec_id(codec)
+    bomb = codec.encode(np.zeros(4 * LIMIT, np.uint8))
+    with pytest.raises(CorruptDataError, match="declares"):
+        decompress_bounded(ident or "", config, bomb, LIMIT)
+    honest = codec.encode(np.frombuffer(HONEST, np.uint8))
+    assert decompress_bounded(ident or "", config, honest, LIMIT) is None  # zarr decodes it
+
+
+def test_codec_ids_of_zarr_and_numcodecs_codecs() -> None:
+    from zarr.codecs import BloscCodec, BytesCodec, Crc32cCodec, GzipCodec, ZstdCodec
+
+    assert codec_id(ZstdCodec())[0] == "zstd"
+    assert codec_id(GzipCodec())[0] == "gzip"
+    assert codec_id(BloscCodec())[0] == "blosc"
+    assert codec_id(numcodecs.Zlib())[0] == "zlib"
+    assert codec_id(numcodecs.LZMA())[0] == "lzma"
+    assert codec_id(Crc32cCodec())[0] is None
+    assert codec_id(BytesCodec())[0] is None
+
+
+def test_other_codecs_decode_as_zarr_does_and_are_checked_after() -> None:
+    assert bounded(object(), b"", 10, lambda: b"12345") == b"12345"
+    with pytest.raises(CorruptDataError):
+        bounded(object(), b"", 4, lambda: b"12345")
