@@ -310,8 +310,6 @@ def test_a_hung_get_fails_the_read_within_the_timeout(tmp_path: Path, faulty_mou
     assert_no_traceback(fm.mount)
 
 
-@pytest.mark.xfail(strict=True, reason="zfuse/store.py MeteredStore._listing bounds no listing by "
-                   "-o timeout=: a hung list_dir hangs `ls` (README: 'a hung server gives EIO, never a hung ls')")
 def test_a_hung_listing_fails_ls_within_the_timeout(tmp_path: Path, faulty_mount) -> None:
     """A listing that never answers: `ls` of that directory fails within the timeout; the
     daemon keeps answering. (Bounded here: released after BOUND s, so a hang fails the test.)"""
@@ -346,9 +344,6 @@ def test_start_mount_refuses_a_mount_point_in_use(tmp_path: Path, mount) -> None
         start_mount([src], m.path)
 
 
-@pytest.mark.xfail(strict=True, reason="each of the kernel's read requests of one read() asks the hung "
-                   "store again, one after another: measured 6 hung gets and 6 s for one read() of a 1 MiB "
-                   "chunk file at timeout=1 (image.ome.tif alike)")
 def test_one_read_of_a_big_file_waits_one_timeout(tmp_path: Path, faulty_mount) -> None:
     """One read() of a whole 2 MiB chunk file (several kernel read requests) whose chunk
     hangs: the requests share the one failed get, so the read fails within the timeout

@@ -55,6 +55,7 @@ from zfuse.errors import (
 )
 from zfuse.inodes import Inode, InodeTable
 from zfuse.stats import Stats
+from zfuse.store import forget_timeouts
 from zfuse.view.array_view import stored_files_bound
 from zfuse.view.tree import NEEDS_IO, DirReader, Entry, Node, View
 from zfuse.view.whole_image import NAMES as IMAGE_NAMES
@@ -944,6 +945,7 @@ class FileSystem:
         if entry is None or entry.node is not Node.CHUNK:
             raise FsError(errno.ENOENT)
         arr, coords = handle.array, handle.coords = entry.array, entry.coords
+        forget_timeouts(arr.key_name(coords))  # a reader opening anew asks a timed-out store again
         opened_before = (id(arr), coords) in self._stored_names
         if state is None and arr.serves_stored is not False:
             view = self.view

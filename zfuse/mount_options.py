@@ -129,7 +129,8 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
     MountOption("crop_edges", "", "edge chunks cropped to the array bounds", _flag("crop_edges")),
     MountOption("metadata_ttl", "S", "every S seconds (and on SIGHUP / zfuse reload) open the source again",
                 _field("metadata_ttl", _seconds)),
-    MountOption("timeout", "S", "bound every store request: a hung server gives EIO, not a hung ls",
+    MountOption("timeout", "S", "bound every store request: a hung server gives EIO, not a hung ls or cat "
+                "(default 20 for remote sources, none for local directories; 0: none)",
                 _field("timeout", _seconds)),
     MountOption("threads", "N", "worker threads for store I/O and decoding (default 8)",
                 _field("max_threads", _count)),

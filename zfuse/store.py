@@ -754,9 +754,20 @@ DEFAULT_REMOTE_TIMEOUT = 20.0
 # long (the read-ahead, zarr's and the kernel's repeated requests of one read() each
 # waited out a whole timeout, one after another)...
 FAILED_RECENTLY_S = 5.0
-# ... and requests for it still under way give up with it (checked this often).
+# ... and requests for it still under way give up with it (checked this often). A new
+# open of the chunk file asks the store again (`forget_timeouts`).
 SHARED_CHECK_S = 0.25
 FAILED_KEYS_KEPT = 1024
+_metered_stores: weakref.WeakValueDictionary[int, MeteredStore] = weakref.WeakValueDictionary()  # (stores are unhashable)
+
+
+def forget_timeouts(key: str) -> None:
+    """Ask the store again for `key` (a key, or its end: a chunk's key in its array), at
+    once: a chunk file opened anew after a read of it timed out (a reader retrying)."""
+    for store in list(_metered_stores.values()):
+        if store._timed_out:
+            for k in [k for k in list(store._timed_out) if k == key or k.endswith("/" + key)]:
+                store._timed_out.pop(k, None)
 
 
 def is_remote(source: str) -> bool:
@@ -805,6 +816,7 @@ class MeteredStore(WrapperStore[Store]):
         self.source = source_label(source) if source else _describe(store)
         # key -> (monotonic time its request timed out, the reason)
         self._timed_out: dict[str, tuple[float, str]] = {}
+        _metered_stores[id(self)] = self
         if isinstance(store, AtomicLocalStore):  # leftovers of a crashed writer, removed: counted
             stats_ = self.stats
             store.on_leftover = lambda key: stats_.count("leftovers_removed")
