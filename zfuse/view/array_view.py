@@ -348,6 +348,7 @@ class ArrayView:
         self.source = source
         self.options = options
         self.cache = cache
+        self.ome = ome  # OME-Zarr axes, units and scales, from the multiscale that names it
         self.stats = stats or Stats()
         self.caches = caches or ViewCaches(options.listing_cache_names, options.shard_index_cache_bytes, stats)
         source.use_index_cache(self.caches.indexes)

@@ -283,21 +283,49 @@ def imagej_description(meta: HeaderMeta, shape: Sequence[int]) -> tuple[str, lis
 
 
 def ome_axes(group_attrs: dict[str, Any], array_name: str) -> dict[str, Any] | None:
-    """Axis names/types/units and scales for `array_name` from OME-Zarr multiscales."""
+    """Axis names/types/units and scales for `array_name` (a dataset path relative to
+    the group, or a member's name) from OME-Zarr multiscales in the group's attributes."""
+    datasets = ome_datasets(group_attrs)
+    if datasets is None:
+        return None
+    return datasets.get(array_name) or {**datasets[""], "scales": None}
+
+
+def ome_datasets(group_attrs: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
+    """{dataset path: axis names/types/units and scales} of the first OME-Zarr multiscale
+    in a group's attributes (OME-Zarr 0.4 attributes, or 0.5's under "ome"), with the
+    key "" for the axes alone; None if the group has none.
+
+    Dataset paths may be nested (ngff-zarr writes `scale0/image`): callers match them
+    against an array's path relative to the group. A scale is the dataset's scale
+    times the multiscale's own (OME-Zarr 0.4's multiscale-level transformations)."""
     attrs = group_attrs.get("ome", group_attrs)
     multiscales = attrs.get("multiscales") if isinstance(attrs, dict) else None
-    if not multiscales or not isinstance(multiscales, list):
+    if not multiscales or not isinstance(multiscales, list) or not isinstance(multiscales[0], dict):
         return None
     ms = multiscales[0]
     axes = ms.get("axes") or []
-    names = [a["name"] if isinstance(a, dict) else str(a) for a in axes]
+    names = [a.get("name") if isinstance(a, dict) else str(a) for a in axes]
     types = [a.get("type") if isinstance(a, dict) else None for a in axes]
     units = [a.get("unit") if isinstance(a, dict) else None for a in axes]
-    scales = None
-    for ds in ms.get("datasets", []):
-        if ds.get("path") == array_name:
-            for t in ds.get("coordinateTransformations", []):
-                if t.get("type") == "scale":
-                    scales = [float(s) for s in t["scale"]]
-    return {"axes": names or None, "axis_types": types or None, "units": units or None, "scales": scales}
+    common = _scale_of(ms.get("coordinateTransformations"))
+    base = {"axes": names or None, "axis_types": types or None, "units": units or None, "scales": None}
+    out = {"": base}
+    for ds in ms.get("datasets") or []:
+        if not isinstance(ds, dict) or not isinstance(ds.get("path"), str):
+            continue
+        scales = _scale_of(ds.get("coordinateTransformations"))
+        if scales is not None and common is not None and len(common) == len(scales):
+            scales = [a * b for a, b in zip(scales, common, strict=True)]
+        out[ds["path"].strip("/")] = {**base, "scales": scales}
+    return out
 
+
+def _scale_of(transformations: Any) -> list[float] | None:
+    for t in transformations or []:
+        if isinstance(t, dict) and t.get("type") == "scale" and isinstance(t.get("scale"), list):
+            try:
+                return [float(v) for v in t["scale"]]
+            except (TypeError, ValueError):
+                return None
+    return None

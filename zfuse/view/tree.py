@@ -45,7 +45,7 @@ from zfuse.view.hierarchy import (
     unsupported_reason,
 )
 from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, ZarrChunkSource
-from zfuse.view.tiff_meta import ome_axes
+from zfuse.view.tiff_meta import ome_axes, ome_datasets
 from zfuse.view.whole_image import NAMES as IMAGE_NAMES
 from zfuse.view.whole_image import WholeImage, plan_whole_images
 
@@ -482,15 +482,20 @@ def build_view(
         reason = unsupported_reason(shown_path(path), exc, doc)
         return not_shown(path, kind, reason, unsupported_metadata(doc, reason))
 
-    def group_node(group: zarr.Group, path: tuple[str, ...]) -> _Node:
+    def group_node(group: zarr.Group, path: tuple[str, ...],
+                   datasets: dict[tuple[str, ...], dict[str, Any]]) -> _Node:
+        """`datasets`: OME axes and scales of the arrays that multiscales of groups above
+        name, by path: a dataset may be nested (ngff-zarr's `scale0/image`)."""
         node = _Node("group", metadata=_group_metadata(group))
         attrs = dict(group.attrs)
+        here = ome_datasets(attrs) or {}
+        datasets = {**datasets, **{(*path, *rel.split("/")): ome for rel, ome in here.items() if rel}}
         for name, member in group_members(group):
             member_path = (*path, name)
             if isinstance(member, BaseException):
                 node.children[name] = failed_node(group, name, member, member_path)
             elif isinstance(member, zarr.Group):
-                child = group_node(member, member_path)
+                child = group_node(member, member_path, datasets)
                 if isinstance(member, ImplicitGroup) and not child.children:
                     continue  # a directory with nothing zarr can reach below it
                 node.children[name] = child
@@ -500,11 +505,12 @@ def build_view(
                 except Exception as exc:
                     node.children[name] = failed_node(group, name, exc, member_path)
                     continue
-                node.children[name] = array_node(source, ome_axes(attrs, name), member_path)
+                ome = datasets.get(member_path) or ome_axes(attrs, name)
+                node.children[name] = array_node(source, ome, member_path)
         return node
 
     if isinstance(obj, zarr.Group):
-        root = group_node(obj, ())
+        root = group_node(obj, (), {})
     elif isinstance(obj, zarr.Array):
         root = array_node(ZarrChunkSource(obj, name=obj.path), None, ())
     else:
