@@ -315,3 +315,16 @@ def test_with_no_option_a_hung_server_costs_a_reader_one_default_timeout(hanging
     assert outcome == "Input/output error", out
     assert DEFAULT_REMOTE_TIMEOUT - 1 < float(seconds) < DEFAULT_REMOTE_TIMEOUT + 10, out
     assert f"timed out after {DEFAULT_REMOTE_TIMEOUT:g} s" in m.log()
+
+
+def test_zfuse_status_says_how_the_store_answers() -> None:
+    """[read-11] `zfuse status` has a store line once a request is in flight or failed."""
+    from zfuse.mounts import format_status, store_health
+
+    assert store_health({"store_get_chunk": 5, "store_requests_in_flight": 0}) == ""
+    line = store_health({"store_requests_in_flight": 2, "store_oldest_request_s": 13.2, "store_timeouts": 3,
+                         "store_failed_fast": 4, "store_errors": 1})
+    assert line == "2 requests in flight (oldest 13.2 s), 3 timed out (4 more failed at once), 1 other error"
+    item = {"mountpoint": "/m", "state": "running", "source": "s3://b/a", "pid": 1, "uptime_s": 5,
+            "stats": {"store_timeouts": 1}}
+    assert "  store   0 requests in flight, 1 timed out, 0 other errors" in format_status([item]).splitlines()

@@ -55,7 +55,7 @@ from zfuse.errors import (
 )
 from zfuse.inodes import Inode, InodeTable
 from zfuse.stats import Stats
-from zfuse.store import forget_timeouts
+from zfuse.store import forget_timeouts, timeouts_pending
 from zfuse.view.array_view import stored_files_bound
 from zfuse.view.tree import NEEDS_IO, DirReader, Entry, Node, View
 from zfuse.view.whole_image import NAMES as IMAGE_NAMES
@@ -612,6 +612,8 @@ class FileSystem:
     @operation(_by_child)
     async def lookup(self, parent: int, name: str, pid: int | None = None) -> Attributes:
         path = self._child(parent, name)
+        if timeouts_pending():  # a reader looking the file up again asks a timed-out store again
+            forget_timeouts(self.store_key(path))
         entry = await self._entry(path, pid)
         if entry is None:
             raise FsError(errno.ENOENT)

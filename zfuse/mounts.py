@@ -204,9 +204,29 @@ def format_status(items: list[dict[str, Any]]) -> str:
             reloads += f", FAILED: {item['last_reload_error']}"
         lines.append(reloads)
         stats = item.get("stats", {})
+        store = store_health(stats)
+        if store:
+            lines.append(f"  store   {store}")
         counters = "  ".join(f"{k}={_number(v)}" for k, v in sorted(stats.items()))
         lines.append(f"  stats   {counters or '-'}")
     return "\n".join(lines)
+
+
+def store_health(stats: dict[str, Any]) -> str:
+    """One line on the store's requests, if any is under way or failed: how many are in
+    flight and how long the oldest has waited, timeouts, other errors ('' if all is
+    quiet)."""
+    flying = int(stats.get("store_requests_in_flight", 0))
+    timeouts = int(stats.get("store_timeouts", 0))
+    fast = int(stats.get("store_failed_fast", 0))
+    errors = int(stats.get("store_errors", 0))
+    if not (flying or timeouts or errors):
+        return ""
+    parts = [f"{flying} request{'s' if flying != 1 else ''} in flight"
+             + (f" (oldest {_number(float(stats.get('store_oldest_request_s', 0)))} s)" if flying else "")]
+    parts.append(f"{timeouts} timed out" + (f" ({fast} more failed at once)" if fast else ""))
+    parts.append(f"{errors} other error{'s' if errors != 1 else ''}")
+    return ", ".join(parts)
 
 
 def _number(value: Any) -> str:

@@ -761,9 +761,15 @@ FAILED_KEYS_KEPT = 1024
 _metered_stores: weakref.WeakValueDictionary[int, MeteredStore] = weakref.WeakValueDictionary()  # (stores are unhashable)
 
 
+def timeouts_pending() -> bool:
+    """Whether some store of this process remembers a recent timeout (cheap: lookups ask)."""
+    return any(store._timed_out for store in list(_metered_stores.values()))
+
+
 def forget_timeouts(key: str) -> None:
     """Ask the store again for `key` (a key, or its end: a chunk's key in its array), at
-    once: a chunk file opened anew after a read of it timed out (a reader retrying)."""
+    once: a chunk file looked up or opened anew after a request for it timed out (a
+    reader retrying)."""
     for store in list(_metered_stores.values()):
         if store._timed_out:
             for k in [k for k in list(store._timed_out) if k == key or k.endswith("/" + key)]:
