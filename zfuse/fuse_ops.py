@@ -98,9 +98,52 @@ def _file_info(reply: OpenReply) -> pyfuse3.FileInfo:
     return info
 
 
+def _unexpected(ops: ZfuseOperations, name: str, args: Sequence[Any], exc: Exception) -> pyfuse3.FUSEError:
+    """The reply to an exception that is not an FsError (a bug, or a value the reply
+    cannot carry), logged with what the request was about.
+
+    pyfuse3 takes the whole mount down on any exception but FUSEError ("Exceptions
+    from Trio nursery", no traceback), so no request may let one escape: one
+    array's bad value must cost that request only. A number the reply cannot hold
+    (an `st_size` past 2**63 - 1) is EOVERFLOW, as stat(2) says; the rest EIO."""
+    code = errno.EOVERFLOW if isinstance(exc, OverflowError) else errno.EIO
+    log.error("%s(%s) on %s: unexpected error, answered %s", name, _shown(args), _about(ops, name, args),
+              errno.errorcode[code], exc_info=exc)
+    return pyfuse3.FUSEError(code)
+
+
+def _shown(args: Sequence[Any]) -> str:
+    return ", ".join(
+        repr(os.fsdecode(a)) if isinstance(a, bytes) and len(a) < 256 else
+        f"<{len(a)} bytes>" if isinstance(a, (bytes, bytearray)) else repr(a)
+        for a in args if isinstance(a, (int, bytes, bytearray, str)))
+
+
+def _about(ops: ZfuseOperations, name: str, args: Sequence[Any]) -> str:
+    """The path a failed request was about, for its log line (best effort: never raises)."""
+    try:
+        fs = ops.fs
+        if name in ("read", "write", "flush", "fsync") and args:
+            handle = fs.handles.get(args[0])
+            path = handle.path if handle is not None else None
+        elif name == "readdir" and args:
+            handle = fs._dirs.get(args[0])
+            path = handle.path if handle is not None else None
+        elif args and isinstance(args[0], int):
+            path = fs.inodes.path_of(args[0])
+            if path is not None and len(args) > 1 and isinstance(args[1], bytes):
+                path = (*path, os.fsdecode(args[1]))
+        else:
+            path = None
+    except Exception:
+        path = None
+    return "/" + "/".join(path) if path is not None else "an unknown path"
+
+
 def _fuse_errors(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
-    """FsError -> FUSEError; anything else (a bug, already logged by fs) -> EIO.
-    pyfuse3 takes the mount down on any exception but FUSEError."""
+    """FsError -> FUSEError; anything else (a bug) -> EIO (EOVERFLOW for a number the
+    reply cannot hold), logged with the path. pyfuse3 takes the mount down on any
+    exception but FUSEError."""
 
     @functools.wraps(fn)
     async def call(self: ZfuseOperations, *args: Any) -> T:
@@ -111,8 +154,7 @@ def _fuse_errors(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]
         except pyfuse3.FUSEError:
             raise
         except Exception as e:
-            log.exception("%s: unexpected error", fn.__name__)
-            raise pyfuse3.FUSEError(errno.EIO) from e
+            raise _unexpected(self, fn.__name__, args, e) from e
 
     return call
 
@@ -239,6 +281,8 @@ class ZfuseOperations(pyfuse3.Operations):
             await self.fs.readdir(fh, start_id, accept, accept_run)
         except FsError as e:
             raise pyfuse3.FUSEError(e.errno) from None
+        except Exception as e:  # e.g. an entry's attributes the reply cannot hold
+            raise _unexpected(self, "readdir", (fh, start_id), e) from e
 
     async def releasedir(self, fh: int) -> None:
         self.fs.releasedir(fh)

@@ -50,13 +50,14 @@ def describe_source(config: MountConfig) -> dict[str, Any]:
     arrays.sort(key=lambda a: a["path"])
     images = []
     for path, image in view.all_whole_images():
-        image.header()  # settles passthrough vs decoded (looks up stored sizes)
+        image.settle()  # passthrough vs decoded (looks up stored sizes); builds no header
         images.append({"path": "/".join(path), **image.describe()})
     return {
         "sources": config.sources,
         "arrays": arrays,
         "not_shown": [{"path": p.path, "reason": p.reason} for p in view.problems],
         "whole_image_files": images,
+        "whole_image_files_not_shown": [{"path": p, "reason": r} for p, r in sorted(view.images_not_shown.items())],
     }
 
 
@@ -97,4 +98,6 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(f"whole image {f['path']}: {f['size']} B{' (BigTIFF)' if f['bigtiff'] else ''}, "
                      f"{f['levels']} level{'s' if f['levels'] > 1 else ''}, {f['planes']} planes, "
                      f"{f['tiles']} tiles of {tiles}, {', '.join(sorted(set(f['mode'])))}")
+    for f in report.get("whole_image_files_not_shown", []):
+        lines.append(f"no whole-image file in {f['path']}: {f['reason']}")
     return "\n".join(lines)

@@ -45,6 +45,7 @@ from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 from zfuse.ext.chunk_keys import METADATA_NAMES, ChunkKeyDecoder, chunk_key_encoding_of
 from zfuse.ext.layers import ChunkIO, StoreIO
 from zfuse.ext.mapped_store import MappedStore
+from zfuse.ext.metadata_json import check_metadata, is_metadata_key, metadata_problem
 from zfuse.ext.stack import build_stack, is_transformed_array
 
 if TYPE_CHECKING:
@@ -208,8 +209,10 @@ class TransformerStore(MappedStore):
         if buf is None:
             self._registry.put(path, _NOT_ARRAY)
             return _NOT_ARRAY
+        raw = buf.to_bytes()
         try:
-            doc = json.loads(buf.to_bytes())
+            # a document too large or deep to read describes no transformers we could use
+            doc = None if metadata_problem(raw, path) else json.loads(raw)
         except ValueError:
             doc = None
         return await self._register(path, doc)
@@ -314,7 +317,10 @@ class TransformerStore(MappedStore):
             return await self._get_metadata(key, prototype, byte_range)
         routed = await self._route(key)
         if routed is None:
-            return await self._store.get(key, prototype, byte_range)
+            buf = await self._store.get(key, prototype, byte_range)
+            if buf is not None and byte_range is None and is_metadata_key(key):
+                check_metadata(buf.to_bytes(), key)  # v2 documents: zarr-python parses them next
+            return buf
         stack, rel = routed
         data = await stack.get(rel, byte_range)
         return None if data is None else prototype.buffer.from_bytes(data)
@@ -327,6 +333,7 @@ class TransformerStore(MappedStore):
             self._registry.put(_dirname(key), _NOT_ARRAY)
             return None
         raw = buf.to_bytes()
+        check_metadata(raw, key)  # too large or too deep: the node is not read (MetadataError)
         try:
             doc = json.loads(raw)
         except ValueError:

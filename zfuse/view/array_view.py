@@ -52,7 +52,14 @@ from zfuse.stats import Stats
 from zfuse.view.caches import ViewCaches
 from zfuse.view.hierarchy import unsupported_metadata
 from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, DirPage
-from zfuse.view.tiff import TiffLayout, build_header, plan_layout, tiff_unsupported_reason
+from zfuse.view.tiff import (
+    MAX_FILE_SIZE,
+    TiffLayout,
+    build_header,
+    chunk_file_unsupported_reason,
+    plan_layout,
+    tiff_unsupported_reason,
+)
 
 CHUNK_SUFFIX = ".tiff"
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
@@ -353,6 +360,8 @@ class ArrayView:
         self.caches = caches or ViewCaches(options.listing_cache_names, options.shard_index_cache_bytes, stats)
         source.use_index_cache(self.caches.indexes)
         self.unsupported: str | None = tiff_unsupported_reason(source.dtype)
+        if self.unsupported is None:
+            self.unsupported = chunk_file_unsupported_reason(source.chunk_shape, source.dtype)
         self.layout: TiffLayout | None = None
         if self.unsupported is None:
             ome = ome or {}
@@ -366,6 +375,10 @@ class ArrayView:
                 grid_shape=source.grid_shape,
                 array_shape=source.shape,
             )
+            if self.layout.file_size > MAX_FILE_SIZE:  # the header pushed it past: no st_size holds it
+                self.unsupported = (f"chunk files of {self.layout.file_size} bytes: past the largest "
+                                    f"file size ({MAX_FILE_SIZE} bytes, 2**63 - 1)")
+                self.layout = None
         # Cached answers carry the generation they were made in; `refresh` moves on
         # to a new one. Old answers are not cleared: a lookup racing with the refresh
         # still finds them (never a false ENOENT), and the LRU ages them out.

@@ -31,6 +31,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
 from zfuse.ext import zarr_private
+from zfuse.ext.metadata_json import metadata_problem
 
 log = logging.getLogger("zfuse.view")
 
@@ -54,8 +55,12 @@ async def _get_json(store: Any, key: str) -> Any:
     buf = await store.get(key, prototype=default_buffer_prototype())
     if buf is None:
         return None
+    raw = buf.to_bytes()
+    problem = metadata_problem(raw, key)  # too large or too deep: never parsed
+    if problem is not None:
+        return {"zfuse_unparsable": problem}
     try:
-        return json.loads(buf.to_bytes())
+        return json.loads(raw)
     except ValueError as exc:
         return {"zfuse_unparsable": f"{key} is not JSON: {exc}"}
 
@@ -78,7 +83,9 @@ async def read_stored_metadata(store: Any, path: str) -> dict[str, Any] | None:
             out.setdefault("zarr_format", 2)
             if name == ".zgroup":
                 out["node_type"] = "group"
-            if isinstance(attrs, dict) and attrs:
+            if isinstance(attrs, dict) and "zfuse_unparsable" in attrs:
+                out["zfuse_unparsable"] = attrs["zfuse_unparsable"]  # the reason the node is not shown
+            elif isinstance(attrs, dict) and attrs:
                 out["attributes"] = attrs
             return out
     return None

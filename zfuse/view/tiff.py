@@ -102,6 +102,31 @@ def tiff_unsupported_reason(dtype: object) -> str | None:
     return f"{what} ({dt}) have no TIFF sample format"
 
 
+# What a chunk file can express. Its size must be an off_t (st_size); its width and
+# height are TIFF LONGs. Each page is an IFD of the header, which is built in memory
+# for every chunk file read (~256 bytes a page): a chunk of more pages than this would
+# make every read of it build a header of over 16 MiB.
+MAX_FILE_SIZE = 2**63 - 1
+MAX_EDGE = 2**32 - 1
+MAX_CHUNK_PAGES = 65536
+
+
+def chunk_file_unsupported_reason(chunk_shape: Sequence[int], dtype: object) -> str | None:
+    """Why chunks of this shape cannot be TIFF files, from their shape alone; None if they
+    can (the planned file's size is checked against `MAX_FILE_SIZE` after planning)."""
+    pages, rows, cols = _flatten([int(n) for n in chunk_shape])
+    if max(rows, cols) > MAX_EDGE:
+        return (f"chunks of {rows} x {cols} pixels: a TIFF image is at most {MAX_EDGE} pixels "
+                "high and wide")
+    if pages > MAX_CHUNK_PAGES:
+        return (f"chunks of {pages} pages (shape {tuple(int(n) for n in chunk_shape)}): zfuse shows "
+                f"chunk files of at most {MAX_CHUNK_PAGES} pages")
+    size = pages * rows * cols * np.dtype(dtype).itemsize  # type: ignore[call-overload]
+    if size > MAX_FILE_SIZE:
+        return f"chunks of {size} bytes: past the largest file size ({MAX_FILE_SIZE} bytes, 2**63 - 1)"
+    return None
+
+
 def _flatten(shape: Sequence[int]) -> tuple[int, int, int]:
     """(pages, rows, cols): last two axes are the image, leading axes pages."""
     if len(shape) == 0:

@@ -135,6 +135,8 @@ class View:
         self.cache = cache
         # every array (or group) shown without chunk files, with the reason, in path order
         self.problems: list[Problem] = problems or []
+        # directory path -> why it has no whole-image file (planned when first looked at)
+        self.images_not_shown: dict[str, str] = {}
         self._images: dict[tuple[str, ...], dict[str, WholeImage]] = {}
         self._images_lock = threading.Lock()
         # chunk files found to exist, with their array's listing version then: a re-open
@@ -336,7 +338,7 @@ class View:
             if rest:
                 return {}
         parent = self._split(path[:-1])[0] if path else None
-        images = plan_whole_images(path, node, parent)
+        images = plan_whole_images(path, node, parent, self.images_not_shown)
         with self._images_lock:
             self._images[path] = images
         return images

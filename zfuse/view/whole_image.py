@@ -75,6 +75,14 @@ _ALIGN = 16
 _HEADER_GAP = 4 << 20
 _TRAILER = 64 * 1024
 _TILE_CACHE_BYTES = 64 * 1024**2
+# A header up to this size is built once and kept; a bigger one (an image of millions
+# of tiles: 16 bytes of offset and count per tile) is rendered per read, only the
+# bytes read, so the daemon's memory never follows the number of tiles.
+_HEADER_KEPT = 4 * 1024**2
+# What a whole-image file can express: TIFF image widths and heights are LONGs, and a
+# file's size must be an off_t (st_size).
+_MAX_EDGE = 2**32 - 1
+MAX_FILE_SIZE = 2**63 - 1
 # Chunk files of tiles up to this size are read ahead (three neighbours): bigger
 # tiles would make the disk read more than a small region needs.
 _READ_AHEAD_MAX_TILE = 8 * 1024**2
@@ -422,13 +430,20 @@ class WholeImage:
         self.description = text.encode("utf-8") + b"\0"
         self.is_ome = xml is not None
         self.bigtiff = False
+        for lv in self.levels:
+            if max(lv.height, lv.width) > _MAX_EDGE:
+                raise ValueError(f"{lv.array.source.name or 'the array'} is {lv.height} x {lv.width} "
+                                 f"pixels: a TIFF image is at most {_MAX_EDGE} pixels high and wide")
         self._plan_offsets()
         if self.size > _CLASSIC_LIMIT:
             self.bigtiff = True
             self._plan_offsets()
+        if self.size > MAX_FILE_SIZE:
+            raise ValueError(f"it would be {self.size} bytes, past the largest file size "
+                             f"({MAX_FILE_SIZE} bytes, 2**63 - 1)")
         self._header: bytes | None = None
         self._header_lock = threading.Lock()
-        self._counts: list[np.ndarray] | None = None  # byte counts per level (planes * tiles)
+        self._counts: list[_Counts] | None = None  # byte counts per level (planes * tiles)
         self._modes: list[int | None] | None = None  # compression per level after the header
         self._changes: tuple[int, ...] = ()
         self._failed: str | None = None  # why this file is stale (reopen)
@@ -549,33 +564,63 @@ class WholeImage:
         self._failed = why
 
     def same_layout(self, other: WholeImage) -> bool:
-        """Whether `other` has byte-for-byte the same header (blocking: may build both)."""
+        """Whether `other` has byte-for-byte the same header (blocking: may look up the
+        stored sizes of both). Compared by what the header is made of, not its bytes:
+        the header of a big image is never built whole."""
         if self.size != other.size or self.bigtiff != other.bigtiff:
             return False
-        return self.header() == other.header()
+        self.settle()
+        other.settle()
+        return self._layout_key() == other._layout_key()
+
+    def _layout_key(self) -> tuple[Any, ...]:
+        """Everything the header's bytes are a function of."""
+        levels = tuple((lv.width, lv.height, lv.tile_w, lv.tile_h, lv.slot, lv.data_start) for lv in self.levels)
+        return (self.bigtiff, self.header_size, self.description, self.dtype.str, self.planes, levels,
+                tuple(self._modes or ()), tuple(self._counts or ()))
 
     # -- the header --------------------------------------------------------------------
+    def settle(self) -> None:
+        """Decide passthrough or decoded per level, and the byte counts (blocking for
+        passthrough levels: looks up stored sizes once)."""
+        if self._modes is not None:
+            return
+        with self._header_lock:
+            if self._modes is None:
+                marks = self._change_marks()
+                counts, modes = self._byte_counts()
+                self._counts, self._changes = counts, marks
+                self._modes = modes  # last: `_modes` set means the counts are there
+
     def header(self) -> bytes:
-        """Every IFD with its tile offsets and byte counts (blocking for passthrough
-        levels: looks up stored sizes once)."""
+        """Every IFD with its tile offsets and byte counts, the whole header as one
+        bytes object (blocking for passthrough levels: looks up stored sizes once).
+        Kept when it is at most `_HEADER_KEPT`; reads of a bigger one render only
+        the bytes they cover (`header_bytes`)."""
         header = self._header
         if header is not None:
             return header
-        with self._header_lock:
-            if self._header is None:
-                marks = self._change_marks()
-                counts, modes = self._byte_counts()
-                self._header = self._build_header(counts, modes)
-                self._counts, self._modes, self._changes = counts, modes, marks
-            return self._header
+        self.settle()
+        header = self._render(0, self.header_size)
+        if self.header_size <= _HEADER_KEPT:
+            self._header = header
+        return header
 
-    def _byte_counts(self) -> tuple[list[np.ndarray], list[int | None]]:
-        counts: list[np.ndarray] = []
+    def header_bytes(self, start: int, stop: int) -> bytes:
+        """Bytes [start, stop) of the header (blocking, as `header`)."""
+        if self._header is not None:
+            return self._header[start:stop]
+        if self.header_size <= _HEADER_KEPT:
+            return self.header()[start:stop]
+        self.settle()
+        return self._render(start, stop)
+
+    def _byte_counts(self) -> tuple[list[_Counts], list[int | None]]:
+        counts: list[_Counts] = []
         modes: list[int | None] = []
         for lv in self.levels:
-            n = self.planes * lv.tiles
             mode = None
-            level_counts = np.full(n, lv.tile_bytes, dtype=np.uint64)
+            level_counts = _Counts(lv.tile_bytes)
             if lv.passthrough is not None and self._unchecked_sizes(lv):
                 # Every well-formed stored chunk is exactly one tile: no size to look up
                 # (a chunk file of another size is served decoded, see _stored_piece).
@@ -600,8 +645,9 @@ class WholeImage:
         return (lv.passthrough == (COMPRESSION_NONE, 0)
                 and self._chunk_file(lv, (0,) * len(lv.array.source.shape)) is not None)
 
-    def _stored_counts(self, lv: _Level) -> np.ndarray | None:
-        """Byte counts of a passthrough level from the stored sizes, or None (decoded)."""
+    def _stored_counts(self, lv: _Level) -> _Counts | None:
+        """Byte counts of a passthrough level from the stored sizes, or None (decoded).
+        One entry per stored chunk; tiles with no stored chunk hold the fill tile."""
         assert lv.passthrough is not None
         compression, trailer = lv.passthrough
         src = lv.array.source
@@ -610,7 +656,8 @@ class WholeImage:
         if sizes is None:
             return None  # sizes not cheap here (e.g. an object store without shards)
         fill = len(self._fill_stream(lv, compression))
-        counts = np.full(self.planes * lv.tiles, fill, dtype=np.uint64)
+        indexes: list[int] = []
+        values: list[int] = []
         for coords, size in sizes.items():
             index = self._tile_index(lv, coords)
             if index is None:
@@ -620,8 +667,9 @@ class WholeImage:
                 log.info("%s: stored chunk %s of %s has %d bytes, outside the tile slot: "
                          "the level is served decoded", self.label, coords, src.name, size)
                 return None
-            counts[index] = n
-        return counts
+            indexes.append(index)
+            values.append(n)
+        return _Counts(fill, indexes, values)
 
     def _tile_index(self, lv: _Level, coords: Sequence[int]) -> int | None:
         """Index (plane * tiles + tile) of the tile that is exactly chunk `coords`."""
@@ -629,7 +677,7 @@ class WholeImage:
         ty, tx = coords[-2], coords[-1]
         if ty >= lv.tiles_down or tx >= lv.tiles_across:
             return None
-        plane = int(np.ravel_multi_index(lead, lv.lead)) if lead else 0
+        plane = _ravel(lead, lv.lead) if lead else 0
         return plane * lv.tiles + ty * lv.tiles_across + tx
 
     def _fill_stream(self, lv: _Level, compression: int) -> bytes:
@@ -643,65 +691,123 @@ class WholeImage:
     def _fill_tile(self, lv: _Level) -> np.ndarray:
         return np.full((lv.tile_h, lv.tile_w), _fill_value(lv.array), dtype=_pixel_dtype(self.dtype))
 
-    def _build_header(self, counts: list[np.ndarray], modes: list[int | None]) -> bytes:
+    def _render(self, start: int, stop: int) -> bytes:
+        """Bytes [start, stop) of the header, built from the IFD blocks they cover only:
+        a tile offset or byte count is computed when the bytes holding it are read, so
+        memory and time follow the bytes read, never the number of tiles."""
+        assert self._modes is not None and self._counts is not None
+        stop = min(stop, self.header_size)
+        if start >= stop:
+            return b""
+        out = bytearray(stop - start)
+        head = 16 if self.bigtiff else 8
+        if start < head:
+            if self.bigtiff:
+                first = b"II" + struct.pack("<HHHQ", 43, 8, 0, self._ifd_at(0, 0))
+            else:
+                first = b"II" + struct.pack("<HI", 42, self._ifd_at(0, 0))
+            piece = first[start : min(stop, head)]
+            out[: len(piece)] = piece
+        pos = max(start, head)
+        per_plane = sum(self._blocks)
+        while pos < stop:
+            # the IFD block holding `pos`: block (0, 0) is `_first_extra` longer, which
+            # moves every later block by as much
+            rel = pos - head
+            if rel < self._blocks[0] + self._first_extra:
+                plane, level = 0, 0
+            else:  # counted from where block (0, 0) would end without its extra
+                plane, within = divmod(rel - self._first_extra, per_plane)
+                level = 0
+                while within >= self._blocks[level]:
+                    within -= self._blocks[level]
+                    level += 1
+            at = self._ifd_at(plane, level)
+            size = self._blocks[level] + (self._first_extra if (plane, level) == (0, 0) else 0)
+            end = min(stop, at + size)
+            assert at <= pos < end, (pos, plane, level)  # never loop without moving on
+            piece = self._block_bytes(plane, level, pos - at, end - at)
+            out[pos - start : pos - start + len(piece)] = piece  # the rest: padding, zeros
+            pos = end
+        return bytes(out)
+
+    def _block_bytes(self, plane: int, k: int, lo: int, hi: int) -> bytes:
+        """Bytes [lo, hi) of the IFD block of (plane, level k), relative to its start:
+        the entries, then the values that do not fit in them, each at an even offset."""
+        assert self._modes is not None and self._counts is not None
         big = self.bigtiff
         cnt_fmt, off_fmt, esize, inline = ("<Q", "<Q", 20, 8) if big else ("<H", "<I", 12, 4)
         otype = _LONG8 if big else _LONG
+        osize = 8 if big else 4
         uint = np.dtype("<u8" if big else "<u4")
-        buf = bytearray(self.header_size)
-        if big:
-            buf[:16] = b"II" + struct.pack("<HHHQ", 43, 8, 0, self._ifd_at(0, 0))
-        else:
-            buf[:8] = b"II" + struct.pack("<HI", 42, self._ifd_at(0, 0))
-        bits = 8 * self.dtype.itemsize
-        fmt = _SAMPLE_FORMAT[self.dtype.kind]
+        lv = self.levels[k]
         nlev = len(self.levels)
-        for plane in range(self.planes):
-            for k, lv in enumerate(self.levels):
-                first = plane == 0 and k == 0
-                at = self._ifd_at(plane, k)
-                tags = self._entries(k, first)
-                ool = at + struct.calcsize(cnt_fmt) + len(tags) * esize + struct.calcsize(off_fmt)
-                start = plane * lv.tiles
-                level_counts = counts[k][start : start + lv.tiles]
-                offsets = self.slot_offset(k, plane, 0) + np.arange(lv.tiles, dtype=np.uint64) * np.uint64(lv.slot)
-                values: dict[int, tuple[int, int, bytes]] = {}
-                put = _setter(values)
-                put(254, _LONG, 1, struct.pack("<I", 0 if k == 0 else 1))
-                put(256, _LONG, 1, struct.pack("<I", lv.width))
-                put(257, _LONG, 1, struct.pack("<I", lv.height))
-                put(258, _SHORT, 1, struct.pack("<H", bits))
-                put(259, _SHORT, 1, struct.pack("<H", modes[k] or COMPRESSION_NONE))
-                put(262, _SHORT, 1, struct.pack("<H", 1))
-                if first:
-                    put(270, _ASCII, len(self.description), self.description)
-                put(277, _SHORT, 1, struct.pack("<H", 1))
-                put(284, _SHORT, 1, struct.pack("<H", 1))
-                put(322, _LONG, 1, struct.pack("<I", lv.tile_w))
-                put(323, _LONG, 1, struct.pack("<I", lv.tile_h))
-                put(324, otype, lv.tiles, offsets.astype(uint).tobytes())
-                put(325, otype, lv.tiles, level_counts.astype(uint).tobytes())
-                if 330 in tags:
-                    subs = [self._ifd_at(plane, j) for j in range(1, nlev)]
-                    put(330, otype, nlev - 1, np.array(subs, dtype=uint).tobytes())
-                put(339, _SHORT, 1, struct.pack("<H", fmt))
-                out = bytearray(struct.pack(cnt_fmt, len(tags)))
-                extra = bytearray()
-                for tag in tags:
-                    typ, count, data = values[tag]
-                    out += struct.pack("<HH", tag, typ) + struct.pack(off_fmt, count)
-                    if len(data) <= inline:
-                        out += data.ljust(inline, b"\0")
-                    else:
-                        out += struct.pack(off_fmt, ool + len(extra))
-                        extra += data
-                        if len(extra) % 2:
-                            extra += b"\0"
-                nxt = self._ifd_at(plane + 1, 0) if k == 0 and plane + 1 < self.planes else 0
-                out += struct.pack(off_fmt, nxt)
-                block = out + extra
-                buf[at : at + len(block)] = block
-        return bytes(buf)
+        first = plane == 0 and k == 0
+        at = self._ifd_at(plane, k)
+        tags = self._entries(k, first)
+        first_slot = self.slot_offset(k, plane, 0)
+        counts = self._counts[k]
+        base = plane * lv.tiles
+
+        def offsets(e0: int, e1: int) -> bytes:
+            return (np.uint64(first_slot) + np.arange(e0, e1, dtype=np.uint64) * np.uint64(lv.slot)) \
+                .astype(uint).tobytes()
+
+        def byte_counts(e0: int, e1: int) -> bytes:
+            return counts.slice(base + e0, e1 - e0).astype(uint).tobytes()
+
+        # tag -> (type, count, bytes if small, or (length, maker of elements [e0, e1)) if not)
+        values: dict[int, tuple[int, int, Any]] = {
+            254: (_LONG, 1, struct.pack("<I", 0 if k == 0 else 1)),
+            256: (_LONG, 1, struct.pack("<I", lv.width)),
+            257: (_LONG, 1, struct.pack("<I", lv.height)),
+            258: (_SHORT, 1, struct.pack("<H", 8 * self.dtype.itemsize)),
+            259: (_SHORT, 1, struct.pack("<H", self._modes[k] or COMPRESSION_NONE)),
+            262: (_SHORT, 1, struct.pack("<H", 1)),
+            277: (_SHORT, 1, struct.pack("<H", 1)),
+            284: (_SHORT, 1, struct.pack("<H", 1)),
+            322: (_LONG, 1, struct.pack("<I", lv.tile_w)),
+            323: (_LONG, 1, struct.pack("<I", lv.tile_h)),
+            324: (otype, lv.tiles, offsets),
+            325: (otype, lv.tiles, byte_counts),
+            339: (_SHORT, 1, struct.pack("<H", _SAMPLE_FORMAT[self.dtype.kind])),
+        }
+        if first:
+            values[270] = (_ASCII, len(self.description), self.description)
+        if 330 in tags:
+            subs = [self._ifd_at(plane, j) for j in range(1, nlev)]
+            values[330] = (otype, nlev - 1, np.array(subs, dtype=uint).tobytes())
+        # lay out: small values inline, the others one after another past the entries
+        entries = bytearray(struct.pack(cnt_fmt, len(tags)))
+        outside: list[tuple[int, int, Any]] = []  # (offset in block, length, bytes or maker)
+        ool = struct.calcsize(cnt_fmt) + len(tags) * esize + struct.calcsize(off_fmt)
+        for tag in tags:
+            typ, count, data = values[tag]
+            length = count * osize if callable(data) else len(data)
+            entries += struct.pack("<HH", tag, typ) + struct.pack(off_fmt, count)
+            if length <= inline:
+                entries += (data(0, count) if callable(data) else data).ljust(inline, b"\0")
+            else:
+                entries += struct.pack(off_fmt, at + ool)
+                outside.append((ool, length, data))
+                ool += _even(length)
+        nxt = self._ifd_at(plane + 1, 0) if k == 0 and plane + 1 < self.planes else 0
+        entries += struct.pack(off_fmt, nxt)
+        out = bytearray(hi - lo)
+        piece = entries[lo:hi]
+        out[: len(piece)] = piece
+        for where, length, data in outside:
+            a, b = max(lo, where), min(hi, where + length)
+            if a >= b:
+                continue
+            if callable(data):  # only the elements the range covers
+                e0, e1 = (a - where) // osize, -(-(b - where) // osize)
+                chunk = data(e0, e1)
+                piece = chunk[a - where - e0 * osize : b - where - e0 * osize]
+            else:
+                piece = data[a - where : b - where]
+            out[a - lo : b - lo] = piece
+        return bytes(out)
 
     # -- tiles -------------------------------------------------------------------------
     def _locate(self, offset: int) -> tuple[int, int, int, int] | None:
@@ -746,7 +852,7 @@ class WholeImage:
     def _tile_chunk(self, lv: _Level, plane: int, tile: int) -> tuple[int, ...]:
         """The chunk at a tile's position, when one tile is one chunk of one plane."""
         ty, tx = divmod(tile, lv.tiles_across)
-        lead = tuple(int(i) for i in np.unravel_index(plane, lv.lead)) if lv.lead else ()
+        lead = _unravel(plane, lv.lead)
         coords = (*lead, ty, tx)
         return coords[-len(lv.array.source.shape) :] if lv.array.source.shape else ()
 
@@ -765,7 +871,7 @@ class WholeImage:
 
     def _tile(self, level: int, plane: int, tile: int) -> bytes:
         """A tile's stored bytes (passthrough stream, or decoded pixels) (blocking)."""
-        self.header()  # decides passthrough per level (and checks the store once)
+        self.settle()  # decides passthrough per level (and checks the store once)
         assert self._modes is not None and self._counts is not None
         data = self._cached_tile(level, plane, tile)
         if data is not None:
@@ -805,7 +911,7 @@ class WholeImage:
         cache, or waits for the decode under way (single flight)."""
         if not keys:
             return
-        self.header()
+        self.settle()
         assert self._modes is not None
         for level, plane, tile in keys:
             lv = self.levels[level]
@@ -853,7 +959,7 @@ class WholeImage:
         lv = self.levels[level]
         if lv.passthrough is None or lv.passthrough[1]:
             return None
-        assert self._modes is not None and self._counts is not None  # _read built the header
+        assert self._modes is not None and self._counts is not None  # _read settled them
         mode = self._modes[level]
         if mode is None:
             return None
@@ -861,7 +967,7 @@ class WholeImage:
         path = self._chunk_file(lv, coords)
         if path is None:
             return None
-        expected = int(self._counts[level][plane * lv.tiles + tile])
+        expected = self._counts[level].at(plane * lv.tiles + tile)
         try:
             fd = os.open(path, os.O_RDONLY)
         except FileNotFoundError:  # nothing stored: the fill value
@@ -905,7 +1011,7 @@ class WholeImage:
     def _passthrough_tile(self, lv: _Level, level: int, plane: int, tile: int, mode: int) -> bytes:
         assert lv.passthrough is not None and self._counts is not None
         coords = self._tile_chunk(lv, plane, tile)
-        expected = int(self._counts[level][plane * lv.tiles + tile])
+        expected = self._counts[level].at(plane * lv.tiles + tile)
         raw = lv.array.source.read_stored(coords)
         if raw is None:
             data = self._fill_stream(lv, mode)
@@ -929,7 +1035,7 @@ class WholeImage:
         ty, tx = divmod(tile, lv.tiles_across)
         y0, x0 = ty * lv.tile_h, tx * lv.tile_w
         y1, x1 = min(y0 + lv.tile_h, lv.height), min(x0 + lv.tile_w, lv.width)
-        lead = tuple(int(i) for i in np.unravel_index(plane, lv.lead)) if lv.lead else ()
+        lead = _unravel(plane, lv.lead)
         lead_chunk = tuple(i // c for i, c in zip(lead, lv.chunk_lead, strict=True))
         lead_in = tuple(i % c for i, c in zip(lead, lv.chunk_lead, strict=True))
         ndim = len(src.shape)
@@ -1068,7 +1174,7 @@ class WholeImage:
             if self._modes is None or self._counts is None:
                 return None
             if self._modes[level] is not None:
-                count = int(self._counts[level][plane * lv.tiles + tile])
+                count = self._counts[level].at(plane * lv.tiles + tile)
         length = min(-(-count // _PAGE) * _PAGE, lv.slot)
         return (start, length) if length else None
 
@@ -1103,11 +1209,10 @@ class WholeImage:
             self._decode_side_by_side(self._tiles_in(offset, end - offset)[1:])
         pos = offset
         if pos < self.data_start:
-            header = self._header if not blocking else self.header()
-            if header is None:
-                return None
+            if self._header is None and not blocking and self._modes is None:
+                return None  # the byte counts are not settled yet
             stop = min(end, self.data_start)
-            piece = header[pos:stop]
+            piece = self.header_bytes(pos, stop)  # settled: memory work only
             if stop == end and len(piece) == stop - pos:
                 return piece
             out = memoryview(bytearray(end - offset))
@@ -1126,7 +1231,7 @@ class WholeImage:
             if self._modes is None and self.levels[level].passthrough is not None:
                 if not blocking:
                     return None  # the header decides whether this level passes through
-                self.header()
+                self.settle()
             piece = self._stored_piece(level, plane, tile, within, stop - pos, target) if blocking else None
             if blocking:
                 touched.append((level, plane, tile))
@@ -1198,13 +1303,6 @@ def _decoder() -> ThreadPoolExecutor:
         return _DECODER
 
 
-def _setter(values: dict[int, tuple[int, int, bytes]]) -> Any:
-    def put(tag: int, typ: int, count: int, data: bytes) -> None:
-        values[tag] = (typ, count, data)
-
-    return put
-
-
 def _strip_checksums(raw: bytes, trailer: int, what: str) -> bytes:
     """The stream before `trailer` bytes of crc32c checksums (each checked)."""
     if trailer == 0:
@@ -1239,6 +1337,58 @@ def _fill_value(arr: ArrayView) -> Any:
 
 def _even(n: int, to: int = 2) -> int:
     return -(-n // to) * to
+
+
+def _ravel(index: Sequence[int], shape: Sequence[int]) -> int:
+    """`np.ravel_multi_index` in Python integers: numpy refuses shapes past 2**63 elements."""
+    flat = 0
+    for i, n in zip(index, shape, strict=True):
+        flat = flat * n + int(i)
+    return flat
+
+
+def _unravel(flat: int, shape: Sequence[int]) -> tuple[int, ...]:
+    """`np.unravel_index` in Python integers (see `_ravel`)."""
+    out = []
+    for n in reversed(shape):
+        flat, i = divmod(flat, n)
+        out.append(i)
+    return tuple(reversed(out))
+
+
+class _Counts:
+    """The TileByteCounts of one level: every tile `default` bytes but those of stored
+    chunks (passthrough), kept as two sorted arrays, so the memory follows the
+    stored chunks (16 bytes each), never the number of tiles."""
+
+    __slots__ = ("default", "indexes", "values")
+
+    def __init__(self, default: int, indexes: Sequence[int] = (), values: Sequence[int] = ()) -> None:
+        self.default = default
+        order = np.argsort(np.asarray(indexes, dtype=np.uint64), kind="stable")
+        self.indexes = np.asarray(indexes, dtype=np.uint64)[order]
+        self.values = np.asarray(values, dtype=np.uint64)[order]
+
+    def at(self, index: int) -> int:
+        k = int(np.searchsorted(self.indexes, np.uint64(index)))
+        if k < len(self.indexes) and int(self.indexes[k]) == index:
+            return int(self.values[k])
+        return self.default
+
+    def slice(self, start: int, n: int) -> np.ndarray:
+        """The counts of tiles [start, start + n) as uint64."""
+        out = np.full(n, self.default, dtype=np.uint64)
+        lo = int(np.searchsorted(self.indexes, np.uint64(start)))
+        hi = int(np.searchsorted(self.indexes, np.uint64(start + n)))
+        if hi > lo:
+            out[(self.indexes[lo:hi] - np.uint64(start)).astype(np.intp)] = self.values[lo:hi]
+        return out
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, _Counts) and self.default == other.default
+                and np.array_equal(self.indexes, other.indexes) and np.array_equal(self.values, other.values))
+
+    __hash__ = None  # type: ignore[assignment]
 
 
 # -- which files a directory shows --------------------------------------------------
@@ -1281,11 +1431,15 @@ def pyramid_levels(levels: Sequence[ArrayView], label: str) -> list[ArrayView]:
     return out
 
 
-def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None) -> dict[str, WholeImage]:
+def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
+                      not_shown: dict[str, str] | None = None) -> dict[str, WholeImage]:
     """`image.ome.tif` for an array, `pyramid.ome.tif` for an OME-Zarr multiscale group.
 
     `node`/`parent` are the view tree's group/array nodes (kind, children, array,
-    metadata). Planned from metadata alone."""
+    metadata). Planned from metadata alone. A file that cannot be planned (an image
+    no TIFF can express: wider than a LONG, or a file past 2**63 - 1 bytes) is left
+    out, its directory shown as usual, and why is put in `not_shown` (by the
+    directory's path)."""
     label = "/".join(path) or "/"
     out: dict[str, WholeImage] = {}
     try:
@@ -1306,6 +1460,8 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None) -> d
                                                omero_channels(attrs), label=label)
     except Exception as e:  # a whole-image file is an extra: never lose the directory over it
         log.warning("%s: no whole-image file: %s", label, e)
+        if not_shown is not None:
+            not_shown[label] = str(e)
     return out
 
 

@@ -1,0 +1,309 @@
+"""Hostile store metadata (issue 27): gigantic shapes, whole images of millions of
+tiles, metadata nested thousands deep or too large. One bad array never costs the
+daemon, its neighbours or `zfuse info` of the store; memory never follows the
+number of tiles.
+
+The stores are written by hand (a few KB of JSON, no data): zarr-python would
+refuse to create most of them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+
+import zfuse.view.whole_image as whole_image
+from zfuse.daemon import MountConfig
+from zfuse.ext.metadata_json import (
+    MAX_METADATA_BYTES,
+    MAX_METADATA_DEPTH,
+    metadata_problem,
+    nesting_depth,
+)
+from zfuse.info import describe_source
+from zfuse.open_view import make_view
+from zfuse.stats import Stats
+
+GIB = 1024**3
+
+
+def _array(root: Path, name: str, shape: list[int], chunks: list[int], dtype: str = "uint16") -> None:
+    (root / name).mkdir(parents=True, exist_ok=True)
+    meta = {"zarr_format": 3, "node_type": "array", "shape": shape, "data_type": dtype,
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": chunks}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "fill_value": 0, "codecs": [{"name": "bytes", "configuration": {"endian": "little"}}],
+            "attributes": {}}
+    (root / name / "zarr.json").write_text(json.dumps(meta))
+
+
+def _group(root: Path) -> Path:
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}}))
+    _array(root, "good", [64, 64], [32, 32])
+    (root / "good" / "c" / "1").mkdir(parents=True)
+    (root / "good" / "c" / "1" / "0").write_bytes(np.full((32, 32), 7, "<u2").tobytes())
+    return root
+
+
+def huge_store(root: Path) -> Path:
+    """Shapes past what a whole-image file (or a chunk file) can express, beside a good array."""
+    _group(root)
+    _array(root, "big40", [2**40, 2**40], [256, 256])
+    _array(root, "big62", [2**62, 2**62], [256, 256])
+    _array(root, "big63", [2**63 - 1, 2], [256, 256])
+    _array(root, "planes62", [2**62, 16, 16], [1, 16, 16])  # fine chunks, 2**62 planes
+    _array(root, "hugechunk", [2**40, 2**40], [2**40, 2**40])  # a chunk no TIFF holds
+    _array(root, "manypages", [2**20, 2**20, 2**20], [2**20, 2**20, 2**20], "uint64")
+    return root
+
+
+def many_tiles_store(root: Path, edge: int = 2**21) -> Path:
+    """One edge x edge uint16 array of 256 x 256 chunks: 2**26 tiles at 2**21."""
+    _group(root)
+    _array(root, "big", [edge, edge], [256, 256])
+    return root
+
+
+def deep_store(root: Path) -> Path:
+    """Members whose metadata is nested too deep (v3 and v2) or too large."""
+    _group(root)
+    (root / "deep").mkdir()
+    (root / "deep" / "zarr.json").write_text("[" * 5000 + "]" * 5000)  # valid JSON, 10 KB
+    (root / "deepattrs").mkdir()
+    (root / "deepattrs" / "zarr.json").write_text(
+        '{"zarr_format": 3, "node_type": "group", "attributes": {"a": ' + "[" * 500 + "]" * 500 + "}}")
+    (root / "v2deep").mkdir()
+    (root / "v2deep" / ".zarray").write_text(json.dumps(
+        {"zarr_format": 2, "shape": [8], "chunks": [8], "dtype": "<u2", "compressor": None,
+         "fill_value": 0, "filters": None, "order": "C"}))
+    (root / "v2deep" / ".zattrs").write_text('{"a": ' + "{" * 3000 + "}" * 3000 + "}")
+    (root / "large").mkdir()
+    (root / "large" / "zarr.json").write_text('{"x": "' + "a" * MAX_METADATA_BYTES + '"}')
+    return root
+
+
+def _info(source: Path) -> dict:
+    return describe_source(MountConfig([str(source)], "/unused", read_only=True))
+
+
+def _info_text(source: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "zfuse.cli", "info", str(source)],
+                          capture_output=True, text=True, timeout=120)
+
+
+# -- plain calls -------------------------------------------------------------------------
+
+
+def test_metadata_depth_and_size_limits() -> None:
+    assert nesting_depth(b'{"a": [1, {"b": "[[[[[[[[[["}], "c": "\\"]]]"}') == 3
+    assert nesting_depth(b"7") == 0
+    assert metadata_problem(b"[" * MAX_METADATA_DEPTH + b"]" * MAX_METADATA_DEPTH, "k") is None
+    deep = metadata_problem(b"[" * (MAX_METADATA_DEPTH + 1) + b"]" * (MAX_METADATA_DEPTH + 1), "a/zarr.json")
+    assert deep is not None and "a/zarr.json nests 65 levels" in deep
+    big = metadata_problem(b" " * (MAX_METADATA_BYTES + 1), "a/zarr.json")
+    assert big is not None and "bytes" in big
+
+
+def test_real_ome_zarr_metadata_is_well_within_the_depth_limit() -> None:
+    """Every metadata document of the third-party test data (OME-Zarr from ome-zarr-py,
+    zarrs, zarr-java, ...) nests at most a third of the limit."""
+    third = Path(__file__).resolve().parent.parent.parent / "shared" / "thirdparty-zarr"
+    docs = [p for name in ("zarr.json", ".zattrs", ".zarray", ".zmetadata") for p in third.rglob(name)]
+    if not docs:
+        pytest.skip("no third-party data here")
+    deepest = max(nesting_depth(p.read_bytes()) for p in docs[:5000])
+    assert deepest <= MAX_METADATA_DEPTH // 3, deepest
+
+
+def test_huge_shapes_cost_only_their_whole_image_or_their_array(tmp_path: Path) -> None:
+    """Shapes past 2**32 pixels across or 2**63 bytes: no whole-image file (why: in
+    `zfuse info`), the chunk files as usual; chunks no TIFF holds: the array is not
+    shown, with its reason. `zfuse info` of the store lists every array."""
+    store = huge_store(tmp_path / "h.zarr")
+    started = time.perf_counter()
+    report = _info(store)
+    assert time.perf_counter() - started < 20
+    arrays = {a["path"]: a for a in report["arrays"]}
+    assert set(arrays) == {"good", "big40", "big62", "big63", "planes62", "hugechunk", "manypages"}
+    for name in ("good", "big40", "big62", "big63", "planes62"):
+        assert arrays[name]["shown"], name
+    assert "at most 4294967295 pixels" in arrays["hugechunk"]["why_not"]
+    assert "at most 65536 pages" in arrays["manypages"]["why_not"]
+    images = {f["path"] for f in report["whole_image_files"]}
+    assert images == {"good/image.ome.tif"}
+    skipped = {f["path"]: f["reason"] for f in report["whole_image_files_not_shown"]}
+    assert set(skipped) == {"big40", "big62", "big63", "planes62"}
+    assert "at most 4294967295 pixels high and wide" in skipped["big40"]
+    assert "past the largest file size" in skipped["planes62"]
+    # the views: every size a stat would report fits an off_t
+    view = make_view(MountConfig([str(store)], "/unused", read_only=True), Stats())
+    for _, arr in view.arrays():
+        if arr.layout is not None:
+            assert arr.layout.file_size <= 2**63 - 1
+    assert view.entry(("big62", "c", str(2**54 - 1))) is not None  # the last row of chunks ([tree-4])
+    assert view.entry(("hugechunk", "README")) is not None
+
+
+def test_whole_image_of_millions_of_tiles_is_planned_and_read_in_bounded_memory(tmp_path: Path) -> None:
+    """2**26 tiles: planning, `zfuse info` and reading the header cost what is read,
+    not the tile count (before: 6.2 GB and 5.8 s for the first MiB)."""
+    store = many_tiles_store(tmp_path / "m.zarr")
+    view = make_view(MountConfig([str(store)], "/unused", read_only=True), Stats())
+    img = view.whole_images(("big",))["image.ome.tif"]
+    assert img.header_size > 2**30 and img.tiles == 2**26
+    started = time.perf_counter()
+    head = img.read(0, 1 << 20)
+    assert time.perf_counter() - started < 5
+    assert img._header is None  # never built whole
+    big = img.levels[0]
+    # TileOffsets of tile 2**25 + 5, read from where the header says they are
+    # BigTIFF, its first IFD at 16: its entries, read by hand
+    assert head[:4] == b"II+\0" and int.from_bytes(head[8:16], "little") == 16
+    n = int.from_bytes(head[16:24], "little")
+    entries = {int.from_bytes(head[24 + 20 * i:26 + 20 * i], "little"): head[24 + 20 * i:44 + 20 * i]
+               for i in range(n)}
+    offsets_at = int.from_bytes(entries[324][12:20], "little")
+    tile = 2**25 + 5
+    raw = img.read(offsets_at + 8 * tile, 8)
+    assert int.from_bytes(raw, "little") == img.slot_offset(0, 0, tile) == img.data_start + tile * big.slot
+    counts_at = int.from_bytes(entries[325][12:20], "little")
+    assert int.from_bytes(img.read(counts_at + 8 * tile, 8), "little") == big.tile_bytes
+    assert len(img.read(img.header_size - 100, 200)) == 200
+
+
+def test_rendered_header_ranges_equal_the_whole_header(tmp_path: Path, monkeypatch) -> None:
+    """A header rendered by range (as for big images) is byte for byte the whole one."""
+    store = many_tiles_store(tmp_path / "m.zarr", edge=256 * 40)
+    view = make_view(MountConfig([str(store)], "/unused", read_only=True), Stats())
+    img = view.whole_images(("big",))["image.ome.tif"]
+    full = img.header()
+    monkeypatch.setattr(whole_image, "_HEADER_KEPT", 0)
+    img._header = None
+    rng = random.Random(5)
+    for _ in range(300):
+        a = rng.randrange(img.header_size)
+        b = min(img.header_size, a + rng.randrange(1, 20000))
+        assert img.header_bytes(a, b) == full[a:b], (a, b)
+
+
+def test_metadata_too_deep_or_large_hides_only_its_member(tmp_path: Path) -> None:
+    """Nested 5,000 deep (v3 zarr.json, a v2 .zattrs) or 500 deep, or past 16 MiB: that
+    member is not shown, with the reason; the rest of the store is."""
+    store = deep_store(tmp_path / "d.zarr")
+    report = _info(store)
+    arrays = {a["path"]: a for a in report["arrays"]}
+    assert arrays["good"]["shown"]
+    why = {p["path"]: p["reason"] for p in report["not_shown"]}
+    assert "deep/zarr.json nests 5000 levels deep" in why["deep"]
+    assert "deepattrs/zarr.json nests 502 levels deep" in why["deepattrs"]
+    assert "v2deep/.zattrs nests 3001 levels deep" in why["v2deep"]
+    assert f"at most {MAX_METADATA_BYTES} bytes" in why["large"]
+    view = make_view(MountConfig([str(store)], "/unused", read_only=True), Stats())
+    readme = view.entry(("deep", "README"))
+    assert readme is not None
+
+
+# -- real mounts ----------------------------------------------------------------------
+
+
+def _peak_rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmHWM")
+
+
+def _alive(m) -> None:
+    os.stat(m.path / ".zfuse" / "stats")
+    assert json.loads((m.path / ".zfuse" / "stats").read_bytes())
+
+
+def _good_reads(m) -> None:
+    values = tifffile.imread(m.path / "good" / "c" / "1" / "0.tiff")
+    assert (values == 7).all()
+    whole = tifffile.imread(m.path / "good" / "image.ome.tif")
+    assert whole.shape == (64, 64) and (whole[32:, :32] == 7).all() and (whole[:32] == 0).all()
+
+
+@pytest.mark.mount
+def test_mount_of_huge_shapes_survives_listing_them(tmp_path: Path, mount) -> None:
+    """[hostile-1] `ls -l` of arrays of shape [2**40, 2**40], [2**62, 2**62] and
+    [2**63-1, 2] (before: the daemon died, "Software caused connection abort"):
+    their directories list without `image.ome.tif`, chunk files stat, the array
+    whose chunks no TIFF holds has a README; the daemon answers, stays under 1 GiB,
+    its good array reads normally, `zfuse info` names every array."""
+    store = huge_store(tmp_path / "h.zarr")
+    m = mount(store, "-o", "ro")
+    for name in ("big40", "big62", "big63", "planes62"):
+        listed = subprocess.run(["ls", "-l", str(m.path / name)], capture_output=True, text=True, timeout=60)
+        assert listed.returncode == 0, listed.stderr
+        assert "image.ome.tif" not in listed.stdout and "zarr.json" in listed.stdout
+        _alive(m)
+    assert not (m.path / "big62" / "image.ome.tif").exists()
+    assert os.listdir(m.path / "big62" / "c" / str(2**54 - 1)) == []  # the last row: nothing stored
+    assert sorted(os.listdir(m.path / "hugechunk")) == ["README", "zarr.json"]
+    assert "at most 4294967295 pixels" in (m.path / "hugechunk" / "README").read_text()
+    meta = json.loads((m.path / "manypages" / "zarr.json").read_text())
+    assert "65536 pages" in meta["attributes"]["zfuse"]["unsupported"]
+    subprocess.run(["ls", "-lR", str(m.path)], capture_output=True, timeout=60)  # all of it, nothing dies
+    _alive(m)
+    _good_reads(m)
+    assert _peak_rss(m.pid) < GIB
+    info = _info_text(store)
+    assert info.returncode == 0, info.stderr
+    for name in ("good", "big40", "big62", "big63", "hugechunk", "manypages"):
+        assert f"array {name}\n" in info.stdout + "\n"
+    assert "no whole-image file in big62: " in info.stdout
+    assert "Traceback" not in m.log()
+
+
+@pytest.mark.mount
+def test_mount_reads_the_header_of_a_whole_image_of_millions_of_tiles(tmp_path: Path, mount) -> None:
+    """[hostile-2] the first MiB of `image.ome.tif` of a [2**21, 2**21] array of
+    256 x 256 chunks (2**26 tiles; before: 5.8 s and 6.2 GB): the daemon's peak RSS
+    stays under 1 GiB, tifffile reads the tiling from the header, `zfuse info` too."""
+    store = many_tiles_store(tmp_path / "m.zarr")
+    m = mount(store, "-o", "ro")
+    f = m.path / "big" / "image.ome.tif"
+    assert os.stat(f).st_size > 2**43
+    started = time.perf_counter()
+    with open(f, "rb") as fh:
+        assert len(fh.read(1 << 20)) == 1 << 20
+        fh.seek(os.stat(f).st_size // 2)
+        assert len(fh.read(4096)) == 4096  # a tile: the fill value
+    assert time.perf_counter() - started < 30
+    _alive(m)
+    _good_reads(m)
+    assert _peak_rss(m.pid) < GIB
+    info = _info_text(store)
+    assert info.returncode == 0 and "67108864 tiles" in info.stdout, info.stderr
+
+
+@pytest.mark.mount
+def test_mount_shows_a_store_with_metadata_too_deep(tmp_path: Path, mount) -> None:
+    """[hostile-3] members whose metadata nests 5,000 (or 500, or a v2 .zattrs 3,000)
+    deep, or is past 16 MiB (before: mount and info failed with RecursionError): each
+    is a directory with its README naming the document and the limit; the good
+    array reads, `zfuse info` lists it and names the bad ones."""
+    store = deep_store(tmp_path / "d.zarr")
+    m = mount(store, "-o", "ro")
+    for name, text in (("deep", "nests 5000 levels deep"), ("v2deep", "nests 3001 levels deep"),
+                       ("large", f"at most {MAX_METADATA_BYTES} bytes")):
+        assert "README" in os.listdir(m.path / name)
+        assert text in (m.path / name / "README").read_text()
+    _alive(m)
+    _good_reads(m)
+    assert _peak_rss(m.pid) < GIB
+    info = _info_text(store)
+    assert info.returncode == 0, info.stderr
+    assert "array good\n" in info.stdout and "nests 5000 levels deep" in info.stdout
