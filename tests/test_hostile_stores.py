@@ -307,3 +307,24 @@ def test_mount_shows_a_store_with_metadata_too_deep(tmp_path: Path, mount) -> No
     info = _info_text(store)
     assert info.returncode == 0, info.stderr
     assert "array good\n" in info.stdout and "nests 5000 levels deep" in info.stdout
+
+
+def test_fuse_adapter_answers_unforeseen_errors_instead_of_dying(caplog) -> None:
+    """An exception that is not an FsError (the st_size overflow that ended the daemon
+    with "Exceptions from Trio nursery") is a FUSEError, EOVERFLOW or EIO, logged
+    with the path the request was about."""
+    import errno
+    import logging
+    from types import SimpleNamespace
+
+    from zfuse.fuse_ops import _unexpected
+
+    paths = {5: ("big62", "image.ome.tif")}
+    ops = SimpleNamespace(fs=SimpleNamespace(inodes=SimpleNamespace(path_of=paths.get), handles={}, _dirs={}))
+    with caplog.at_level(logging.ERROR, logger="zfuse.fuse"):
+        err = _unexpected(ops, "getattr", (5,), OverflowError("int too big to convert"))
+        assert err.errno == errno.EOVERFLOW
+        err = _unexpected(ops, "lookup", (1, b"x"), RuntimeError("bug"))
+        assert err.errno == errno.EIO
+    assert "getattr(5) on /big62/image.ome.tif" in caplog.text and "EOVERFLOW" in caplog.text
+    assert "lookup(1, 'x') on an unknown path" in caplog.text

@@ -123,13 +123,13 @@ def _about(ops: ZfuseOperations, name: str, args: Sequence[Any]) -> str:
     """The path a failed request was about, for its log line (best effort: never raises)."""
     try:
         fs = ops.fs
-        if name in ("read", "write", "flush", "fsync") and args:
+        if name in ("read", "write", "flush", "fsync", "release") and args:
             handle = fs.handles.get(args[0])
             path = handle.path if handle is not None else None
-        elif name == "readdir" and args:
+        elif name in ("readdir", "releasedir") and args:
             handle = fs._dirs.get(args[0])
             path = handle.path if handle is not None else None
-        elif args and isinstance(args[0], int):
+        elif args and isinstance(args[0], int) and name != "statfs":
             path = fs.inodes.path_of(args[0])
             if path is not None and len(args) > 1 and isinstance(args[1], bytes):
                 path = (*path, os.fsdecode(args[1]))
@@ -236,6 +236,7 @@ class ZfuseOperations(pyfuse3.Operations):
     def forget(self, inode_list: list[tuple[int, int]]) -> None:
         self.fs.forget(inode_list)
 
+    @_fuse_errors
     async def statfs(self, ctx: Any) -> pyfuse3.StatvfsData:
         info = self.fs.statfs()
         st = pyfuse3.StatvfsData()
@@ -284,6 +285,7 @@ class ZfuseOperations(pyfuse3.Operations):
         except Exception as e:  # e.g. an entry's attributes the reply cannot hold
             raise _unexpected(self, "readdir", (fh, start_id), e) from e
 
+    @_fuse_errors
     async def releasedir(self, fh: int) -> None:
         self.fs.releasedir(fh)
 
@@ -315,6 +317,7 @@ class ZfuseOperations(pyfuse3.Operations):
     async def fsync(self, fh: int, datasync: bool) -> None:
         await self.fs.fsync(fh)
 
+    @_fuse_errors
     async def release(self, fh: int) -> None:
         self.fs.release(fh)
 
