@@ -947,7 +947,8 @@ class FileSystem:
         if entry is None or entry.node is not Node.CHUNK:
             raise FsError(errno.ENOENT)
         arr, coords = handle.array, handle.coords = entry.array, entry.coords
-        forget_timeouts(arr.key_name(coords))  # a reader opening anew asks a timed-out store again
+        if coords is not None and timeouts_pending():  # a reader opening anew asks a timed-out store again
+            forget_timeouts(arr.key_name(coords))
         opened_before = (id(arr), coords) in self._stored_names
         if state is None and arr.serves_stored is not False:
             view = self.view
