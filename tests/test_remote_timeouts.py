@@ -328,3 +328,18 @@ def test_zfuse_status_says_how_the_store_answers() -> None:
     item = {"mountpoint": "/m", "state": "running", "source": "s3://b/a", "pid": 1, "uptime_s": 5,
             "stats": {"store_timeouts": 1}}
     assert "  store   0 requests in flight, 1 timed out, 0 other errors" in format_status([item]).splitlines()
+
+
+def test_a_failure_with_no_message_is_logged_with_a_reason(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """[read-11] an exception whose text is empty (aiohttp's TimeoutError) still gives the log
+    line and `.zfuse/errors` a reason: its type, the operation and the store key."""
+    from test_fs import Clock, make_fs
+
+    stores.v3(tmp_path / "a.zarr")
+    fs, _ = make_fs(tmp_path / "a.zarr", Clock())
+    with caplog.at_level("ERROR", logger="zfuse.fs"):
+        fs.fail(TimeoutError(), "lookup", ("c", "0", "1.tiff"))
+    (record,) = [r for r in caplog.records if r.name == "zfuse.fs"]
+    assert "lookup c/0/1.tiff [store key c/0/1]: TimeoutError (no message) in lookup of store key c/0/1 (EIO)" \
+        == record.getMessage()
+    assert fs.errors[-1].endswith("TimeoutError (no message) in lookup of store key c/0/1 (EIO)")
