@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -343,3 +344,40 @@ def test_a_failure_with_no_message_is_logged_with_a_reason(tmp_path: Path, caplo
     assert "lookup c/0/1.tiff [store key c/0/1]: TimeoutError (no message) in lookup of store key c/0/1 (EIO)" \
         == record.getMessage()
     assert fs.errors[-1].endswith("TimeoutError (no message) in lookup of store key c/0/1 (EIO)")
+
+
+@pytest.mark.mount
+def test_mounting_a_server_that_never_answers_fails_within_the_timeout(tmp_path: Path) -> None:
+    """[read-11] a server that accepts connections and never answers: `zfuse mount` fails
+    after the timeout, saying which request timed out (a socket and a thread, no HTTP)."""
+    conns: list = []
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(16)
+        listener.settimeout(0.2)
+        stop = threading.Event()
+
+        def accept() -> None:
+            while not stop.is_set():
+                try:
+                    conns.append(listener.accept()[0])
+                except OSError:
+                    continue
+
+        thread = threading.Thread(target=accept, daemon=True)
+        thread.start()
+        (tmp_path / "mnt").mkdir()
+        url = f"http://127.0.0.1:{listener.getsockname()[1]}/a.zarr"
+        start = time.monotonic()
+        try:
+            result = subprocess.run([sys.executable, "-m", "zfuse.cli", "mount", url, str(tmp_path / "mnt"), "-f",
+                                     "-o", "timeout=1"], capture_output=True, text=True, timeout=60)
+        finally:
+            stop.set()
+            thread.join(5)
+            for c in conns:
+                c.close()
+    assert result.returncode != 0
+    assert time.monotonic() - start < 4 * 1 + 5
+    assert f"store request get zarr.json timed out after 1 s ({url})" in result.stderr, result.stderr
+    assert conns  # it did connect: the server accepted and said nothing
