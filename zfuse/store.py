@@ -763,7 +763,8 @@ _metered_stores: weakref.WeakValueDictionary[int, MeteredStore] = weakref.WeakVa
 
 def timeouts_pending() -> bool:
     """Whether some store of this process remembers a recent timeout (cheap: lookups ask)."""
-    return any(store._timed_out for store in list(_metered_stores.values()))
+    now = time.monotonic()
+    return any(now - store._last_timeout < FAILED_RECENTLY_S for store in list(_metered_stores.values()))
 
 
 def forget_timeouts(key: str) -> None:
@@ -822,6 +823,7 @@ class MeteredStore(WrapperStore[Store]):
         self.source = source_label(source) if source else _describe(store)
         # key -> (monotonic time its request timed out, the reason)
         self._timed_out: dict[str, tuple[float, str]] = {}
+        self._last_timeout = float("-inf")  # (monotonic) when a request last timed out
         _metered_stores[id(self)] = self
         if isinstance(store, AtomicLocalStore):  # leftovers of a crashed writer, removed: counted
             stats_ = self.stats
@@ -859,6 +861,7 @@ class MeteredStore(WrapperStore[Store]):
             if len(self._timed_out) >= FAILED_KEYS_KEPT:
                 self._timed_out.clear()
         self._timed_out[key] = (time.monotonic(), reason)
+        self._last_timeout = time.monotonic()
 
     def _shared_failure(self, op: str, key: str, memo: tuple[float, str]) -> StoreTimeoutError:
         ago = time.monotonic() - memo[0]
