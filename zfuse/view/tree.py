@@ -324,6 +324,7 @@ class View:
         self.cache.clear()
         with self._images_lock:
             self._images.clear()
+            self.images_not_shown.clear()  # planned again on the next look
         for _, arr in self.arrays():
             arr.refresh()
 

@@ -992,8 +992,14 @@ class WholeImage:
             # reads it, as for any decoded tile, or this tile fails, naming the chunk.
             try:
                 return self._assemble(lv, plane, tile)[within : within + length]
-            except ZfuseError:
+            except StaleImageError:
                 raise
+            except ZfuseError as e:
+                if type(e) is not CorruptDataError:  # (the decoder's own "does not decode" is said below)
+                    raise
+                raise CorruptDataError(
+                    f"{self.label}: chunk {coords} of {lv.array.source.name or 'the array'} ({path}) has "
+                    f"{size} bytes, not the {lv.tile_bytes} of its uncompressed values: {e}") from e
             except Exception as e:
                 raise CorruptDataError(
                     f"{self.label}: chunk {coords} of {lv.array.source.name or 'the array'} ({path}) has "
