@@ -22,7 +22,7 @@ import zarr
 import stores
 
 ROOT = Path(__file__).resolve().parent.parent
-TAG = re.compile(r"\[((?:tree|read|write|ns|cons|image|hostile)-\d+)\]")
+TAG = re.compile(r"\[((?:tree|read|write|ns|cons|image|hostile|outside|remote)-\d+)\]")
 
 
 def test_every_claim_is_tested() -> None:
