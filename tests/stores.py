@@ -195,3 +195,26 @@ def open_any(path: Path) -> Any:
     from zfuse.ext.api import open_array
 
     return open_array(str(path), mode="r")
+
+
+def ngff_nested(src: Path, version: str = "0.4", name: str = "cells") -> None:
+    """ngff-zarr's layout: the multiscale names datasets `scale0/image`, `scale1/image`;
+    OME-Zarr 0.5 puts the multiscales under attributes["ome"], 0.4 at the top, with
+    a multiscale-level scale that multiplies every dataset's."""
+    root = zarr.open_group(str(src), mode="w")
+    for level in range(2):
+        arr = root.create_group(f"scale{level}").create_array(
+            "image", shape=(2, 32 >> level, 32 >> level), chunks=(2, 16, 16), dtype="u2")
+        arr[...] = values(arr.shape, "uint16", seed=level)
+    multiscale = {
+        "axes": [{"name": "c", "type": "channel"}, {"name": "y", "type": "space", "unit": "micrometer"},
+                 {"name": "x", "type": "space", "unit": "micrometer"}],
+        "datasets": [{"path": f"scale{lv}/image", "coordinateTransformations": [
+            {"type": "scale", "scale": [1.0, 0.325 * 2**lv, 0.325 * 2**lv]}]} for lv in range(2)],
+        "coordinateTransformations": [{"type": "scale", "scale": [1.0, 2.0, 2.0]}],
+        "name": name,
+    }
+    if version == "0.5":
+        root.attrs["ome"] = {"version": "0.5", "multiscales": [multiscale]}
+    else:
+        root.attrs["multiscales"] = [{"version": "0.4", **multiscale}]

@@ -21,6 +21,8 @@ from zfuse.view.hierarchy import unsupported_reason
 from zfuse.view.source import v3_fill_value
 from zfuse.view.tree import README_NAME, build_view
 
+import stores
+
 
 def _edit(path: Path, **changes: object) -> None:
     doc = json.loads(path.read_text())
@@ -149,27 +151,6 @@ def test_ome_axes_that_do_not_fit_the_array_name_the_cause(tmp_path: Path) -> No
     assert view.entry(("sub", "other", "c")).node.is_dir  # the neighbour is shown as usual
 
 
-def _nested_ome(src: Path, version: str) -> None:
-    """ngff-zarr's layout: the multiscale names datasets `scale0/image`, `scale1/image`;
-    OME-Zarr 0.5 puts the multiscales under attributes["ome"], 0.4 at the top, with
-    a multiscale-level scale that multiplies every dataset's."""
-    root = zarr.open_group(str(src), mode="w")
-    for level in range(2):
-        root.create_group(f"scale{level}").create_array(
-            "image", shape=(2, 32 >> level, 32 >> level), chunks=(2, 16, 16), dtype="u2")
-    multiscale = {
-        "axes": [{"name": "c", "type": "channel"}, {"name": "y", "type": "space", "unit": "micrometer"},
-                 {"name": "x", "type": "space", "unit": "micrometer"}],
-        "datasets": [{"path": f"scale{lv}/image", "coordinateTransformations": [
-            {"type": "scale", "scale": [1.0, 0.325 * 2**lv, 0.325 * 2**lv]}]} for lv in range(2)],
-        "coordinateTransformations": [{"type": "scale", "scale": [1.0, 2.0, 2.0]}],
-    }
-    if version == "0.5":
-        root.attrs["ome"] = {"version": "0.5", "multiscales": [multiscale]}
-    else:
-        root.attrs["multiscales"] = [{"version": "0.4", **multiscale}]
-
-
 @pytest.mark.parametrize("version", ["0.4", "0.5"])
 def test_nested_dataset_paths_carry_their_axes_and_scales(tmp_path: Path, version: str) -> None:
     """ngff-zarr's `scale0/image`: the chunk files of a dataset below a subgroup have the
@@ -177,7 +158,7 @@ def test_nested_dataset_paths_carry_their_axes_and_scales(tmp_path: Path, versio
     import tifffile
 
     src = tmp_path / "n.zarr"
-    _nested_ome(src, version)
+    stores.ngff_nested(src, version)
     view = build_view(zarr.open_group(str(src), mode="r"), ViewOptions())
     for level in range(2):
         arr, coords = view.chunk_at((f"scale{level}", "image", "c", "0", "0", "0.tiff"))

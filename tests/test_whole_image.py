@@ -181,6 +181,24 @@ def test_stat_and_open_decode_nothing_one_tile_decodes_its_chunks(tmp_path: Path
 # -- readers -----------------------------------------------------------------------------
 
 
+def test_nested_dataset_paths_keep_their_ome_metadata(tmp_path: Path, mount) -> None:
+    """[image-1] ngff-zarr's `scale0/image` layout: the level's `image.ome.tif` has the
+    multiscale's axes and physical sizes, as `pyramid.ome.tif` does, and the OME Image
+    Name of the pyramid is the multiscale's name, not the directory's `/`."""
+    stores.ngff_nested(tmp_path / "n.zarr", name="cells")
+    m = mount(tmp_path / "n.zarr", "-o", "ro")
+    for f, size in ((m.path / "scale0" / "image" / "image.ome.tif", "0.65"),
+                    (m.path / "pyramid.ome.tif", "0.65")):
+        with tifffile.TiffFile(f) as tf:
+            assert tf.series[0].axes == "CYX", f
+            image = ET.fromstring(tf.pages[0].description).find(f"{OME}Image")
+        assert image is not None
+        pixels = image.find(f"{OME}Pixels")
+        assert pixels is not None and pixels.get("PhysicalSizeX") == size, f
+        assert pixels.get("SizeC") == "2"
+    assert image.get("Name") == "cells"
+
+
 def test_tifffile_reads_every_level_and_aszarr_regions(tmp_path: Path, mount) -> None:
     """[image-1] [image-2] the pyramid's levels are SubIFDs that tifffile reads equal to
     the arrays; OME-XML has sizes, dimension order, physical sizes and channel names;

@@ -997,7 +997,7 @@ class ZarrChunkSource(ChunkSource):
             os.close(fd)
 
     def open_raw_chunk(self, coords: Coords, flags: int = os.O_RDONLY) -> int:
-        """A descriptor of chunk `coords`'s stored file (`raw_chunk_path`), opened inside
+        """A descriptor of chunk `coords`'s stored file (`stored_chunk_path`), opened inside
         the store only: a key or link leading out of it raises OutsideStoreError."""
         files = self._local_files()
         if files is None:

@@ -50,7 +50,7 @@ from xml.sax.saxutils import quoteattr
 
 import numpy as np
 
-from zfuse.errors import CorruptDataError, ZfuseError
+from zfuse.errors import CorruptDataError, OutsideStoreError, ZfuseError
 from zfuse.stats import Stats
 from zfuse.view.array_view import advise_willneed
 from zfuse.view.tiff import tiff_unsupported_reason
@@ -409,7 +409,10 @@ class WholeImage:
         channels: list[dict[str, Any]] | None = None,
         stats: Stats | None = None,
         label: str = "",
+        title: str = "",
     ) -> None:
+        """`label`: the directory's path, for log lines; `title`: the OME Image Name (the
+        multiscale's name, else the directory's)."""
         if not levels:
             raise ValueError("a whole-image file needs at least one array")
         self.name = name
@@ -424,7 +427,7 @@ class WholeImage:
         self.levels = [_plan_level(a) for a in levels]
         self.shape = tuple(first.shape)
         self.planes = math.prod(self.levels[0].lead)
-        xml = ome_xml(label or name, self.shape, self.dtype, ome, channels)
+        xml = ome_xml(title or label or name, self.shape, self.dtype, ome, channels)
         # no OME pixel type: tifffile's "shaped" description keeps the array's shape
         text = xml if xml is not None else json.dumps({"shape": list(self.shape)})
         self.description = text.encode("utf-8") + b"\0"
@@ -969,7 +972,11 @@ class WholeImage:
             return None
         expected = self._counts[level].at(plane * lv.tiles + tile)
         try:
-            fd = os.open(path, os.O_RDONLY)
+            # opened inside the store (openat2 beneath its root): a link swapped in since
+            # `stored_chunk_path` looked cannot lead the read out of the store [outside-1]
+            fd = lv.array.source.open_raw_chunk(coords)
+        except OutsideStoreError:
+            return None  # decoded instead, where reading it fails (EIO, naming the key)
         except FileNotFoundError:  # nothing stored: the fill value
             fill = self._fill_stream(lv, mode)
             size, data = len(fill), fill[within : within + length]
@@ -1400,6 +1407,16 @@ class _Counts:
 # -- which files a directory shows --------------------------------------------------
 
 
+def multiscale_name(attrs: dict[str, Any]) -> str | None:
+    """The `name` of the first OME-Zarr multiscale in group attributes, if it has one."""
+    attrs = attrs.get("ome", attrs) if isinstance(attrs, dict) else {}
+    ms = attrs.get("multiscales") if isinstance(attrs, dict) else None
+    if not isinstance(ms, list) or not ms or not isinstance(ms[0], dict):
+        return None
+    name = ms[0].get("name")
+    return str(name) if isinstance(name, str) and name.strip() else None
+
+
 def multiscale_paths(attrs: dict[str, Any]) -> list[str] | None:
     """Dataset paths of the first OME-Zarr multiscale in group attributes, if any."""
     attrs = attrs.get("ome", attrs) if isinstance(attrs, dict) else {}
@@ -1451,11 +1468,14 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
     try:
         if node.array is not None and node.array.layout is not None:
             attrs = _node_attrs(parent) if parent is not None and path else {}
-            ome = ome_axes(attrs, path[-1]) if path else None
+            # the array's own OME axes: the multiscale naming it may be further up
+            # (ngff-zarr's scale0/image)
+            ome = node.array.ome or (ome_axes(attrs, path[-1]) if path else None)
             if ome is None:
                 names = node.array.source.v3_metadata().get("dimension_names")
                 ome = {"axes": list(names)} if names and all(names) else None
-            out[IMAGE_NAME] = WholeImage(IMAGE_NAME, [node.array], ome, omero_channels(attrs), label=label)
+            out[IMAGE_NAME] = WholeImage(IMAGE_NAME, [node.array], ome, omero_channels(attrs), label=label,
+                                         title=path[-1] if path else "image")
         elif node.kind == "group" and PYRAMID_NAME not in node.children:
             attrs = _node_attrs(node)
             paths = multiscale_paths(attrs)
@@ -1463,7 +1483,8 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
             if arrays and all(a is not None and a.layout is not None for a in arrays):
                 levels = pyramid_levels(arrays, label)  # type: ignore[arg-type]
                 out[PYRAMID_NAME] = WholeImage(PYRAMID_NAME, levels, ome_axes(attrs, paths[0]),  # type: ignore[index]
-                                               omero_channels(attrs), label=label)
+                                               omero_channels(attrs), label=label,
+                                               title=multiscale_name(attrs) or (path[-1] if path else "image"))
     except Exception as e:  # a whole-image file is an extra: never lose the directory over it
         log.warning("%s: no whole-image file: %s", label, e)
         if not_shown is not None:
