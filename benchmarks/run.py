@@ -4,7 +4,7 @@
 
 NAME is one of: read (cold + warm), cold (cold only, interleaved with
 ZFUSE_BENCH_OTHER_CODE), ls, rss, write, concat, s3, replace, stress, big, wholeimage,
-parallel, startstop, floor. Results are
+parallel, startstop, floor, hostile. Results are
 printed as a table and written to benchmarks/results.json. Timings never go
 in pass/fail tests; this is where they live (see benchmarks/README.md).
 """
@@ -38,6 +38,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "replace": ("benchmarks.replace", "bench_replace"),
     "stress": ("benchmarks.replace", "bench_stress"),
     "big": ("benchmarks.big", "bench_big"),
+    "hostile": ("benchmarks.hostile", "bench_hostile"),
     "wholeimage": ("benchmarks.wholeimage", "bench_wholeimage"),
     "parallel": ("benchmarks.parallel", "bench_parallel"),
     "startstop": ("benchmarks.startstop", "bench_startstop"),

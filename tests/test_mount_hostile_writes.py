@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
+import zfuse.testing as h
 from zfuse.testing import Mount, errno_of, snapshot, write_file
 
-import hostile_tiffs as h
 import stores
 
 pytestmark = pytest.mark.mount

@@ -19,13 +19,12 @@ import numpy as np
 import pytest
 import tifffile
 
+import zfuse.testing as h
 from zfuse.errors import InvalidTiffError
 from zfuse.view.tiff import plan_layout
 from zfuse.view.tiff_complete import incomplete_reason, walk_tiff
 from zfuse.view.tiff_input import decode_tiff, max_file_size
 from zfuse.view.tiff_segments import declared_dims
-
-import hostile_tiffs as h
 
 MEMORY_BOUND = 200 * 2**20  # bytes a refusal may grow the process by
 TIME_BOUND = 20.0  # seconds: the unbounded cases took minutes or never ended
