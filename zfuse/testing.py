@@ -737,16 +737,16 @@ def one_strip(rows: int, cols: int, strip: bytes, *, compression: int = 1, bits:
     return b"II*\0" + struct.pack("<I", ifd_at) + strip + pad + ifd_bytes(entries, nxt)
 
 
-def self_loop(rows: int, cols: int) -> bytes:
+def self_loop(rows: int, cols: int, bits: int = 8) -> bytes:
     """One IFD whose next-IFD offset points at itself."""
-    return one_strip(rows, cols, bytes(rows * cols), next_ifd=-1)
+    return one_strip(rows, cols, bytes(rows * cols * bits // 8), bits=bits, next_ifd=-1)
 
 
-def mutual_loop(rows: int, cols: int) -> bytes:
+def mutual_loop(rows: int, cols: int, bits: int = 8) -> bytes:
     """Two IFDs pointing at each other."""
-    strip = bytes(rows * cols)
+    strip = bytes(rows * cols * bits // 8)
     first = 8 + len(strip) + (len(strip) & 1)
-    entries = image_entries(rows, cols, 8, len(strip))
+    entries = image_entries(rows, cols, 8, len(strip), bits=bits)
     second = first + len(ifd_bytes(entries))
     return (b"II*\0" + struct.pack("<I", first) + strip + b"\0" * (len(strip) & 1)
             + ifd_bytes(entries, second) + ifd_bytes(entries, first))
@@ -760,12 +760,13 @@ def huge_counts(region: int = 16 * 2**20, entries: int = 65535) -> bytes:
     return b"II*\0" + struct.pack("<I", ifd_at) + bytes(region) + ifd_bytes(table)
 
 
-def many_pages(pages: int, rows: int = 1, cols: int = 1) -> bytes:
-    """`pages` minimal one-pixel IFDs in a chain, sharing one strip."""
-    entries = image_entries(rows, cols, 8, rows * cols)
+def many_pages(pages: int, rows: int = 1, cols: int = 1, bits: int = 8) -> bytes:
+    """`pages` minimal IFDs in a chain, all sharing one strip."""
+    nbytes = rows * cols * bits // 8
+    entries = image_entries(rows, cols, 8, nbytes, bits=bits)
     size = len(ifd_bytes(entries))
-    first = 8 + rows * cols + ((rows * cols) & 1)
-    out = bytearray(b"II*\0" + struct.pack("<I", first) + bytes(rows * cols) + b"\0" * ((rows * cols) & 1))
+    first = 8 + nbytes + (nbytes & 1)
+    out = bytearray(b"II*\0" + struct.pack("<I", first) + bytes(nbytes) + b"\0" * (nbytes & 1))
     for i in range(pages):
         out += ifd_bytes(entries, first + (i + 1) * size if i + 1 < pages else 0)
     return bytes(out)
