@@ -7,7 +7,10 @@ DEB_PACKAGES := fuse3 libfuse3-dev pkg-config libtiff-tools imagej default-jre-h
 STAMP_DEB := $(VENV)/.deb-installed
 STAMP_PY := $(VENV)/.py-installed
 # zarr-python 2.18 in its own venv: the tests check that it reads what zfuse writes
-# in the pre-release v3 layout (sharding v1) and vice versa
+# in the pre-release v3 layout (sharding v1) and vice versa; imagecodecs writes stores
+# with its numcodecs codecs (PNG, JPEG 2000, ...) as users of zarr 2 do, and iohub (an
+# OME-Zarr HCS writer, zarr 2 only) writes plates. numcodecs pinned to the 0.15 line
+# zarr 2.18 and iohub 0.2 resolve to, so the stores are made the same way everywhere
 VENV_ZARR2 := .venv-zarr2
 STAMP_ZARR2 := $(VENV_ZARR2)/.installed
 
@@ -34,7 +37,7 @@ $(STAMP_PY): pyproject.toml man/zfuse.1 $(STAMP_DEB)
 
 $(STAMP_ZARR2): $(STAMP_DEB)
 	@test -x $(VENV_ZARR2)/bin/python || $(PYTHON) -m venv $(VENV_ZARR2)
-	$(VENV_ZARR2)/bin/python -m pip install -q 'zarr==2.18.*' numcodecs numpy pytest
+	$(VENV_ZARR2)/bin/python -m pip install -q 'zarr==2.18.*' 'numcodecs==0.15.*' numpy pytest imagecodecs 'iohub==0.2.*'
 	@touch $@
 
 # Bytecode, as a regular (non-editable) install has it: with PYTHONDONTWRITEBYTECODE set

@@ -225,9 +225,15 @@ def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
 
 def describe_open_error(sources: list[str], exc: BaseException) -> str:
     """One line naming the source and the cause, never an internal store wrapper."""
-    from zarr.errors import NodeNotFoundError
+    from zfuse.view.codec_packages import import_failure
 
     shown = " ".join(sources)
+    # before importing zarr: a broken codec package makes that fail too
+    broken = import_failure(exc)
+    if broken is not None:
+        return f"cannot open {shown}: {broken}"
+    from zarr.errors import NodeNotFoundError
+
     if isinstance(exc, NodeNotFoundError):
         return f"no Zarr metadata (zarr.json, .zarray or .zgroup) found at {shown}"
     if isinstance(exc, OSError) and exc.strerror:
