@@ -32,6 +32,7 @@ from zarr.core.sync import sync
 
 from zfuse.ext import zarr_private
 from zfuse.ext.metadata_json import metadata_problem
+from zfuse.view.codec_packages import register_imagecodecs
 
 log = logging.getLogger("zfuse.view")
 
@@ -71,6 +72,9 @@ async def read_stored_metadata(store: Any, path: str) -> dict[str, Any] | None:
     v3: ``zarr.json``. v2: ``.zarray`` or ``.zgroup`` with ``.zattrs`` as
     ``attributes`` (the form zarr-python 3 gives v2 metadata).
     """
+    # the first thing opening a store does: imagecodecs' numcodecs codecs are known
+    # before zarr-python parses a v2 compressor (once per process)
+    register_imagecodecs()
     raw = _raw_store(store)
     doc = await _get_json(raw, _join(path, "zarr.json"))
     if isinstance(doc, dict):
@@ -115,6 +119,7 @@ def group_members(group: zarr.Group) -> list[tuple[str, Member]]:
     Names that are not nodes (stray files, directories without metadata) are
     left out, as zarr-python leaves them out.
     """
+    register_imagecodecs()  # a view built without `read_stored_metadata` (tests, tools)
     return sync(_members(zarr_private.async_group(group)))
 
 
@@ -185,6 +190,7 @@ def check_codecs(array: Any) -> None:
     found when the view is built, not at the first read: zarr-python loads
     the numcodecs codecs of v3 arrays lazily (``numcodecs.pcodec`` without the
     pcodec package opens fine and fails on every chunk)."""
+    register_imagecodecs()
     metadata = array.metadata
     if metadata.zarr_format != 3:
         return  # v2 compressors and filters are loaded when the metadata is parsed
@@ -219,6 +225,7 @@ def _has_consolidated(doc: dict[str, Any] | None) -> bool:
 
 def open_root_group(open_group: Any, store: Any) -> zarr.Group:
     """`open_group(store)`, and once more without consolidated metadata when that fails."""
+    register_imagecodecs()
     try:
         return open_group(store)
     except Exception as first:

@@ -838,13 +838,17 @@ class ZarrChunkSource(ChunkSource):
         raw = buf.as_numpy_array()
         if getattr(meta, "filters", None):
             # the filters come after: check what the framing declares, else leave it to zarr
-            if ident in ("blosc", "lz4"):
+            if bounded_decode.declares_size(ident):
                 bounded_decode.decompress_bounded(ident, config, raw, self._chunk_nbytes)
             return None
         out = bounded_decode.decompress_bounded(ident, config, raw, self._chunk_nbytes)
+        stored = np.dtype(self.array.metadata.dtype.to_native_dtype())
+        if ident in bounded_decode.DECODED_INTO and stored.isnative:
+            # an image codec: decoded into the chunk's own array (as zarr-python 2 does),
+            # which the decoder checks against the image its stream declares first
+            return bounded_decode.decode_into(compressor, raw, np.empty(self.chunk_shape, stored))
         if out is None:
             return None  # its declared size was checked: zarr decodes it
-        stored = np.dtype(self.array.metadata.dtype.to_native_dtype())
         if len(out) != self._chunk_nbytes:
             raise CorruptDataError(f"the stored chunk decompresses to {len(out)} bytes, "
                                    f"the chunk holds {self._chunk_nbytes}")
