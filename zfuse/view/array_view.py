@@ -126,6 +126,11 @@ def advise_willneed(path: str) -> bool:
         fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False
+    return advise_willneed_fd(fd)
+
+
+def advise_willneed_fd(fd: int) -> bool:
+    """`advise_willneed` of an open descriptor, which it closes. True."""
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
     except OSError:
@@ -764,13 +769,7 @@ class ArrayView:
             fd = self.source.open_raw_chunk(coords, os.O_RDONLY | os.O_NONBLOCK)
         except (OSError, OutsideStoreError):
             return False  # not stored, or refused: the read says which
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-        return True
+        return advise_willneed_fd(fd)
 
     def forget(self, coords: Coords) -> None:
         self.cache.drop((id(self), coords))
