@@ -30,19 +30,7 @@ import zfuse.testing as h
 from benchmarks.common import CODE, Config, Result, tmp_dir
 from zfuse.testing import errno_of, start_mount, write_file
 
-CASES: dict[str, Callable[[], bytes]] = {
-    "ifd-self-loop": lambda: h.self_loop(1024, 1024, bits=16),
-    "ifd-mutual-loop": lambda: h.mutual_loop(1024, 1024, bits=16),
-    "65535-tags-one-region": h.huge_counts,
-    "190000-pages": lambda: h.many_pages(190_000, 1024, 1024, bits=16),
-    "png-header-40000-squared": lambda: h.one_strip(1024, 1024, h.png_header_bomb(40000, 40000),
-                                                    compression=34933, bits=16),
-    "jpeg2k-8192-squared": lambda: h.one_strip(1024, 1024, h.codec_stream("jpeg2k", 8192, 8192),
-                                               compression=33004, bits=16),
-    "lerc-8192-squared": lambda: h.one_strip(1024, 1024, h.codec_stream("lerc", 8192, 8192),
-                                             compression=34887, bits=16),
-    "byte-count-zero": lambda: h.one_strip(1024, 1024, bytes(2 * 2**20), bits=16, count=0),
-}
+CASES = h.hostile_tiffs_for_1024_uint16()
 
 
 def _vm_hwm(pid: int) -> int:

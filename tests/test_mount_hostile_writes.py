@@ -8,11 +8,9 @@ reason); here the kernel, the worker threads and the journal are in the path.
 
 from __future__ import annotations
 
-import functools
 import subprocess
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -56,19 +54,7 @@ def refused_while_responsive(m: Mount, target: Path, data: bytes) -> None:
     assert slowest < RESPONSIVE, f"a stat took {slowest:.2f} s while the file was parsed"
 
 
-CASES: dict[str, Callable[[], bytes]] = {
-    "ifd-self-loop": lambda: h.self_loop(*SHAPE[-2:], bits=16),
-    "ifd-mutual-loop": lambda: h.mutual_loop(*SHAPE[-2:], bits=16),
-    "65535-tags-one-region": h.huge_counts,
-    "190000-pages": functools.partial(h.many_pages, 190_000, *SHAPE[-2:], bits=16),
-    "png-header-40000-squared": lambda: h.one_strip(1024, 1024, h.png_header_bomb(40000, 40000),
-                                                    compression=34933, bits=16),
-    "jpeg2k-bomb": lambda: h.one_strip(1024, 1024, h.codec_stream("jpeg2k", 8192, 8192),
-                                       compression=33004, bits=16),
-    "lerc-bomb": lambda: h.one_strip(1024, 1024, h.codec_stream("lerc", 8192, 8192),
-                                     compression=34887, bits=16),
-    "byte-count-zero": lambda: h.one_strip(1024, 1024, bytes(2 * 1024 * 1024), bits=16, count=0),
-}
+CASES = h.hostile_tiffs_for_1024_uint16()
 
 
 def test_hostile_tiffs_are_refused_and_cost_bounded_memory(tmp_path: Path, mount) -> None:

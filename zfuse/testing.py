@@ -797,3 +797,22 @@ def png_header_bomb(rows: int, cols: int) -> bytes:
     ihdr = struct.pack(">IIBBBBB", cols, rows, 8, 0, 0, 0, 0)
     chunk = struct.pack(">I", len(ihdr)) + b"IHDR" + ihdr + struct.pack(">I", 0)
     return b"\x89PNG\r\n\x1a\n" + chunk
+
+
+def hostile_tiffs_for_1024_uint16() -> dict[str, Callable[[], bytes]]:
+    """Every kind of crafted TIFF, each a file a 1024x1024 uint16 chunk may take (under
+    its 24 MiB limit) whose first IFD is the chunk's plane: what reaches the full check."""
+    side = 1024
+    return {
+        "ifd-self-loop": lambda: self_loop(side, side, bits=16),
+        "ifd-mutual-loop": lambda: mutual_loop(side, side, bits=16),
+        "65535-tags-one-region": huge_counts,
+        "190000-pages": lambda: many_pages(190_000, side, side, bits=16),
+        "png-header-40000-squared": lambda: one_strip(side, side, png_header_bomb(40000, 40000),
+                                                      compression=COMPRESSION["png"], bits=16),
+        "jpeg2k-8192-squared": lambda: one_strip(side, side, codec_stream("jpeg2k", 8192, 8192),
+                                                 compression=COMPRESSION["jpeg2k"], bits=16),
+        "lerc-8192-squared": lambda: one_strip(side, side, codec_stream("lerc", 8192, 8192),
+                                               compression=COMPRESSION["lerc"], bits=16),
+        "byte-count-zero": lambda: one_strip(side, side, bytes(2 * side * side), bits=16, count=0),
+    }
