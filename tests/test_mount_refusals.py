@@ -4,7 +4,10 @@ closed incomplete is named in `.zfuse/errors` at its close."""
 
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -61,3 +64,10 @@ def test_fewer_planes_than_the_chunk_are_named_at_close(tmp_path: Path, mount) -
     assert snapshot(src) == before
     (line,) = [line for line in m.errors().splitlines() if "pending" in line]
     assert "c/0/0/0.tiff" in line and "2 of 3 image plane(s)" in line, line
+    # and `zfuse status` shows it among the mount's recent errors
+    shown = subprocess.run([sys.executable, "-m", "zfuse.cli", "status", str(m.path)],
+                           capture_output=True, text=True, timeout=60).stdout
+    assert any(s.startswith("  recent") and "2 of 3 image plane(s)" in s for s in shown.splitlines()), shown
+    report = json.loads(subprocess.run([sys.executable, "-m", "zfuse.cli", "status", "--json", str(m.path)],
+                                       capture_output=True, text=True, timeout=60).stdout)
+    assert report[0]["recent_errors"][-1] == line

@@ -24,6 +24,8 @@ from typing import Any, TypeVar
 
 FSTYPE = "fuse.zfuse"
 MOUNT_FILE = (".zfuse", "mount")
+ERRORS_FILE = (".zfuse", "errors")
+RECENT_ERRORS = 5  # lines of .zfuse/errors `zfuse status` shows
 STATS_FILE = (".zfuse", "stats")
 T = TypeVar("T")
 
@@ -150,6 +152,11 @@ def describe_mount(entry: MountEntry, timeout: float = 5.0) -> dict[str, Any]:
             item[key] = info[key]
     item["uptime_s"] = round(time.time() - float(info.get("started", time.time())), 3)
     item["stats"] = {k: v for k, v in stats.items() if k != "uptime_s"}
+    try:  # refusals, files closed incomplete (pending) and store errors, newest last
+        journal = call_with_timeout(_read_bytes, os.path.join(entry.mountpoint, *ERRORS_FILE), timeout=timeout)
+        item["recent_errors"] = journal.decode("utf-8", "replace").splitlines()[-RECENT_ERRORS:]
+    except (OSError, MountNotResponding):
+        item["recent_errors"] = []
     return item
 
 
@@ -209,6 +216,8 @@ def format_status(items: list[dict[str, Any]]) -> str:
             lines.append(f"  store   {store}")
         counters = "  ".join(f"{k}={_number(v)}" for k, v in sorted(stats.items()))
         lines.append(f"  stats   {counters or '-'}")
+        for line in item.get("recent_errors", []):
+            lines.append(f"  recent  {line}")
     return "\n".join(lines)
 
 
