@@ -210,3 +210,32 @@ def test_accepted_codecs_still_decode_in_strips_and_tiles(compression: str, tile
     got = bounded(functools.partial(decode_tiff, buf.getvalue(), chunk_shape=(40, 35), dtype="u1"))
     assert got == "accepted"
     np.testing.assert_array_equal(decode_tiff(buf.getvalue(), chunk_shape=(40, 35), dtype="u1"), values)
+
+
+# -- refused at the write that shows it -------------------------------------------------
+def test_early_refusal_decides_once_the_first_ifd_is_there() -> None:
+    """[write-13] a prefix decides nothing at constant cost; the whole first IFD decides:
+    another pixel type or plane size is refused, the chunk's own accepted; an IFD whose
+    size is not set yet is a full look, counted by the caller (EARLY_LOOKS)."""
+    from zfuse.view.tiff_complete import early_refusal
+
+    u2 = np.dtype("u2")
+    wrong = tifffile_bytes(np.ones((3, 8, 16), "float32"))
+    right = tifffile_bytes(np.ones((3, 8, 16), "uint16"))
+    assert early_refusal(wrong[:8], [(3, 8, 16)], u2) == (False, False, None)
+    decided, looked, reason = early_refusal(wrong, [(3, 8, 16)], u2)
+    assert decided and looked and reason and "float32" in reason and "uint16" in reason
+    assert early_refusal(right, [(3, 8, 16)], u2) == (True, True, None)
+    shape = early_refusal(right, [(3, 9, 16)], u2).reason
+    assert shape is not None and "8x16" in shape and "9x16" in shape
+    zero_width = h.one_strip(8, 16, bytes(256), bits=16)
+    patched = bytearray(zero_width)
+    at = zero_width.index(bytes.fromhex("0001030001000000"))  # ImageWidth, SHORT, 1
+    patched[at + 8 : at + 10] = b"\0\0"
+    assert early_refusal(bytes(patched), [(8, 16)], u2) == (False, True, None)
+
+
+def tifffile_bytes(values: np.ndarray) -> bytes:
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, values, photometric="minisblack", metadata=None)
+    return buf.getvalue()

@@ -33,10 +33,11 @@ import re
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
-__all__ = ["TiffWalk", "early_refusal", "incomplete_reason", "max_ifds", "walk_tiff"]
+__all__ = ["EARLY_LOOKS", "EarlyCheck", "TiffWalk", "early_refusal", "incomplete_reason", "max_ifds", "walk_tiff"]
 
 _MAGICS = (b"II*\0", b"MM\0*", b"II+\0", b"MM\0+")
 _TYPE_SIZES = {1: 1, 2: 1, 3: 2, 4: 4, 5: 8, 6: 1, 7: 1, 8: 2, 9: 4, 10: 8, 11: 4, 12: 8, 13: 4,
@@ -221,16 +222,33 @@ def walk_tiff(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[Seque
 
 
 _SAMPLE_FORMAT = 339
+#: full looks at a written IFD whose size or sample type is not set yet before the
+#: write path stops looking (close() judges the file): bounded work per file
+EARLY_LOOKS = 16
+
+
+class EarlyCheck(NamedTuple):
+    """What `early_refusal` found: `decided` (no need to look again), `looked` (the
+    whole first IFD was read: the caller counts these), `reason` (refuse the file)."""
+
+    decided: bool
+    looked: bool
+    reason: str | None
+
+
+_LATER = EarlyCheck(False, False, None)
 _FORMAT_KINDS = {1: "u", 2: "i", 3: "f", 6: "c"}
 
 
 def early_refusal(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[Sequence[int]],
-                  dtype: np.dtype) -> tuple[bool, str | None]:
-    """(decided, reason): whether the first IFD is all written, with its image size and
-    sample type set, and if so why it can never be a chunk of `chunk_shapes` and `dtype`
-    (None: it can). Reads one IFD with numpy (no Python object per entry), so a writer
-    can be refused at the write that completes the IFD instead of at close, which some
-    writers never report (tifffile ignores close()'s error).
+                  dtype: np.dtype) -> EarlyCheck:
+    """Whether the first IFD is all written with its image size and
+    sample type set, and if so why it can never be a chunk of `chunk_shapes` and
+    `dtype` (None: it can). Reads one IFD with numpy (no Python object per entry), so
+    a writer can be refused at the write that completes the IFD instead of at close,
+    which some writers never report (tifffile ignores close()'s error). Constant work
+    until the IFD's entries are all there; the caller bounds how often it looks after
+    that (`EARLY_LOOKS`)
 
     Only what decode_tiff refuses whatever follows counts: pixel size (the plane's rows
     and columns; a reduced-resolution first page decides nothing), bits per sample and
@@ -240,19 +258,19 @@ def early_refusal(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[S
     view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
     head = bytes(view[:4])
     if len(view) >= 4 and head not in _MAGICS:
-        return (True, None)  # not a TIFF: close() says so
+        return EarlyCheck(True, False, None)  # not a TIFF: close() says so
     if len(view) < 16:
-        return (False, None)
+        return _LATER
     bo = "<" if head[:2] == b"II" else ">"
     big = head[2:] in (b"+\0", b"\0+")
     cnt, off, csize, esize, first_at = ("Q", "Q", 8, 20, 8) if big else ("H", "I", 2, 12, 4)
     inline_size = 8 if big else 4
     (offset,) = struct.unpack_from(bo + off, view, first_at)
     if not offset or offset + csize > len(view):
-        return (False, None)
+        return _LATER
     (count,) = struct.unpack_from(bo + cnt, view, offset)
-    if offset + csize + count * esize > len(view):
-        return (False, None)
+    if not count or offset + csize + count * esize > len(view):
+        return _LATER  # zeros so far (tifffile writes pixels before the IFD), or cut off
     entries = np.frombuffer(view, dtype=np.dtype([
         ("tag", bo + "u2"), ("type", bo + "u2"), ("count", bo + ("u8" if big else "u4")),
         ("value", f"V{inline_size}")]), count=count, offset=offset + csize)
@@ -278,16 +296,16 @@ def early_refusal(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[S
     width, length, bits = first(_WIDTH, 0), first(_LENGTH, 0), first(_BITS, 0)
     spp, planar, fmt = first(_SAMPLES, 1), first(_PLANAR, 1), first(_SAMPLE_FORMAT, 1)
     if not width or not length or not bits or None in (spp, planar, fmt):
-        return (False, None)  # not written yet (writers fill IFDs in later)
+        return EarlyCheck(False, True, None)  # not set yet: writers fill IFDs in later
     if (first(_NEW_SUBFILE_TYPE, 0) or 0) & 1:
-        return (True, None)
+        return EarlyCheck(True, True, None)
     if spp != 1 and planar != 2:
-        return (True, f"the image has {spp} samples per pixel, interleaved (RGB or multi-channel); "
+        return EarlyCheck(True, True, f"the image has {spp} samples per pixel, interleaved (RGB or multi-channel); "
                 "this chunk is one sample per pixel (grayscale)")
     planes = [_planes_of(s) for s in chunk_shapes]
     if planes and all((r, c) != (length, width) for _, r, c in planes):
         sizes = " or ".join(f"{r}x{c}" for _, r, c in planes)
-        return (True, f"wrong shape: the image is {length}x{width} (rows x columns), "
+        return EarlyCheck(True, True, f"wrong shape: the image is {length}x{width} (rows x columns), "
                 f"the chunk's planes are {sizes}")
     kind = _FORMAT_KINDS.get(fmt or 1)
     want_bits = dtype.itemsize * 8
@@ -301,6 +319,6 @@ def early_refusal(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[S
         names = {"u": "uint", "i": "int", "f": "float", "c": "complex"}
         got = f"{names[kind]}{bits}" if kind in names and bits % 8 == 0 else f"{bits}-bit (sample format {fmt})"
         name = "bool" if dtype.kind == "b" else dtype.newbyteorder("=").name
-        return (True, f"wrong dtype: the image has {got} pixels, the chunk is {name}; "
+        return EarlyCheck(True, True, f"wrong dtype: the image has {got} pixels, the chunk is {name}; "
                 f"save the TIFF as {name} (zfuse does not convert)")
-    return (True, None)
+    return EarlyCheck(True, True, None)

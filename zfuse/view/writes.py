@@ -50,7 +50,7 @@ from zfuse.errors import (
 )
 from zfuse.stats import Stats
 from zfuse.view.array_view import ArrayView
-from zfuse.view.tiff_complete import early_refusal, incomplete_reason
+from zfuse.view.tiff_complete import EARLY_LOOKS, early_refusal, incomplete_reason
 from zfuse.view.tiff_input import decode_tiff, max_file_size
 from zfuse.view.tree import META_NAME, Entry, Node, View
 
@@ -146,6 +146,7 @@ class FileState:
     # whether its first IFD has been looked at once written (`early_refusal`), and why
     # it can never be the chunk: every write after that fails, and so does the close
     ifd_checked: bool = False
+    ifd_looks: int = 0
     refused: str | None = None
     mtime_ns: int = field(default_factory=time.time_ns)
     changed_at: float = 0.0  # the Writes clock: pending files expire from here
@@ -344,7 +345,7 @@ class Writes:
         if flags & os.O_TRUNC:
             state.buffer = bytearray()
             state.changed(self.clock())
-            state.ifd_checked, state.refused = False, None
+            state.ifd_checked, state.ifd_looks, state.refused = False, 0, None
         if pid is not None:
             self._add_writer(state, pid)
         state.handles += 1
@@ -364,7 +365,7 @@ class Writes:
             state.changed(self.clock())
             state.dirty = not state.scratch
             state.phase = Phase.OPEN
-            state.ifd_checked, state.refused = False, None
+            state.ifd_checked, state.ifd_looks, state.refused = False, 0, None
         if pid is not None:
             self._add_writer(state, pid)
         state.handles += 1
@@ -400,8 +401,9 @@ class Writes:
         (some writers never report close()'s error: tifffile ignores it). One IFD read with
         numpy: bounded work, on the event loop like the write itself."""
         assert state.array is not None
-        decided, reason = early_refusal(buffer, state.chunk_shapes, state.array.source.dtype)
-        state.ifd_checked = decided
+        decided, looked, reason = early_refusal(buffer, state.chunk_shapes, state.array.source.dtype)
+        state.ifd_looks += looked
+        state.ifd_checked = decided or state.ifd_looks >= EARLY_LOOKS
         if reason is not None:
             state.refused = reason
             state.incomplete = None  # refused, not pending: the last close drops it
@@ -429,7 +431,7 @@ class Writes:
             if size == len(buffer) and not state.dirty:
                 return
             if size == 0:
-                state.ifd_checked, state.refused = False, None  # a new file from here
+                state.ifd_checked, state.ifd_looks, state.refused = False, 0, None  # a new file from here
             if size < len(buffer):
                 del buffer[size:]
             else:
