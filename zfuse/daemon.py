@@ -330,8 +330,9 @@ async def _tick(ops: Any) -> None:
     import trio
 
     while True:
-        due = ops.fs.writes.next_deadline()
-        await trio.sleep(0.25 if due is None else min(max(due - trio.current_time(), 0.02), 0.25))
+        # the deadlines are on the writes' clock (time.monotonic): never trio.current_time()
+        due = ops.fs.writes.due_in()
+        await trio.sleep(0.25 if due is None else min(max(due, 0.02), 0.25))
         try:
             await ops.fs.tick()
         except Exception:  # already logged and journaled; keep ticking

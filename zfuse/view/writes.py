@@ -607,6 +607,13 @@ class Writes:
             changed.append(path)
         return changed
 
+    def due_in(self) -> float | None:
+        """Seconds from now (on this object's clock) until `expire` has something to do;
+        None: nothing scheduled. Callers that sleep must use this, not subtract a
+        deadline from another clock (trio's has another origin)."""
+        due = self.next_deadline()
+        return None if due is None else max(due - self.clock(), 0.0)
+
     def next_deadline(self) -> float | None:
         """When `expire` next has something to do (None: nothing scheduled)."""
         times = list(self.removed.values())

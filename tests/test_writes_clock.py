@@ -1,0 +1,66 @@
+"""When the daemon's tick next has something to do, on the writes' own clock (no FUSE).
+
+The deadlines of deferred deletions and pending files are taken on the clock the
+`Writes` object was given (time.monotonic in the daemon); trio's clock has another
+origin, so subtracting a deadline from `trio.current_time()` made the tick wake 50
+times a second while anything was scheduled."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from zfuse.view.writes import Writes
+
+import stores
+from test_fs import CHUNK, Clock, make_fs
+
+
+def test_due_in_counts_down_on_the_writes_clock(tmp_path: Path) -> None:
+    clock = Clock()
+    stores.v3(tmp_path / "a.zarr")
+    fs, k = make_fs(tmp_path / "a.zarr", clock, replace_window=5.0, pending_timeout=60.0)
+    writes: Writes = fs.writes
+    assert writes.due_in() is None  # nothing scheduled: the tick sleeps its longest
+    k.unlink(CHUNK)
+    assert writes.due_in() == 5.0
+    clock.now += 3.0
+    assert writes.due_in() == 2.0
+    clock.now += 10.0
+    assert writes.due_in() == 0.0  # overdue: at once, never negative
+    k.tick()
+    assert writes.due_in() is None
+
+
+def test_the_daemon_tick_sleeps_on_the_writes_clock() -> None:
+    """With a deletion due in 5 s on the writes' clock and trio's clock far from it (as
+    its real origin is), the tick wakes 4 times a second at most, not 50."""
+    import trio
+    import trio.testing
+
+    from zfuse import daemon
+
+    class Due:
+        def due_in(self) -> float:
+            return 5.0
+
+        def next_deadline(self) -> float:
+            return 1005.0  # on a clock near 1000: what the old loop subtracted trio's time from
+
+    class Fs:
+        writes = Due()
+        ticks = 0
+
+        async def tick(self) -> None:
+            Fs.ticks += 1
+
+    class Ops:
+        fs = Fs()
+
+    async def main() -> None:
+        with trio.move_on_after(10.0):
+            await daemon._tick(Ops())
+
+    clock = trio.testing.MockClock(autojump_threshold=0)
+    clock.jump(1e6)  # trio's clock has its own origin, far from time.monotonic's
+    trio.run(main, clock=clock)
+    assert 30 <= Fs.ticks <= 41, Fs.ticks
