@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from typing import TYPE_CHECKING, Any
 
+from zfuse import defaults
 from zfuse.stats import Stats
 
 if TYPE_CHECKING:  # imported where used: the CLI (umount, status) starts without zarr
@@ -38,16 +39,16 @@ class MountConfig:
     concat_axis: int | None = None
     read_only: bool = False
     allow_other: bool = False
-    cache_bytes: int = 256 * 1024 * 1024
-    listing_cache_names: int = 200_000  # ViewOptions.listing_cache_names (no zarr import here)
-    index_cache_bytes: int = 64 * 1024 * 1024  # ViewOptions.shard_index_cache_bytes
+    cache_bytes: int = defaults.CACHE_BYTES
+    listing_cache_names: int = defaults.LISTING_CACHE_NAMES
+    index_cache_bytes: int = defaults.INDEX_CACHE_BYTES
     all_chunks: bool = False
     crop_edges: bool = False
-    max_threads: int = 8
+    max_threads: int = defaults.THREADS
     metadata_ttl: float | None = None
     timeout: float | None = None
     replace_window: float | None = None
-    read_ahead_kb: int = 1024
+    read_ahead_kb: int = defaults.READ_AHEAD_KB
     pending_timeout: float | None = None
     storage_options: dict[str, Any] = field(default_factory=dict)
     fuse_options: list[str] = field(default_factory=list)

@@ -17,7 +17,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from zfuse import defaults
+
 __all__ = ["MOUNT_OPTIONS", "MountOption", "OptionError", "apply_mount_options", "options_help", "parse_size"]
+
+def _mib(nbytes: int) -> str:
+    return f"{nbytes // 2**20}M"
+
 
 _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?$")
 # mount(8)/fstab options that mean nothing to a FUSE daemon
@@ -118,11 +124,11 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
     MountOption("rw", "", "read-write (the default, except for http(s) sources)", _flag("read_only", False)),
     MountOption("allow_other", "", "other users may see the mount (non-root needs user_allow_other "
                 "in /etc/fuse.conf)", _flag("allow_other")),
-    MountOption("cache_size", "SIZE", "bounded LRU of decoded chunks, e.g. 512M (default 256M)",
+    MountOption("cache_size", "SIZE", f"bounded LRU of decoded chunks, e.g. 512M (default {_mib(defaults.CACHE_BYTES)})",
                 _field("cache_bytes", _size)),
-    MountOption("listing_cache", "N", "chunk names kept from store listings, e.g. 1M (default 200k)",
+    MountOption("listing_cache", "N", f"chunk names kept from store listings, e.g. 1M (default {defaults.LISTING_CACHE_NAMES // 1000}k)",
                 _field("listing_cache_names", _size)),
-    MountOption("index_cache_size", "SIZE", "bounded cache of shard indexes, e.g. 256M (default 64M)",
+    MountOption("index_cache_size", "SIZE", f"bounded cache of shard indexes, e.g. 256M (default {_mib(defaults.INDEX_CACHE_BYTES)})",
                 _field("index_cache_bytes", _size)),
     MountOption("all_chunks", "", "list every grid position; missing chunks read as the fill value",
                 _flag("all_chunks")),
@@ -130,19 +136,19 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
     MountOption("metadata_ttl", "S", "every S seconds (and on SIGHUP / zfuse reload) open the source again",
                 _field("metadata_ttl", _seconds)),
     MountOption("timeout", "S", "bound every store request: a hung server gives EIO, not a hung ls or cat "
-                "(default 20 for remote sources, none for local directories; 0: none)",
+                f"(default {defaults.REMOTE_TIMEOUT:g} for remote sources, none for local directories; 0: none)",
                 _field("timeout", _seconds)),
-    MountOption("threads", "N", "worker threads for store I/O and decoding (default 8)",
+    MountOption("threads", "N", f"worker threads for store I/O and decoding (default {defaults.THREADS})",
                 _field("max_threads", _count)),
     MountOption("replace_window", "S", "an unlinked chunk stays in the store this long for a "
-                "replacement (default 30)", _field("replace_window", _seconds)),
+                f"replacement (default {defaults.REPLACE_WINDOW:g})", _field("replace_window", _seconds)),
     MountOption("pending_timeout", "S", "an incomplete closed TIFF waits this long to be completed "
-                "(default 300)", _field("pending_timeout", _seconds)),
+                f"(default {defaults.PENDING_TIMEOUT:g})", _field("pending_timeout", _seconds)),
     MountOption("durability", "disk|process", "what close() promises: on disk (default, fdatasync per "
                 "object) or in the store's files (survives the daemon; fsync() reaches the disk; as "
                 "zarr-python's LocalStore)", _field("durability", _durability)),
     MountOption("read_ahead_kb", "N", "the kernel's read-ahead window for this mount, in KiB "
-                "(default 1024; root only)", _field("read_ahead_kb", _count)),
+                f"(default {defaults.READ_AHEAD_KB}; root only)", _field("read_ahead_kb", _count)),
     MountOption("log_file", "PATH", "append the daemon's log (refused writes and why, errors) to PATH",
                 _field("log_file", _path)),
     MountOption("endpoint_url", "URL", "object store endpoint (S3-compatible servers)",

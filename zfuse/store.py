@@ -33,6 +33,7 @@ from zarr.abc.store import (
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import LocalStore, WrapperStore
 
+from zfuse import defaults
 from zfuse.errors import OutsideStoreError, StoreTimeoutError
 from zfuse.stats import Stats
 from zfuse.workers import WorkerThreads
@@ -749,7 +750,7 @@ def _free_in_background(dir_fd: int, old: str, name: str, label: str = "") -> No
 # Remote stores (anything but a local directory) bound each request by this many seconds
 # unless `-o timeout=S` says otherwise: aiohttp's own bound is 5 minutes, during which the
 # reader sits in `D` state, deaf to SIGKILL.
-DEFAULT_REMOTE_TIMEOUT = 20.0
+DEFAULT_REMOTE_TIMEOUT = defaults.REMOTE_TIMEOUT
 # After a request for a key timed out, requests for the same key fail at once for this
 # long (the read-ahead, zarr's and the kernel's repeated requests of one read() each
 # waited out a whole timeout, one after another)...

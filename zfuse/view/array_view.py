@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 
+from zfuse import defaults
 from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.stats import Stats
 from zfuse.view.caches import ViewCaches
@@ -69,11 +70,11 @@ _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
 class ViewOptions:
     all_chunks: bool = False
     crop_edges: bool = False
-    cache_bytes: int = 256 * 1024 * 1024
+    cache_bytes: int = defaults.CACHE_BYTES
     read_only: bool = False
     # directory listings and existence answers kept, in names (~190 bytes each)
-    listing_cache_names: int = 200_000
-    shard_index_cache_bytes: int = 64 * 1024 * 1024
+    listing_cache_names: int = defaults.LISTING_CACHE_NAMES
+    shard_index_cache_bytes: int = defaults.INDEX_CACHE_BYTES
 
 
 # preadv2(RWF_NOWAIT): a read that only takes what the OS page cache holds (Linux)

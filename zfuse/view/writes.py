@@ -41,6 +41,7 @@ from typing import Any
 
 import trio
 
+from zfuse import defaults
 from zfuse.errors import (
     FileTooLargeError,
     InvalidTiffError,
@@ -66,8 +67,8 @@ Path = tuple[str, ...]
 SCRATCH_MAX_BYTES = 8 * 1024**3
 NAME_MAX = 255
 RENAME_NOREPLACE = 1
-REPLACE_WINDOW = 30.0  # seconds an unlinked chunk stays in the store for a replacement (converters take seconds between deleting and creating their output)
-PENDING_TIMEOUT = 300.0  # seconds an incomplete closed file waits to be completed
+REPLACE_WINDOW = defaults.REPLACE_WINDOW
+PENDING_TIMEOUT = defaults.PENDING_TIMEOUT
 CHECKED_AHEAD = 2  # chunks after a committed one whose existence the commit checks (local stores)
 #: bytes that the commits of written files may hold at once while they decode and
 #: encode (each counts its file, and its chunk three times: the decoded pages, the

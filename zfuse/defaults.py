@@ -1,0 +1,20 @@
+"""Every default a mount option has, in one place: the CLI's table of options
+(`mount_options`), the daemon's `MountConfig`, the view's `ViewOptions`, the write
+path and the store layer all take their defaults from here, and `zfuse mount -h`
+and the man page print them from here. Nothing is imported: the CLI loads this
+before numpy or zarr."""
+
+from __future__ import annotations
+
+CACHE_BYTES = 256 * 2**20  # decoded chunks kept (cache_size)
+LISTING_CACHE_NAMES = 200_000  # names of listings and existence answers kept (~190 bytes each)
+INDEX_CACHE_BYTES = 64 * 2**20  # shard indexes kept (index_cache_size)
+THREADS = 8  # worker threads for store I/O and decoding
+#: seconds an unlinked chunk stays in the store for a replacement (converters take
+#: seconds between deleting and creating their output)
+REPLACE_WINDOW = 30.0
+PENDING_TIMEOUT = 300.0  # seconds an incomplete closed file waits to be completed
+READ_AHEAD_KB = 1024  # the kernel's read-ahead window for the mount
+#: seconds one request to a remote store (s3://, gs://, https://) may take by default:
+#: a read waits about this long at most when the server hangs (local stores: none)
+REMOTE_TIMEOUT = 20.0
