@@ -45,8 +45,18 @@ from functools import lru_cache
 import numpy as np
 
 from zfuse.errors import TiffLayoutError
-from zfuse.view.tiff_meta import (
+from zfuse.view.tiff_ifd import (
     ASCII,
+    CLASSIC_LIMIT,
+    LONG,
+    RATIONAL,
+    SHORT,
+    ifd_format,
+    pack_ifd,
+    place_values,
+    sample_format,
+)
+from zfuse.view.tiff_meta import (
     DOCUMENT_NAME,
     IMAGE_DESCRIPTION,
     POSITION_TAG,
@@ -63,13 +73,7 @@ __all__ = [
     "tiff_unsupported_reason",
 ]
 
-_CLASSIC_LIMIT = 2**32 - 1  # largest file a classic TIFF can address
 _HEADER_ALIGN = 16  # pixel data aligned for every dtype (complex128 is 16 bytes)
-
-# TIFF field types (ASCII: `tiff_meta`)
-_SHORT, _LONG, _RATIONAL, _LONG8 = 3, 4, 5, 16
-
-_SAMPLE_FORMAT = {"b": 1, "u": 1, "i": 2, "f": 3, "c": 6}
 
 
 def tiff_unsupported_reason(dtype: object) -> str | None:
@@ -233,10 +237,10 @@ def plan_layout(
     data_size = math.prod(shape) * dt.itemsize
 
     # Classic unless the whole file passes 4 GiB - 1 (offsets are uint32).
-    bigtiff = data_size > _CLASSIC_LIMIT  # no classic header can address that
+    bigtiff = data_size > CLASSIC_LIMIT  # no classic header can address that
     if not bigtiff:
         built = _build(meta, dt, shape, bigtiff=False, data_offset=0)
-        bigtiff = _align(len(built.header)) + data_size > _CLASSIC_LIMIT
+        bigtiff = _align(len(built.header)) + data_size > CLASSIC_LIMIT
     if bigtiff:
         built = _build(meta, dt, shape, bigtiff=True, data_offset=0)
     header_size = _align(len(built.header))
@@ -284,15 +288,8 @@ def _build(
     pages, rows, cols = _flatten(shape)
     page_bytes = rows * cols * dt.itemsize
     bits = 8 * dt.itemsize
-    fmt = _SAMPLE_FORMAT[dt.kind]
-    if bigtiff:
-        head = b"II" + struct.pack("<HHHQ", 43, 8, 0, 16)
-        cnt_fmt, off_fmt, esize, inline, otype = "<Q", "<Q", 20, 8, _LONG8
-    else:
-        head = b"II" + struct.pack("<HI", 42, 8)
-        cnt_fmt, off_fmt, esize, inline, otype = "<H", "<I", 12, 4, _LONG
-    cnt_size = struct.calcsize(cnt_fmt)
-    off_size = struct.calcsize(off_fmt)
+    fmt = ifd_format(bigtiff)
+    off_fmt, otype = fmt.offset_fmt, fmt.offset_type
 
     description, origin_fields = imagej_description(meta, shape)
     desc_bytes = description.encode("ascii") + b"\0"
@@ -300,27 +297,27 @@ def _build(
     pos_blank = b" " * meta.pos_width + b"\0"
 
     # (tag, type, count, value bytes) — value bytes filled below where needed
-    def common(strip_offset: int) -> list[tuple[int, int, int, bytes]]:
-        e = [
-            (254, _LONG, 1, struct.pack("<I", 0)),
-            (256, _LONG, 1, struct.pack("<I", cols)),
-            (257, _LONG, 1, struct.pack("<I", rows)),
-            (258, _SHORT, 1, struct.pack("<H", bits)),
-            (259, _SHORT, 1, struct.pack("<H", 1)),
-            (262, _SHORT, 1, struct.pack("<H", 1)),
+    def common(strip_offset: int) -> list[tuple[int, int, int, bytes | None]]:
+        e: list[tuple[int, int, int, bytes | None]] = [
+            (254, LONG, 1, struct.pack("<I", 0)),
+            (256, LONG, 1, struct.pack("<I", cols)),
+            (257, LONG, 1, struct.pack("<I", rows)),
+            (258, SHORT, 1, struct.pack("<H", bits)),
+            (259, SHORT, 1, struct.pack("<H", 1)),
+            (262, SHORT, 1, struct.pack("<H", 1)),
             (273, otype, 1, struct.pack(off_fmt, strip_offset)),
-            (277, _SHORT, 1, struct.pack("<H", 1)),
-            (278, _LONG, 1, struct.pack("<I", rows)),
+            (277, SHORT, 1, struct.pack("<H", 1)),
+            (278, LONG, 1, struct.pack("<I", rows)),
             (279, otype, 1, struct.pack(off_fmt, page_bytes)),
-            (284, _SHORT, 1, struct.pack("<H", 1)),
-            (339, _SHORT, 1, struct.pack("<H", fmt)),
+            (284, SHORT, 1, struct.pack("<H", 1)),
+            (339, SHORT, 1, struct.pack("<H", sample_format(dt))),
         ]
         if meta.xres is not None:
             xn, xd, yn, yd = meta.xres
             e += [
-                (282, _RATIONAL, 1, struct.pack("<II", xn, xd)),
-                (283, _RATIONAL, 1, struct.pack("<II", yn, yd)),
-                (296, _SHORT, 1, struct.pack("<H", 1)),  # ResolutionUnit none
+                (282, RATIONAL, 1, struct.pack("<II", xn, xd)),
+                (283, RATIONAL, 1, struct.pack("<II", yn, yd)),
+                (296, SHORT, 1, struct.pack("<H", 1)),  # ResolutionUnit none
             ]
         return e
 
@@ -330,46 +327,29 @@ def _build(
         (POSITION_TAG, ASCII, pos_len, pos_blank),
     ]
     ifd0_entries.sort(key=lambda e: e[0])
-    ifd0_at = len(head)
-    ifd0_size = cnt_size + len(ifd0_entries) * esize + off_size
-    ool_at = ifd0_at + ifd0_size
+    ifd0_at = fmt.head_size
+    ool_at = ifd0_at + fmt.ifd_size(len(ifd0_entries))
     # Out-of-line order fixed: position JSON, DocumentName, rationals, description.
-    order = [POSITION_TAG, DOCUMENT_NAME, 282, 283, IMAGE_DESCRIPTION]
-    ool_pos: dict[int, int] = {}
-    ool = bytearray()
     by_tag = {e[0]: e for e in ifd0_entries}
-    for tag in order:
-        entry = by_tag.get(tag)
-        if entry is None or len(entry[3]) <= inline:
-            continue
-        ool_pos[tag] = ool_at + len(ool)
-        ool += entry[3]
-        if len(ool) % 2:
-            ool += b"\0"  # values start on word boundaries
-    ifd1_at = ool_at + len(ool)
+    placed = [by_tag[tag] for tag in (POSITION_TAG, DOCUMENT_NAME, 282, 283, IMAGE_DESCRIPTION) if tag in by_tag]
+    ool_pos, ifd1_at = place_values(fmt, [(tag, len(value or b"")) for tag, _, _, value in placed], ool_at)
+    ool = bytearray(ifd1_at - ool_at)
+    for tag, at in ool_pos.items():
+        value = by_tag[tag][3] or b""
+        ool[at - ool_at : at - ool_at + len(value)] = value
 
-    def pack_ifd(entries: list[tuple[int, int, int, bytes]], next_ifd: int) -> bytearray:
-        out = bytearray(struct.pack(cnt_fmt, len(entries)))
-        for tag, typ, count, value in entries:
-            out += struct.pack("<HH", tag, typ) + struct.pack(off_fmt, count)
-            if len(value) <= inline:
-                out += value.ljust(inline, b"\0")
-            else:
-                out += struct.pack(off_fmt, ool_pos[tag])
-        out += struct.pack(off_fmt, next_ifd)
-        return out
-
-    header = bytearray(head)
-    header += pack_ifd(ifd0_entries, ifd1_at if pages > 1 else 0)
+    header = bytearray(fmt.file_header(ifd0_at))
+    header += pack_ifd(fmt, ifd0_entries, ool_pos, ifd1_at if pages > 1 else 0)
     header += ool
     if pages > 1:
         # Pages 1..N-1 share one IFD image; only StripOffsets and next differ.
         entries = common(0)
         entries.sort(key=lambda e: e[0])
-        ifd = pack_ifd(entries, 0)
+        ifd = pack_ifd(fmt, entries, ool_pos, 0)  # rationals: IFD0's values
         size = len(ifd)
-        strip_at = cnt_size + [e[0] for e in entries].index(273) * esize + esize - inline
-        uint = np.dtype("<u8" if bigtiff else "<u4")
+        off_size = fmt.offset_size
+        strip_at = fmt.count_size + [e[0] for e in entries].index(273) * fmt.entry_size + fmt.entry_size - fmt.inline
+        uint = fmt.uint
         k = np.arange(1, pages, dtype=np.uint64)
         block = np.frombuffer(bytes(ifd) * (pages - 1), np.uint8).reshape(pages - 1, size).copy()
         offsets = (data_offset + k * page_bytes).astype(uint)

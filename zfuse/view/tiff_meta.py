@@ -37,7 +37,7 @@ from typing import Any
 POSITION_TAG = 285
 DOCUMENT_NAME = 269
 IMAGE_DESCRIPTION = 270
-ASCII = 2  # the TIFF field type of the three tags above
+# (their field type, ASCII, is `tiff_ifd.ASCII`)
 
 _UINT32_MAX = 2**32 - 1  # a TIFF RATIONAL is two uint32
 _FREE_DIGITS = 20  # width per coordinate when the grid size is unknown (uint64)

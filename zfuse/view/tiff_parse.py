@@ -18,7 +18,8 @@ import struct
 from collections.abc import Sequence
 
 from zfuse.errors import TiffHeaderError
-from zfuse.view.tiff_meta import ASCII, DOCUMENT_NAME, POSITION_TAG
+from zfuse.view.tiff_ifd import ASCII
+from zfuse.view.tiff_meta import DOCUMENT_NAME, POSITION_TAG
 
 __all__ = ["parse_position", "read_position"]
 

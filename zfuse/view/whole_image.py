@@ -54,6 +54,19 @@ from zfuse.errors import CorruptDataError, OutsideStoreError, ZfuseError
 from zfuse.stats import Stats
 from zfuse.view.array_view import advise_willneed
 from zfuse.view.tiff import tiff_unsupported_reason
+from zfuse.view.tiff_ifd import (
+    ASCII,
+    CLASSIC_LIMIT,
+    COMPRESSION_DEFLATE,
+    COMPRESSION_NONE,
+    LONG,
+    SHORT,
+    even,
+    ifd_format,
+    pack_ifd,
+    place_values,
+    sample_format,
+)
 from zfuse.view.tiff_meta import ome_axes  # the chunk files' reading of OME-Zarr axes
 
 if TYPE_CHECKING:
@@ -65,7 +78,6 @@ IMAGE_NAME = "image.ome.tif"  # in every array directory
 PYRAMID_NAME = "pyramid.ome.tif"  # in every OME-Zarr multiscale group directory
 NAMES = (IMAGE_NAME, PYRAMID_NAME)
 
-_CLASSIC_LIMIT = 2**32 - 1
 _ALIGN = 16
 # Zeros between the header and the first tile: readers of the header read on in
 # big buffers (Bio-Formats maps 1 MiB from wherever it is in the header, and the
@@ -97,11 +109,7 @@ _PUSH_RING = 2  # tiles around a read in an area already read, pushed ahead
 _PUSH_RING_BYTES = 16 * 1024**2  # at most this much of the ring per read (big tiles: the nearest)
 _PUSH_RECENT = 8  # the reader's last reads of new tiles: whether it works in an area
 
-# TIFF field types and compressions
-_SHORT, _LONG, _ASCII, _LONG8 = 3, 4, 2, 16
-COMPRESSION_NONE, COMPRESSION_DEFLATE = 1, 8
 _COMPRESSION_NAMES = {COMPRESSION_NONE: "none", COMPRESSION_DEFLATE: "deflate"}
-_SAMPLE_FORMAT = {"b": 1, "u": 1, "i": 2, "f": 3, "c": 6}
 
 # OME pixel types; int64/uint64/float16 have none (the file then has no OME-XML)
 _OME_TYPES = {
@@ -438,7 +446,7 @@ class WholeImage:
                 raise ValueError(f"{lv.array.source.name or 'the array'} is {lv.height} x {lv.width} "
                                  f"pixels: a TIFF image is at most {_MAX_EDGE} pixels high and wide")
         self._plan_offsets()
-        if self.size > _CLASSIC_LIMIT:
+        if self.size > CLASSIC_LIMIT:
             self.bigtiff = True
             self._plan_offsets()
         if self.size > MAX_FILE_SIZE:
@@ -477,9 +485,9 @@ class WholeImage:
 
     def _block_size(self, level: int, first: bool) -> int:
         """Bytes of one IFD with its out-of-line values."""
-        cnt, off, esize, inline = (8, 8, 20, 8) if self.bigtiff else (2, 4, 12, 4)
-        n = len(self._entries(level, first))
-        size = cnt + n * esize + off
+        fmt = ifd_format(self.bigtiff)
+        off, inline = fmt.offset_size, fmt.inline
+        size = fmt.ifd_size(len(self._entries(level, first)))
         arrays = [self.levels[level].tiles, self.levels[level].tiles]
         if level == 0 and len(self.levels) > 1:
             arrays.append(len(self.levels) - 1)
@@ -487,11 +495,11 @@ class WholeImage:
             if count * off > inline:
                 size += count * off
         if first:
-            size += _even(len(self.description))
-        return _even(size, 8 if self.bigtiff else 2)
+            size += even(len(self.description))
+        return even(size, 8 if self.bigtiff else 2)
 
     def _plan_offsets(self) -> None:
-        head = 16 if self.bigtiff else 8
+        head = ifd_format(self.bigtiff).head_size
         self._blocks = [self._block_size(k, False) for k in range(len(self.levels))]
         self._first_extra = self._block_size(0, True) - self._blocks[0]
         per_plane = sum(self._blocks)
@@ -504,7 +512,7 @@ class WholeImage:
         self.size = at + _TRAILER
 
     def _ifd_at(self, plane: int, level: int) -> int:
-        head = 16 if self.bigtiff else 8
+        head = ifd_format(self.bigtiff).head_size
         at = head + plane * sum(self._blocks) + sum(self._blocks[:level])
         return at if plane == 0 and level == 0 else at + self._first_extra
 
@@ -703,12 +711,10 @@ class WholeImage:
         if start >= stop:
             return b""
         out = bytearray(stop - start)
-        head = 16 if self.bigtiff else 8
+        fmt = ifd_format(self.bigtiff)
+        head = fmt.head_size
         if start < head:
-            if self.bigtiff:
-                first = b"II" + struct.pack("<HHHQ", 43, 8, 0, self._ifd_at(0, 0))
-            else:
-                first = b"II" + struct.pack("<HI", 42, self._ifd_at(0, 0))
+            first = fmt.file_header(self._ifd_at(0, 0))
             piece = first[start : min(stop, head)]
             out[: len(piece)] = piece
         pos = max(start, head)
@@ -738,11 +744,8 @@ class WholeImage:
         """Bytes [lo, hi) of the IFD block of (plane, level k), relative to its start:
         the entries, then the values that do not fit in them, each at an even offset."""
         assert self._modes is not None and self._counts is not None
-        big = self.bigtiff
-        cnt_fmt, off_fmt, esize, inline = ("<Q", "<Q", 20, 8) if big else ("<H", "<I", 12, 4)
-        otype = _LONG8 if big else _LONG
-        osize = 8 if big else 4
-        uint = np.dtype("<u8" if big else "<u4")
+        fmt = ifd_format(self.bigtiff)
+        otype, osize, uint = fmt.offset_type, fmt.offset_size, fmt.uint
         lv = self.levels[k]
         nlev = len(self.levels)
         first = plane == 0 and k == 0
@@ -761,41 +764,40 @@ class WholeImage:
 
         # tag -> (type, count, bytes if small, or (length, maker of elements [e0, e1)) if not)
         values: dict[int, tuple[int, int, Any]] = {
-            254: (_LONG, 1, struct.pack("<I", 0 if k == 0 else 1)),
-            256: (_LONG, 1, struct.pack("<I", lv.width)),
-            257: (_LONG, 1, struct.pack("<I", lv.height)),
-            258: (_SHORT, 1, struct.pack("<H", 8 * self.dtype.itemsize)),
-            259: (_SHORT, 1, struct.pack("<H", self._modes[k] or COMPRESSION_NONE)),
-            262: (_SHORT, 1, struct.pack("<H", 1)),
-            277: (_SHORT, 1, struct.pack("<H", 1)),
-            284: (_SHORT, 1, struct.pack("<H", 1)),
-            322: (_LONG, 1, struct.pack("<I", lv.tile_w)),
-            323: (_LONG, 1, struct.pack("<I", lv.tile_h)),
+            254: (LONG, 1, struct.pack("<I", 0 if k == 0 else 1)),
+            256: (LONG, 1, struct.pack("<I", lv.width)),
+            257: (LONG, 1, struct.pack("<I", lv.height)),
+            258: (SHORT, 1, struct.pack("<H", 8 * self.dtype.itemsize)),
+            259: (SHORT, 1, struct.pack("<H", self._modes[k] or COMPRESSION_NONE)),
+            262: (SHORT, 1, struct.pack("<H", 1)),
+            277: (SHORT, 1, struct.pack("<H", 1)),
+            284: (SHORT, 1, struct.pack("<H", 1)),
+            322: (LONG, 1, struct.pack("<I", lv.tile_w)),
+            323: (LONG, 1, struct.pack("<I", lv.tile_h)),
             324: (otype, lv.tiles, offsets),
             325: (otype, lv.tiles, byte_counts),
-            339: (_SHORT, 1, struct.pack("<H", _SAMPLE_FORMAT[self.dtype.kind])),
+            339: (SHORT, 1, struct.pack("<H", sample_format(self.dtype))),
         }
         if first:
-            values[270] = (_ASCII, len(self.description), self.description)
+            values[270] = (ASCII, len(self.description), self.description)
         if 330 in tags:
             subs = [self._ifd_at(plane, j) for j in range(1, nlev)]
             values[330] = (otype, nlev - 1, np.array(subs, dtype=uint).tobytes())
         # lay out: small values inline, the others one after another past the entries
-        entries = bytearray(struct.pack(cnt_fmt, len(tags)))
+        lengths = [(tag, values[tag][1] * osize if callable(values[tag][2]) else len(values[tag][2]))
+                   for tag in tags]
+        placed, _ = place_values(fmt, lengths, at + fmt.ifd_size(len(tags)))
+        rows: list[tuple[int, int, int, bytes | None]] = []
         outside: list[tuple[int, int, Any]] = []  # (offset in block, length, bytes or maker)
-        ool = struct.calcsize(cnt_fmt) + len(tags) * esize + struct.calcsize(off_fmt)
-        for tag in tags:
+        for tag, length in lengths:
             typ, count, data = values[tag]
-            length = count * osize if callable(data) else len(data)
-            entries += struct.pack("<HH", tag, typ) + struct.pack(off_fmt, count)
-            if length <= inline:
-                entries += (data(0, count) if callable(data) else data).ljust(inline, b"\0")
+            if tag in placed:
+                rows.append((tag, typ, count, None))
+                outside.append((placed[tag] - at, length, data))
             else:
-                entries += struct.pack(off_fmt, at + ool)
-                outside.append((ool, length, data))
-                ool += _even(length)
+                rows.append((tag, typ, count, data(0, count) if callable(data) else data))
         nxt = self._ifd_at(plane + 1, 0) if k == 0 and plane + 1 < self.planes else 0
-        entries += struct.pack(off_fmt, nxt)
+        entries = pack_ifd(fmt, rows, placed, nxt)
         out = bytearray(hi - lo)
         piece = entries[lo:hi]
         out[: len(piece)] = piece
@@ -1346,10 +1348,6 @@ def _fill_value(arr: ArrayView) -> Any:
     if np.dtype(arr.source.dtype).kind == "b":
         return int(bool(fill))
     return fill
-
-
-def _even(n: int, to: int = 2) -> int:
-    return -(-n // to) * to
 
 
 def _ravel(index: Sequence[int], shape: Sequence[int]) -> int:
