@@ -22,6 +22,7 @@ from collections.abc import Callable
 
 from zfuse import mount_options
 from zfuse.daemon import MountConfig
+from zfuse.daemonize import describe_open_error, run_foreground, spawn_daemon
 from zfuse.mount_options import MOUNT_OPTIONS, apply_mount_options
 
 __all__ = ["MOUNT_OPTIONS", "apply_mount_options", "build_parser", "main", "parse_size"]
@@ -177,24 +178,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _configure_logging(verbose: int, log_file: str | None = None, background: bool = False) -> None:
-    level = logging.DEBUG if verbose else logging.INFO
-    logging.basicConfig(level=level, stream=sys.stderr, format="zfuse[%(process)d] %(levelname)s %(name)s: %(message)s")
-    if background:
-        # until it detaches, a background daemon's stderr is the caller's terminal:
-        # only warnings there (a successful `zfuse mount` prints nothing)
-        for handler in logging.getLogger().handlers:
-            handler.setLevel(logging.WARNING)
-    if log_file is not None:
-        handler = logging.FileHandler(log_file, encoding="utf-8")
-        handler.setFormatter(logging.Formatter(
-            "%(asctime)s zfuse[%(process)d] %(levelname)s %(name)s: %(message)s"))
-        logging.getLogger().addHandler(handler)
-    if not verbose:
-        for noisy in ("botocore", "s3fs", "aiobotocore", "fsspec", "urllib3"):
-            logging.getLogger(noisy).setLevel(logging.WARNING)
-
-
 # -- mount ----------------------------------------------------------------------
 def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
     if args.concat is None and len(args.sources) != 1:
@@ -219,160 +202,8 @@ def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
         if not os.path.exists("/dev/fuse"):  # before spawning: a bare /dev has no /dev/null either
             print("zfuse: /dev/fuse is missing (is the fuse kernel module loaded?)", file=sys.stderr)
             return 1
-        return _spawn_daemon(args, config)
-    return _run_foreground(config, args.sources, args.ready_fd, args.verbose)
-
-
-def describe_open_error(sources: list[str], exc: BaseException) -> str:
-    """One line naming the source and the cause, never an internal store wrapper."""
-    from zfuse.view.codec_packages import import_failure
-
-    shown = " ".join(sources)
-    # before importing zarr: a broken codec package makes that fail too
-    broken = import_failure(exc)
-    if broken is not None:
-        return f"cannot open {shown}: {broken}"
-    from zarr.errors import NodeNotFoundError
-
-    if isinstance(exc, NodeNotFoundError):
-        return f"no Zarr metadata (zarr.json, .zarray or .zgroup) found at {shown}"
-    if isinstance(exc, OSError) and exc.strerror:
-        return f"cannot open {shown}: {exc.strerror}"
-    return f"cannot open {shown}: {type(exc).__name__}: {exc}"
-
-
-def _run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int | None,
-                    verbose: int) -> int:
-    from zfuse.daemon import check_mountpoint, check_sources, mounted_elsewhere, serve
-    from zfuse.open_view import make_view
-    from zfuse.stats import Stats
-
-    log = logging.getLogger("zfuse.daemon")
-
-    def report(message: str) -> None:
-        if ready_fd is not None:
-            os.write(ready_fd, message.encode())
-            os.close(ready_fd)
-            if message == "ready":
-                _detach_stdio(config)
-
-    def fail(message: str) -> int:
-        # in the background the parent prints it; in the foreground we do
-        if ready_fd is not None:
-            report("error: " + message)
-        else:
-            print("zfuse: " + message, file=sys.stderr)
-        if config.log_file is not None:
-            log.error("%s", message)
-        return 1
-
-    if config.log_file is not None:
-        try:
-            open(config.log_file, "a").close()
-        except OSError as e:
-            config.log_file = None
-            return fail(f"cannot write the log file {e.filename}: {e.strerror}")
-        config.log_destination = config.log_file
-    elif os.environ.get("JOURNAL_STREAM"):
-        config.log_destination = "journal (stderr)"
-    _configure_logging(verbose, config.log_file, background=ready_fd is not None)
-    try:
-        warning = check_mountpoint(config.mountpoint)
-        check_sources(shown_sources)  # as the user spelled them, from the user's directory
-        # let go of the caller's directory (it could not be unmounted or removed
-        # while the daemon runs); every path in `config` is absolute by now
-        os.chdir("/")
-        for message in (warning, mounted_elsewhere(config.sources)):
-            if message:
-                log.warning("%s", message)
-        stats = Stats()
-        view = make_view(config, stats)
-    except SystemExit as e:
-        return fail(str(e.code).removeprefix("zfuse: "))
-    except Exception as e:
-        return fail(describe_open_error(shown_sources, e))
-    if verbose:
-        from zfuse.fuse_ops import enable_operation_log
-
-        enable_operation_log()
-    try:
-        serve(config, view, stats, on_ready=lambda: report("ready"),
-              reload=lambda: make_view(config, stats))
-    except Exception as e:
-        return fail(f"mount failed: {e}")
-    return 0
-
-
-def _detach_stdio(config: MountConfig) -> None:
-    """A backgrounded daemon lets go of its caller's stdout/stderr, as libfuse's
-    fuse_daemonize does: `mount -t fuse.zfuse` run with pipes (`$(mount ...)`,
-    subprocess) would otherwise wait for EOF until the filesystem is unmounted."""
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for fd in (0, 1, 2):
-        os.dup2(devnull, fd)
-    os.close(devnull)
-    root = logging.getLogger()
-    for handler in list(root.handlers):
-        if isinstance(handler, logging.StreamHandler) and not isinstance(handler, logging.FileHandler):
-            root.removeHandler(handler)  # stderr is /dev/null now
-    if config.log_file is not None:
-        return
-    # no log file: the system log when there is one
-    if os.path.exists("/dev/log"):
-        from logging.handlers import SysLogHandler
-
-        handler = SysLogHandler(address="/dev/log")
-        handler.setFormatter(logging.Formatter("zfuse[%(process)d]: %(levelname)s %(name)s: %(message)s"))
-        root.addHandler(handler)
-        config.log_destination = "system log (/dev/log)"
-    else:
-        config.log_destination = "none (no --log-file, no system log)"
-
-
-def _spawn_daemon(args: argparse.Namespace, config: MountConfig) -> int:
-    """Run the daemon in the background; return once the mount is live or failed.
-
-    The daemon is a fork of this process, not a new interpreter: it keeps what
-    is imported already instead of starting Python and importing zfuse again
-    (about a third of the time `zfuse mount` takes)."""
-    read_fd, write_fd = os.pipe()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:  # the daemon
-        code = 1
-        try:
-            os.close(read_fd)
-            os.setsid()  # its own session: the caller's terminal and signals are not its own
-            devnull = os.open(os.devnull, os.O_RDONLY)
-            os.dup2(devnull, 0)
-            os.close(devnull)
-            code = _run_foreground(config, args.sources, write_fd, args.verbose)
-        finally:
-            logging.shutdown()
-            os._exit(code)  # never back into the caller's code
-    os.close(write_fd)
-    chunks = []
-    while True:
-        data = os.read(read_fd, 4096)
-        if not data:
-            break
-        chunks.append(data)
-    os.close(read_fd)
-    message = b"".join(chunks).decode(errors="replace")
-    if message == "ready":
-        if config.log_file is None and not os.path.exists("/dev/log"):
-            print("zfuse: note: no --log-file and no system log here: the daemon's messages "
-                  "(such as why a write was refused) are not kept; see zfuse mount -h",
-                  file=sys.stderr)
-        return 0
-    _, status = os.waitpid(pid, 0)
-    code = os.waitstatus_to_exitcode(status)
-    if message.startswith("error: "):
-        print("zfuse: " + message[len("error: "):], file=sys.stderr)
-    else:
-        print(f"zfuse: the daemon exited ({code}) before the mount was ready", file=sys.stderr)
-    return 1
+        return spawn_daemon(config, args.sources, args.verbose)
+    return run_foreground(config, args.sources, args.ready_fd, args.verbose)
 
 
 # -- umount, status, reload -------------------------------------------------------------
