@@ -781,8 +781,7 @@ class ArrayView:
         """The view's dual-access zarr.json: chunks are `.tiff` keys holding bytes + pad."""
         if self.layout is None:
             # no chunk files: the array's own metadata, and why it has no TIFF form
-            stored = getattr(self.source, "stored_form", self.source.v3_metadata)
-            return unsupported_metadata(stored(), self.unsupported or "")
+            return unsupported_metadata(self.source.stored_form(), self.unsupported or "")
         meta = dict(self.source.v3_metadata())
         meta.pop("storage_transformers", None)
         meta["chunk_grid"] = {

@@ -26,6 +26,7 @@ import warnings
 import weakref
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -58,6 +59,41 @@ _UNKNOWN = object()
 def _canonical_int(name: str) -> bool:
     # ASCII only: str.isdigit and int() also take other scripts' digits ("١", "１")
     return name.isascii() and name.isdigit() and (name == "0" or name[0] != "0")
+
+
+@dataclass(frozen=True)
+class StoreAccess:
+    """What a store stack offers beyond zarr's Store API, found once per source by
+    `store_access` (never probed again with isinstance or getattr):
+
+    - `local`: zfuse's metered store over a local directory, reached through nothing
+      but transformer stores, whose synchronous methods read and write in the
+      calling thread (`get_local`, `exists_local`, `list_dir_local`, `set_local`);
+    - `root`: the directory of the local store under every wrapper;
+    - `files`: zfuse's own local store under every wrapper, whose `open_key` and
+      `stat_key` open stored files inside the store only.
+    """
+
+    local: Any = None
+    root: str | None = None
+    files: Any = None
+
+
+def store_access(store: Any) -> StoreAccess:
+    """The `StoreAccess` of a store stack (its wrappers walked once)."""
+    from zarr.storage import LocalStore
+
+    from zfuse.ext.transformers import TransformerStore
+    from zfuse.store import AtomicLocalStore, MeteredStore
+
+    inner = store
+    while isinstance(inner, TransformerStore):  # passes keys through unless transformers
+        inner = zarr_private.wrapped_store(inner)
+    local = inner if isinstance(inner, MeteredStore) and inner.local_root is not None else None
+    while isinstance(inner, (TransformerStore, MeteredStore)):
+        inner = zarr_private.wrapped_store(inner)
+    root = str(inner.root) if type(inner) in (LocalStore, AtomicLocalStore) else None
+    return StoreAccess(local=local, root=root, files=inner if type(inner) is AtomicLocalStore else None)
 
 
 class ChunkSource(ABC):
@@ -211,6 +247,25 @@ class ChunkSource(ABC):
     def may_store_raw(self) -> bool:
         """False when `raw_chunk_path` is None for every chunk, as known from memory."""
         return False
+
+    # -- stored bytes: what a source can say of its chunks as they are stored. Every
+    # source answers (these defaults: nothing known), so callers never probe with
+    # getattr; `ZarrChunkSource` answers where its store allows.
+    def stored_form(self) -> dict[str, Any]:
+        """The array's metadata as stored, for arrays shown without chunk files."""
+        return self.v3_metadata()
+
+    def stored_codecs(self) -> list[dict[str, Any]] | None:
+        """The codecs between a chunk's values and its stored bytes; None: not read directly."""
+        return None
+
+    def stored_sizes(self) -> dict[Coords, int] | None:
+        """Stored byte size of every stored chunk, when cheap; None otherwise."""
+        return None
+
+    def stored_chunk_path(self, coords: Coords) -> str | None:
+        """The local file that holds chunk `coords` as stored; None: none."""
+        return None
 
     def _all_chunk_keys(self) -> list[tuple[Coords, str]]:
         listed = getattr(self, "_listed_keys", None)
@@ -910,29 +965,20 @@ class ZarrChunkSource(ChunkSource):
         self._transformers = found
         return found
 
+    @functools.cached_property
+    def _store_access(self) -> StoreAccess:
+        """What the store stack offers beyond zarr's Store API, found once."""
+        return store_access(self.store)
+
     def _local_root(self) -> str | None:
         """The directory of a local store (under zfuse's metering wrapper), else None.
         Other wrappers may map keys (pre-release layouts): no file sizes through them."""
-        from zarr.storage import LocalStore
-
-        from zfuse.ext.transformers import TransformerStore
-        from zfuse.store import AtomicLocalStore, MeteredStore
-
-        store = self.store
-        while isinstance(store, (TransformerStore, MeteredStore)):
-            store = zarr_private.wrapped_store(store)
-        return str(store.root) if type(store) in (LocalStore, AtomicLocalStore) else None
+        return self._store_access.root
 
     def _local_files(self) -> Any:
         """The `AtomicLocalStore` under `_local_root`'s wrappers, or None: its `open_key`
         and `stat_key` open stored files inside the store only."""
-        from zfuse.ext.transformers import TransformerStore
-        from zfuse.store import AtomicLocalStore, MeteredStore
-
-        store = self.store
-        while isinstance(store, (TransformerStore, MeteredStore)):
-            store = zarr_private.wrapped_store(store)
-        return store if type(store) is AtomicLocalStore else None
+        return self._store_access.files
 
     def stored_sizes(self) -> dict[Coords, int] | None:
         """Stored byte size of every stored chunk (inner chunks of shards), when that is
@@ -1061,15 +1107,10 @@ class ZarrChunkSource(ChunkSource):
     @functools.cached_property
     def _local_store(self) -> Any:
         """zfuse's metered store when it wraps a local directory directly (no storage
-        transformers or key mapping in between), else None."""
-        from zfuse.ext.transformers import TransformerStore
-        from zfuse.store import MeteredStore
-
-        store = self.store
-        while isinstance(store, TransformerStore):  # passes keys through unless transformers
-            store = zarr_private.wrapped_store(store)
-        local = isinstance(store, MeteredStore) and store.local_root is not None
-        return store if local and not self._has_transformers() else None
+        transformers or key mapping in between), else None: its synchronous methods
+        (`get_local`, `exists_local`, `list_dir_local`, `set_local`) are the fast path."""
+        local = self._store_access.local
+        return local if local is not None and not self._has_transformers() else None
 
     def _fetch_local(self, local: Any, coords: Coords, must_exist: bool) -> Any:
         """`_fetch_stored_chunk`/`_fetch_inner_chunk` without the event loop; _NOT_LOCAL
