@@ -27,7 +27,6 @@ import operator
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any, NamedTuple
 
 import zarr
@@ -35,6 +34,7 @@ import zarr
 from zfuse.stats import Stats
 from zfuse.view.array_view import ArrayView, ChunkCache, ViewOptions
 from zfuse.view.caches import ViewCaches
+from zfuse.view.entry import Entry, Node
 from zfuse.view.hierarchy import (
     ImplicitGroup,
     group_members,
@@ -47,54 +47,12 @@ from zfuse.view.hierarchy import (
 from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, ZarrChunkSource
 from zfuse.view.tiff_meta import ome_axes, ome_datasets
 from zfuse.view.whole_image import NAMES as IMAGE_NAMES
-from zfuse.view.whole_image import WholeImage, plan_whole_images
+from zfuse.view.whole_image import ImageWorkers, WholeImage, plan_whole_images
 
 log = logging.getLogger("zfuse.view")
 
 META_NAME = "zarr.json"
 README_NAME = "README"  # in the directory of a node shown without chunk files: why
-
-
-class Node(Enum):
-    """What is at a path. `is_dir`: a directory (else a file)."""
-
-    is_dir: bool
-
-    # members are singletons: identity hashing in C, not Enum's hash of the name in
-    # Python (a node kind is a dict key once per entry of every listing)
-    __hash__ = object.__hash__
-
-    def __new__(cls, value: str, is_dir: bool) -> Node:
-        member = object.__new__(cls)
-        member._value_ = value
-        member.is_dir = is_dir
-        return member
-
-    GROUP = "group", True  # values: a hierarchy node's kind ("group"/"array") is Node(kind)
-    ARRAY = "array", True
-    KEYDIR = "keydir", True  # a directory chunk keys imply (c/, c/0/), or made by mkdir
-    ZFUSE_DIR = "zfuse_dir", True  # .zfuse/, zfuse's own
-    META = "meta", False  # zarr.json, README
-    CHUNK = "chunk", False  # a chunk file (coords None: a scratch file being written)
-    IMAGE = "image", False  # a whole-image file (its reader in Entry.reader)
-    ZFUSE_FILE = "zfuse_file", False  # .zfuse/stats, mount, errors: live, read-only
-
-
-class Entry(NamedTuple):
-    """What is at one path (`node`): a directory, a metadata file, a chunk file, ...
-
-    A NamedTuple, not a dataclass: `ls -lR` of 100,000 chunks builds one per
-    file, and tuple construction is several times cheaper.
-    """
-
-    node: Node
-    size: int = 0
-    array: ArrayView | None = None
-    coords: Coords | None = None
-    content: bytes | None = None  # metadata files
-    reader: Any = None  # Node.IMAGE files: an object with size, read_cached(off, n), read(off, n)
-
-
 
 
 class NeedsIO(enum.Enum):
@@ -139,6 +97,9 @@ class View:
         self.images_not_shown: dict[str, str] = {}
         self._images: dict[tuple[str, ...], dict[str, WholeImage]] = {}
         self._images_lock = threading.Lock()
+        # the threads whole-image files use (read ahead, decode side by side): the view's,
+        # for as long as it is the mount's
+        self.image_workers = ImageWorkers()
         # chunk files found to exist, with their array's listing version then: a re-open
         # (a warm re-read opens every file again) answers without decoding its name
         # again, until the array's listings change (a write, a removal, a refresh)
@@ -339,7 +300,7 @@ class View:
             if rest:
                 return {}
         parent = self._split(path[:-1])[0] if path else None
-        images = plan_whole_images(path, node, parent, self.images_not_shown)
+        images = plan_whole_images(path, node, parent, self.images_not_shown, workers=self.image_workers)
         with self._images_lock:
             self._images[path] = images
         return images
