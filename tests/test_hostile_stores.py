@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 import tifffile
 
-import zfuse.view.whole_image as whole_image
+import zfuse.view.whole_image.image as whole_image
 from zfuse.daemon import MountConfig
 from zfuse.ext.metadata_json import (
     MAX_METADATA_BYTES,

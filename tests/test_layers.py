@@ -62,3 +62,59 @@ def test_extensions_and_view_know_no_fuse() -> None:
         bad = {m for m in imports_of(path) if m.split(".")[0] == "pyfuse3" or m.startswith(
             ("zfuse.fs", "zfuse.fuse_ops", "zfuse.daemon"))}
         assert not bad, f"{path.name} imports {bad}"
+
+
+def test_whole_image_parts() -> None:
+    """view/whole_image/ (the package README's layout table names): no FUSE, no event
+    loop, no listing, no open files; ome.py is text (its only part: layout's image
+    dimensions); layout.py and header.py plan and write bytes (no tiles, no reads ahead);
+    push.py decides, tiles.py reads; only image.py ties them."""
+    pkg = PACKAGE / "view" / "whole_image"
+    part = "zfuse.view.whole_image."
+    for path in pkg.glob("*.py"):
+        bad = {m for m in imports_of(path) if m.split(".")[0] in ("pyfuse3", "trio") or m.startswith(
+            ("zfuse.fs", "zfuse.fuse_ops", "zfuse.daemon", "zfuse.handles", "zfuse.view.tree", "zfuse.store"))}
+        assert not bad, f"whole_image/{path.name} imports {bad}"
+    own = {p.stem: {m.removeprefix(part).split(".")[0] for m in imports_of(p) if m.startswith(part)}
+           for p in pkg.glob("*.py")}
+    assert own["ome"] <= {"layout"}
+    assert not {m for m in imports_of(pkg / "ome.py") if m.startswith(("zfuse.view.array_view", "zfuse.view.tiff"))}
+    assert own["layout"] == set()
+    assert own["header"] <= {"layout"}
+    assert own["tiles"] <= {"layout", "header"}
+    assert own["push"] <= {"layout"}
+    assert own["image"] <= {"layout", "header", "ome", "tiles", "push"}
+    assert own["__init__"] <= {"image", "layout", "ome", "tiles"}
+
+
+def test_whole_image_threads_are_owned_not_module_globals() -> None:
+    """The whole-image package starts threads only from objects with an owner (the view's
+    `ImageWorkers`): no executor or thread made at import, no `global` rebinding."""
+    for path in (PACKAGE / "view" / "whole_image").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Global)], f"{path.name}: global"
+        for node in tree.body:
+            value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+            calls = [n for n in ast.walk(value) if isinstance(n, ast.Call)] if value is not None else []
+            names = {getattr(c.func, "id", getattr(c.func, "attr", "")) for c in calls}
+            assert not names & {"ThreadPoolExecutor", "Thread", "ReadAheadAdvisor", "TileDecoders", "ImageWorkers"}, \
+                f"{path.name} line {node.lineno}: a module-level executor"
+
+
+def test_one_ifd_encoder() -> None:
+    """view/tiff_ifd.py, a leaf, is the one TIFF IFD encoder: the chunk files' header
+    (tiff.py) and the whole-image header use it, and no other module defines the
+    classic-TIFF limit or the sample formats."""
+    assert not {m for m in imports_of(PACKAGE / "view" / "tiff_ifd.py") if m.startswith("zfuse")}
+    users = {module_name(p) for p in PACKAGE.rglob("*.py") if "zfuse.view.tiff_ifd" in imports_of(p)}
+    assert {"zfuse.view.tiff", "zfuse.view.whole_image.header"} <= users
+    for path in PACKAGE.rglob("*.py"):
+        if path.name == "tiff_ifd.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Assign):
+                names = {getattr(t, "id", "") for t in node.targets}
+                if not isinstance(node.value, ast.Dict):  # (tiff_complete's _SAMPLE_FORMAT: the tag)
+                    names -= {"SAMPLE_FORMAT", "_SAMPLE_FORMAT"}
+                assert not names & {"CLASSIC_LIMIT", "_CLASSIC_LIMIT", "SAMPLE_FORMAT", "_SAMPLE_FORMAT"}, \
+                    f"{path.name} line {node.lineno} defines {names} (tiff_ifd.py's)"
