@@ -40,8 +40,7 @@ import os
 import stat as stat_mod
 import threading
 import time
-from collections import OrderedDict
-from collections.abc import Iterator
+from collections.abc import Hashable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +49,7 @@ import numpy as np
 from zfuse import defaults
 from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.stats import Stats
-from zfuse.view.caches import ViewCaches
+from zfuse.view.caches import BoundedLRU, ViewCaches
 from zfuse.view.hierarchy import unsupported_metadata
 from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, DirPage
 from zfuse.view.tiff import (
@@ -274,63 +273,42 @@ class StoredChunkFile:
             self._finish()
 
 
-class ChunkCache:
-    """A bounded LRU of decoded chunk bytes, keyed by (array id, coords)."""
+class ChunkCache(BoundedLRU):
+    """A bounded LRU of decoded chunk bytes, keyed by (array id, coords), costed in
+    bytes; counts its hits and misses for `.zfuse/stats`."""
 
     def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self.used = 0
+        super().__init__(max_bytes)
         self.hits = 0
         self.misses = 0
-        self._items: OrderedDict[tuple[int, Coords], bytes] = OrderedDict()
-        self._lock = threading.Lock()
 
-    def get(self, key: tuple[int, Coords]) -> bytes | None:
-        with self._lock:
-            data = self._items.get(key)
-            if data is None:
-                self.misses += 1
-                return None
-            self._items.move_to_end(key)
+    @property
+    def max_bytes(self) -> int:
+        return self.max_cost
+
+    def get(self, key: Hashable) -> Any:
+        data = super().get(key)
+        if data is None:
+            self.misses += 1  # (an unlocked += : counters for stats, never decisions)
+        else:
             self.hits += 1
-            return data
+        return data
 
-    def contains(self, key: tuple[int, Coords]) -> bool:
-        with self._lock:
-            return key in self._items
+    def contains(self, key: Hashable) -> bool:
+        return self.has(key)
 
-    def peek(self, key: tuple[int, Coords]) -> bytes | None:
+    def peek(self, key: Hashable) -> bytes | None:
         """A cache hit without a miss being counted (the caller falls back to `get`)."""
-        with self._lock:
-            data = self._items.get(key)
-            if data is not None:
-                self._items.move_to_end(key)
-                self.hits += 1
-            return data
+        data = super().get(key)
+        if data is not None:
+            self.hits += 1
+        return data  # type: ignore[no-any-return]
 
-    def put(self, key: tuple[int, Coords], data: bytes) -> None:
-        if len(data) > self.max_bytes:
-            return
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self.used -= len(old)
-            self._items[key] = data
-            self.used += len(data)
-            while self.used > self.max_bytes:
-                _, evicted = self._items.popitem(last=False)
-                self.used -= len(evicted)
+    def put(self, key: Hashable, data: Any, cost: int | None = None) -> bool:
+        return super().put(key, data, len(data) if cost is None else cost)
 
-    def drop(self, key: tuple[int, Coords]) -> None:
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self.used -= len(old)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-            self.used = 0
+    def drop(self, key: Hashable) -> None:
+        self.pop(key)
 
 
 class _Dir:

@@ -62,6 +62,11 @@ class BoundedLRU:
             self.stats.count(self.evictions_counter, evicted)
         return True
 
+    def has(self, key: Hashable) -> bool:
+        """Whether `key` is kept (its recency unchanged)."""
+        with self._lock:
+            return key in self._items
+
     def update(self, key: Hashable, value: Any, cost: int) -> None:
         """Replace an item's value and cost in place (no eviction of the item itself)."""
         with self._lock:
