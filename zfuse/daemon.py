@@ -58,6 +58,7 @@ class MountConfig:
     # what a successful close() promises: "disk" (survives a power cut: fdatasync per
     # object) or "process" (survives the daemon; fsync() makes it survive a power cut)
     durability: str = "disk"
+    log_operations: bool = False  # -v: every FUSE operation at DEBUG level
     log_destination: str = "stderr"
 
     @property
@@ -240,6 +241,10 @@ def serve(
                           replace_window=config.replace_window, pending_timeout=config.pending_timeout,
                           durable=config.durable)
     ops.fs.reload = reload
+    if config.log_operations:
+        from zfuse.fuse_ops import log_operations
+
+        log_operations(ops)
     state: dict[str, Any] = {
         "pid": os.getpid(),
         "sources": list(config.sources),

@@ -104,9 +104,7 @@ def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int 
     except Exception as e:
         return fail(describe_open_error(shown_sources, e))
     if verbose:
-        from zfuse.fuse_ops import enable_operation_log
-
-        enable_operation_log()
+        config.log_operations = True
     try:
         serve(config, view, stats, on_ready=lambda: report("ready"),
               reload=lambda: make_view(config, stats))

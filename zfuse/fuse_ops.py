@@ -357,13 +357,15 @@ def _pid(ctx: Any) -> int | None:
     return getattr(ctx, "pid", None)
 
 
-def enable_operation_log() -> None:
-    """-v: log every FUSE operation (name, arguments, outcome) at DEBUG level."""
+def log_operations(ops: ZfuseOperations) -> None:
+    """-v: log every FUSE operation of `ops` (name, arguments, outcome) at DEBUG level.
+    The one object's methods are wrapped (pyfuse3 calls them through it); the class
+    and every other instance stay as they are."""
     import inspect
 
     def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
-        async def logged(self: Any, *args: Any) -> Any:
+        async def logged(*args: Any) -> Any:
             shown = ", ".join(
                 repr(os.fsdecode(a)) if isinstance(a, bytes) and len(a) < 256 else
                 f"<{len(a)} bytes>" if isinstance(a, (bytes, bytearray)) else repr(a)
@@ -371,7 +373,7 @@ def enable_operation_log() -> None:
                 if not isinstance(a, (pyfuse3.RequestContext, pyfuse3.ReaddirToken))
             )
             try:
-                result = await fn(self, *args)
+                result = await fn(*args)
             except pyfuse3.FUSEError as e:
                 log.debug("%s(%s) -> %s", name, shown, errno.errorcode.get(e.errno, e.errno))
                 raise
@@ -382,4 +384,4 @@ def enable_operation_log() -> None:
 
     for name, fn in list(vars(ZfuseOperations).items()):
         if inspect.iscoroutinefunction(fn) and not name.startswith("_"):
-            setattr(ZfuseOperations, name, wrap(name, fn))
+            setattr(ops, name, wrap(name, getattr(ops, name)))
