@@ -77,7 +77,7 @@ class ViewOptions:
 
 
 # preadv2(RWF_NOWAIT): a read that only takes what the OS page cache holds (Linux)
-_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
 class _Descriptors:
@@ -155,7 +155,7 @@ class StoredChunkFile:
     """
 
     __slots__ = ("array", "coords", "size", "header_size", "identity", "error", "_header", "_fd",
-                 "_users", "_holders", "_closing", "_slot", "_lock", "_got")
+                 "_users", "_holders", "_closing", "_slot", "_lock", "_got", "_nowait")
 
     def __init__(self, array: ArrayView, coords: Coords, identity: tuple[int, ...], *, fd: int = -1,
                  error: str | None = None) -> None:
@@ -173,6 +173,9 @@ class StoredChunkFile:
         self._holders = 1  # open files (and the like) sharing this one
         self._closing = False
         self._lock = threading.Lock()
+        # RWF_NOWAIT until the stored file's filesystem says it has no such read (then
+        # worker threads read this file): a flag of this object, no global changed
+        self._nowait = RWF_NOWAIT
 
     def retain(self) -> StoredChunkFile | None:
         """This one for one more holder, or None if it is closed already."""
@@ -184,17 +187,16 @@ class StoredChunkFile:
 
     def read_nowait(self, offset: int, size: int) -> bytes | bytearray | None:
         """Bytes [offset, offset+size) if the page cache holds them, else None."""
-        global _NOWAIT
-        if not _NOWAIT:
+        if not self._nowait:
             return None
         try:
-            return self._read(offset, size, _NOWAIT)
+            return self._read(offset, size, self._nowait)
         except BlockingIOError:
             return None
         except OSError as e:
             if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
                 raise
-            _NOWAIT = 0  # this kernel or filesystem has no such read: worker threads read
+            self._nowait = 0  # this kernel or filesystem has no such read: worker threads read
             return None
 
     def read(self, offset: int, size: int) -> bytes | bytearray | None:
