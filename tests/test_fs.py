@@ -25,6 +25,7 @@ import zarr
 
 from zfuse.daemon import MountConfig
 from zfuse.fs import ATTR_TIMEOUT, ROOT_INODE, FileSystem, FsError
+from zfuse.handles import StoredChunkHandle
 from zfuse.open_view import make_view
 from zfuse.stats import Stats
 
@@ -1179,7 +1180,7 @@ def test_raw_chunks_hold_at_most_half_the_descriptors(tmp_path: Path, clock: Clo
     names = ["c/0/0.tiff", "c/0/1.tiff", "c/1/0.tiff"]
     handles = [k.open(name) for name in names]
     assert fs.stats.snapshot()["chunks_passed_through"] == 2
-    assert [fs.handles[fh].stored is not None for fh in handles] == [True, True, False]
+    assert [isinstance(fs.handles[fh], StoredChunkHandle) for fh in handles] == [True, True, False]
     np.testing.assert_array_equal(pixels(k.read(handles[2])), data[8:16, 0:16])
     for fh in handles:
         k.close(fh)

@@ -64,6 +64,20 @@ def test_extensions_and_view_know_no_fuse() -> None:
         assert not bad, f"{path.name} imports {bad}"
 
 
+def test_handles_know_no_listing_and_no_fuse() -> None:
+    """zfuse/handles.py, the kinds of open file: each reads what it owns. No listing code
+    (the tree and its listings, the listing caches, the hierarchy, the filesystem layer
+    with its directory handles and listing ahead), no FUSE, no event loop, no store;
+    only the filesystem layer uses them."""
+    listing = ("zfuse.view.tree", "zfuse.view.caches", "zfuse.view.hierarchy", "zfuse.fs")
+    bad = {m for m in imports_of(PACKAGE / "handles.py") if m.split(".")[0] in ("pyfuse3", "trio", "zarr")
+           or m.startswith((*listing, "zfuse.fuse_ops", "zfuse.daemon", "zfuse.store"))}
+    assert not bad, f"handles.py imports {bad}"
+    users = {module_name(p) for p in PACKAGE.rglob("*.py") if any(
+        m.startswith("zfuse.handles") for m in imports_of(p))}
+    assert users == {"zfuse.fs"}
+
+
 def test_whole_image_parts() -> None:
     """view/whole_image/ (the package README's layout table names): no FUSE, no event
     loop, no listing, no open files; ome.py is text (its only part: layout's image

@@ -10,10 +10,13 @@ What lives here:
   unlinked stays valid: a process that looked the name up a moment before can
   still open and stat it, and sees the path's current file (never ENOENT for a
   name that always existed).
-- Open files (`Handle`). A handle reads one of: a fixed byte snapshot
-  (metadata, `.zfuse/` files, a chunk replaced or unlinked while open), a write
-  state's buffer, a whole-image reader, the stored file of a chunk stored raw
-  (kept open: it reads the file it opened), or the decoded chunk.
+- Open files: one handle kind each (`zfuse.handles`: a byte snapshot, a write
+  state's buffer read or written, a whole-image file, a chunk stored raw read
+  from the stored file it opened, a decoded chunk), each owning what it reads
+  and answering read, entry (fstat) and close. Here: which kind an open gets
+  (`_open`), and when a handle changes kind (a chunk replaced or unlinked while
+  open becomes a snapshot of its old bytes; a reload may turn a stored chunk
+  into a decoded one).
 - Who sees what while a chunk is being replaced: the writing process sees its
   own bytes (sizes included); every other process sees the stored chunk until
   the replacement commits, and readers open at that moment keep the old bytes.
@@ -53,6 +56,16 @@ from zfuse.errors import (
     ZfuseError,
     errno_for,
 )
+from zfuse.handles import (
+    BufferHandle,
+    ChunkHandle,
+    DecodedChunkHandle,
+    Handle,
+    SnapshotHandle,
+    StoredChunkHandle,
+    WholeImageHandle,
+    WriteHandle,
+)
 from zfuse.inodes import Inode, InodeTable
 from zfuse.stats import Stats
 from zfuse.store import forget_timeouts, timeouts_pending
@@ -62,11 +75,9 @@ from zfuse.view.whole_image import NAMES as IMAGE_NAMES
 from zfuse.view.writes import (
     PENDING_TIMEOUT,
     REPLACE_WINDOW,
-    FileState,
     Phase,
     Released,
     Writes,
-    load_buffer,
 )
 
 log = logging.getLogger("zfuse.fs")
@@ -154,62 +165,6 @@ class OpenReply:
     # the kernel need not send FLUSH at close: set for read-only opens, whose close
     # has nothing to commit (one request less per `cat`; needs pyfuse3 with noflush)
     noflush: bool = False
-
-
-class Handle:
-    """One open file."""
-
-    def __init__(self, path: Path, inode: Inode) -> None:
-        self.path = path
-        self.inode = inode
-        self.state: FileState | None = None  # reads and writes go to this buffer
-        self.writable = False
-        self.append = False  # O_APPEND: writes go to the end
-        self.content: bytes | None = None  # a fixed snapshot
-        self.reader: Any = None  # whole-image files: read_cached/read/size
-        self.stored: Any = None  # a chunk stored raw: its StoredChunkFile (values read from the store file)
-        self.array: Any = None
-        self.coords: tuple[int, ...] | None = None
-        self.page_cached = False  # reads go through the kernel's page cache (not direct I/O)
-
-    def entry(self) -> Entry:
-        if self.content is not None:
-            return Entry(Node.META, size=len(self.content))
-        if self.state is not None and self.state.buffer is not None:
-            return Entry(Node.CHUNK, size=len(self.state.buffer), array=self.array, coords=self.coords)
-        if self.reader is not None:
-            return Entry(Node.IMAGE, size=self.reader.size, reader=self.reader)
-        assert self.array is not None and self.coords is not None
-        return Entry(Node.CHUNK, size=self.array.file_size(self.coords), array=self.array, coords=self.coords)
-
-    def read_cached(self, off: int, size: int) -> bytes | None:
-        """Bytes from memory if they are there (no thread hop), else None."""
-        if self.content is not None:
-            return self.content[off : off + size]
-        if self.state is not None:
-            buffer = self.state.buffer
-            return bytes(buffer[off : off + size]) if buffer is not None else None
-        if self.reader is not None:
-            return self.reader.read_cached(off, size)
-        stored = self.stored
-        if stored is not None:
-            return stored.read_nowait(off, size)
-        return self.array.read_cached(self.coords, off, size)
-
-    def read(self, off: int, size: int) -> bytes:
-        """Bytes at [off, off+size) (blocking: may decode)."""
-        if self.state is not None:
-            return bytes(load_buffer(self.state)[off : off + size])
-        if self.reader is not None:
-            return self.reader.read(off, size)
-        for _ in range(3):  # (None: closed meanwhile, a reload put another in its place)
-            stored = self.stored
-            data = stored.read(off, size) if stored is not None else None
-            if data is not None:
-                return data
-            if stored is None:
-                break
-        return self.array.read(self.coords, off, size)
 
 
 @dataclass
@@ -627,8 +582,7 @@ class FileSystem:
         if inode.detached:
             # unlinked or replaced: an open file answers for itself (fstat)
             for handle in self.handles.values():
-                if handle.inode is inode and (handle.content is not None or
-                                              (handle.state and handle.state.phase is Phase.DETACHED)):
+                if handle.inode is inode and handle.answers_detached():
                     return self.attributes(handle.path, handle.entry(), ino)
         entry = await self._entry(inode.path, pid)
         if entry is None:
@@ -648,7 +602,7 @@ class FileSystem:
             raise FsError(errno.EROFS if self.read_only else errno.EACCES)
         if size is not None:
             handle = self.handles.get(fh) if fh else None
-            state = handle.state if handle is not None and handle.writable else None
+            state = handle.state if isinstance(handle, WriteHandle) else None
             await self.writes.truncate(path, size, state, pid)
             self._invalidate(ino)
         elif owner_or_mode and self.read_only:
@@ -913,62 +867,81 @@ class FileSystem:
         return reply
 
     async def _open(self, ino: int, flags: int, pid: int | None) -> OpenReply:
+        """Which kind of handle an open gets (`zfuse.handles`): decided by what is at the
+        path, whether it is opened for writing, and (chunk files) who reads it how."""
         inode = self._get(ino)
         path = inode.path
         wants_write = bool(flags & (os.O_WRONLY | os.O_RDWR))
         entry = await self._entry(path, pid)
         if entry is not None and entry.node.is_dir:
             raise FsError(errno.EISDIR)
-        handle = Handle(path, inode)
         if entry is not None and entry.node in (Node.ZFUSE_FILE, Node.META, Node.IMAGE):
             if wants_write:
                 raise self._refusal(errno.EACCES, f"{'/'.join(path)} is read-only")
-            if entry.node is Node.IMAGE:
-                handle.reader = entry.reader
-                # the kernel keeps its page cache of the file until the array changes
-                # (Bio-Formats reopens it dozens of times)
-                changed = self._image_versions.get(path) != entry.reader.version
-                self._image_versions[path] = entry.reader.version
-                return OpenReply(self._new_handle(handle), keep_cache=not changed)
-            handle.content = self._special_bytes(path[-1]) if entry.node is Node.ZFUSE_FILE else entry.content or b""
-            return OpenReply(self._new_handle(handle), direct_io=entry.node is Node.ZFUSE_FILE)
-        state = self.writes.states.get(path)
+            return self._open_read_only(inode, entry)
         if wants_write:
-            if flags & os.O_TRUNC and state is None and self._cached_readers.get(path):
-                await self._wait_for_cached_readers(path)
-            state = await self.writes.open(path, entry, flags, pid)
-            handle.state, handle.writable = state, True
-            handle.append = bool(flags & os.O_APPEND)
-            handle.array, handle.coords = state.array, state.coords
-            # a file whose bytes differ from what other processes see bypasses the page
-            # cache; an untouched chunk opened to patch in place keeps it (mmap works)
-            direct = state.dirty or state.scratch or bool(flags & os.O_TRUNC)
-            return OpenReply(self._new_handle(handle), direct_io=direct)
+            return await self._open_for_writing(inode, entry, flags, pid)
         if entry is None or entry.node is not Node.CHUNK:
             raise FsError(errno.ENOENT)
-        arr, coords = handle.array, handle.coords = entry.array, entry.coords
+        return await self._open_chunk(inode, entry, flags, pid)
+
+    def _open_read_only(self, inode: Inode, entry: Entry) -> OpenReply:
+        """A whole-image file, or a snapshot of a metadata or `.zfuse/` file."""
+        path = inode.path
+        if entry.node is Node.IMAGE:
+            # the kernel keeps its page cache of the file until the array changes
+            # (Bio-Formats reopens it dozens of times)
+            changed = self._image_versions.get(path) != entry.reader.version
+            self._image_versions[path] = entry.reader.version
+            return OpenReply(self._new_handle(WholeImageHandle(path, inode, entry.reader)), keep_cache=not changed)
+        content = self._special_bytes(path[-1]) if entry.node is Node.ZFUSE_FILE else entry.content or b""
+        return OpenReply(self._new_handle(SnapshotHandle(path, inode, content)), direct_io=entry.node is Node.ZFUSE_FILE)
+
+    async def _open_for_writing(self, inode: Inode, entry: Entry | None, flags: int, pid: int | None) -> OpenReply:
+        path = inode.path
+        if flags & os.O_TRUNC and path not in self.writes.states and self._cached_readers.get(path):
+            await self._wait_for_cached_readers(path)
+        state = await self.writes.open(path, entry, flags, pid)
+        handle = WriteHandle(path, inode, state, append=bool(flags & os.O_APPEND))
+        # a file whose bytes differ from what other processes see bypasses the page
+        # cache; an untouched chunk opened to patch in place keeps it (mmap works)
+        direct = state.dirty or state.scratch or bool(flags & os.O_TRUNC)
+        return OpenReply(self._new_handle(handle), direct_io=direct)
+
+    async def _open_chunk(self, inode: Inode, entry: Entry, flags: int, pid: int | None) -> OpenReply:
+        """A chunk file opened for reading: the writer's buffer (to its own process), the
+        stored file (a chunk stored raw) or the decoded chunk; through the kernel's page
+        cache unless the path's bytes differ between processes (being written, or old
+        bytes still read), with the next chunks read ahead."""
+        path = inode.path
+        arr, coords = entry.array, entry.coords
         if coords is not None and timeouts_pending():  # a reader opening anew asks a timed-out store again
             forget_timeouts(arr.key_name(coords))
         opened_before = (id(arr), coords) in self._stored_names
+        state = self.writes.states.get(path)
+        stored = None
         if state is None and arr.serves_stored is not False:
             view = self.view
-            handle.stored = self._kept_stored(path, arr)
-            if handle.stored is None:
-                handle.stored = await self._open_stored(arr, coords)
+            stored = self._kept_stored(path, arr)
+            if stored is None:
+                stored = await self._open_stored(arr, coords)
             if self.view is not view:  # reloaded meanwhile: open the file of the new view
-                if handle.stored is not None:
-                    handle.stored.close()
-                return await self._open(ino, flags, pid)
+                if stored is not None:
+                    stored.close()
+                return await self._open(inode.ino, flags, pid)
             state = self.writes.states.get(path)  # (what a request meanwhile changed)
         if state is not None or path in self._readers_gone or path in self._old_bytes_cached:
-            if handle.stored is not None:
-                handle.stored.close()  # the decoded chunk, as for every file being written
-                handle.stored = None
+            if stored is not None:
+                stored.close()  # the decoded chunk, as for every file being written
             if state is not None and self.writes.sees_buffer(state, pid):
-                handle.state = state
-            return OpenReply(self._new_handle(handle), direct_io=True)
+                return OpenReply(self._new_handle(BufferHandle(path, inode, state, arr, coords)), direct_io=True)
+            return OpenReply(self._new_handle(DecodedChunkHandle(path, inode, arr, coords)), direct_io=True)
+        if stored is None:
+            handle: ChunkHandle = DecodedChunkHandle(path, inode, arr, coords)
+        else:
+            handle = StoredChunkHandle(path, inode, arr, coords, stored)
         keep_cache = True  # unchanged chunks keep their page cache
-        if handle.stored is not None and self._stored_versions.get(path) != handle.stored.identity:
+        if stored is not None and self._stored_versions.get(path) != stored.identity:
             # The stored file is not the one whose bytes the kernel may cache for this
             # path (replaced in the store, or not known): readers still open on it keep
             # that cache and this one reads around it; with none open it is dropped.
@@ -976,10 +949,10 @@ class FileSystem:
                 return OpenReply(self._new_handle(handle), direct_io=True)
             if len(self._stored_versions) >= STORED_VERSIONS_KEPT:
                 self._stored_versions.clear()  # (unknown means "drop the cache": safe)
-            self._stored_versions[path] = handle.stored.identity
+            self._stored_versions[path] = stored.identity
             keep_cache = False
-        if handle.stored is not None and path not in self._stored_kept:
-            self._keep_stored(path, handle.stored)
+        if stored is not None and path not in self._stored_kept:
+            self._keep_stored(path, stored)
         handle.page_cached = True
         self._cached_readers[path] = self._cached_readers.get(path, 0) + 1
         fh = self._new_handle(handle)
@@ -1050,9 +1023,7 @@ class FileSystem:
         await self._refuse_image(path, "create")
         state = await self.writes.create(path, flags, pid)
         inode = self._inode(path)
-        handle = Handle(path, inode)
-        handle.state, handle.writable = state, True
-        handle.array, handle.coords = state.array, state.coords
+        handle = WriteHandle(path, inode, state)
         attrs = self.attributes(path, handle.entry(), inode.ino)
         self.remember(inode.ino)
         return OpenReply(self._new_handle(handle), direct_io=True), attrs
@@ -1065,11 +1036,11 @@ class FileSystem:
             self.stats.count("reads_in_threads")  # (not in memory or the page cache yet)
             data = await self.run(handle.read, off, size)
         self.stats.count("bytes_read", len(data))
-        if handle.reader is not None:
+        if isinstance(handle, WholeImageHandle):
             self._push_image_tiles(handle, off, len(data))
         return data
 
-    def _push_image_tiles(self, handle: Handle, off: int, size: int) -> None:
+    def _push_image_tiles(self, handle: WholeImageHandle, off: int, size: int) -> None:
         """Whole-image files: after a read, store the tiles a region reader needs next
         in the kernel's page cache (the file decides which: WholeImage.pushes_after),
         so its next reads are no FUSE round trips. In the background, after the reply."""
@@ -1111,7 +1082,7 @@ class FileSystem:
     @operation(_by_handle)
     async def write(self, fh: int, off: int, buf: bytes) -> int:
         handle = self.handles[fh]
-        if handle.state is None or not handle.writable:
+        if not isinstance(handle, WriteHandle):
             raise NotAllowedError(errno.EBADF, "file not open for writing")
         return await self.writes.write(handle.state, off, buf, append=handle.append)
 
@@ -1125,22 +1096,23 @@ class FileSystem:
             self.stats.count("flush_requests")
             raise FsError(errno.ENOSYS)
         handle = self.handles[fh]
-        if handle.state is not None and handle.writable:
+        if isinstance(handle, WriteHandle):
             await self.writes.flush(handle.state, self._invalidation_of(handle.path))
 
     @operation(_by_handle)
     async def fsync(self, fh: int) -> None:
         handle = self.handles[fh]
-        if handle.state is not None and handle.writable:
+        if isinstance(handle, WriteHandle):
             await self.writes.fsync(handle.state, self._invalidation_of(handle.path))
         if not self.durable:
             await self.run(os.sync)  # what was stored without fdatasync reaches the disk
 
     def release(self, fh: int) -> None:
         handle = self.handles.pop(fh, None)
-        if handle is not None and handle.stored is not None:
-            handle.stored.close()
-        if handle is not None and handle.page_cached:
+        if handle is None:
+            return
+        handle.close()
+        if handle.page_cached:
             left = self._cached_readers.get(handle.path, 1) - 1
             if left > 0:
                 self._cached_readers[handle.path] = left
@@ -1149,9 +1121,9 @@ class FileSystem:
                 waiting = self._readers_gone.get(handle.path)
                 if waiting is not None:
                     waiting.set()
-            if handle.content is not None and handle.path in self._old_bytes_cached:
+            if isinstance(handle, SnapshotHandle) and handle.path in self._old_bytes_cached:
                 self._release_old_bytes(handle.path)
-        if handle is None or handle.state is None or not handle.writable:
+        if not isinstance(handle, WriteHandle):
             return
         outcome = self.writes.release(handle.state)
         if outcome in (Released.COMMITTED, Released.PENDING, Released.REVERTED):
@@ -1295,24 +1267,28 @@ class FileSystem:
                                                   "whole-image view of the array; write chunk files instead")
 
     async def _keep_readers(self, path: Path) -> None:
-        """Readers of a chunk about to be replaced or deleted keep its current bytes."""
+        """Readers of a chunk about to be replaced or deleted keep its current bytes: their
+        handles become snapshots (reads meanwhile decode the same chunk)."""
         for fh, handle in list(self.handles.items()):
-            if handle.path == path and handle.state is None and handle.content is None and handle.array is not None:
-                # (an unlinked chunk is no longer listed but still stored: it reads as it was)
-                arr, coords = handle.array, handle.coords
-                stored, handle.stored = handle.stored, None  # (reads meanwhile decode the same chunk)
-                data = None
-                if stored is not None:  # the bytes of the stored file it opened
-                    try:
-                        data = await self.run(stored.read, 0, stored.size)
-                    except CorruptDataError as e:  # (replaced behind the mount's back): decoded
-                        log.debug("%s: %s", "/".join(path), e)
-                    finally:
-                        stored.close()
-                if data is None:
-                    data = await self.run(arr.read, coords, 0, arr.file_size(coords))
-                handle.content = bytes(data)
-                if handle.page_cached and self.handles.get(fh) is handle:
+            if handle.path != path or not isinstance(handle, ChunkHandle) or self.handles.get(fh) is not handle:
+                continue
+            # (an unlinked chunk is no longer listed but still stored: it reads as it was)
+            arr, coords = handle.array, handle.coords
+            decoding = self.handles[fh] = DecodedChunkHandle(path, handle.inode, arr, coords, handle.page_cached)
+            data = None
+            if isinstance(handle, StoredChunkHandle):  # the bytes of the stored file it opened
+                stored = handle.stored
+                try:
+                    data = await self.run(stored.read, 0, stored.size)
+                except CorruptDataError as e:  # (replaced behind the mount's back): decoded
+                    log.debug("%s: %s", "/".join(path), e)
+                finally:
+                    stored.close()
+            if data is None:
+                data = await self.run(arr.read, coords, 0, arr.file_size(coords))
+            if self.handles.get(fh) is decoding:  # (else closed meanwhile)
+                self.handles[fh] = SnapshotHandle(path, handle.inode, bytes(data), decoding.page_cached)
+                if decoding.page_cached:
                     self._old_bytes_cached[path] = self._old_bytes_cached.get(path, 0) + 1
 
     @operation(_by_child)
@@ -1394,29 +1370,31 @@ class FileSystem:
         if view is None:
             await self.run(old.refresh)
             for fh, handle in list(self.handles.items()):
-                if handle.stored is not None:  # the store as it is now: reopened
-                    await self._reopen_stored(fh, handle, handle.array, handle.coords)
+                if isinstance(handle, StoredChunkHandle) and self.handles.get(fh) is handle:
+                    await self._reopen_stored(fh, handle, handle.array, handle.coords)  # the store as it is now
         else:
             old.cache.clear()  # the old view is dropped; the swap happens here, between requests
             self.view = view
             self.writes.rebind(view)
             self._journal_problems(view)
             for fh, handle in list(self.handles.items()):  # (awaits below: requests go on)
-                if handle.reader is not None:
+                if self.handles.get(fh) is not handle:
+                    continue  # closed, or of another kind now
+                if isinstance(handle, WholeImageHandle):
                     await self._rebind_image(handle)
                     continue
-                if handle.array is None or handle.content is not None or handle.state is not None:
+                if not isinstance(handle, ChunkHandle):
                     continue
                 arr, coords = view.chunk_at(handle.path)
                 if arr is not None and arr.layout is not None and coords is not None:
                     handle.array, handle.coords = arr, coords
-                    if handle.stored is not None:  # the store as it is now: reopened
+                    if isinstance(handle, StoredChunkHandle):  # the store as it is now: reopened
                         await self._reopen_stored(fh, handle, arr, coords)
         for ino in self.inodes.inos():
             if ino != ROOT_INODE:
                 self._invalidate(ino)
 
-    async def _reopen_stored(self, fh: int, handle: Handle, arr: Any, coords: tuple[int, ...]) -> None:
+    async def _reopen_stored(self, fh: int, handle: StoredChunkHandle, arr: Any, coords: tuple[int, ...]) -> None:
         """A reload: an open chunk stored raw reads the stored file as it is now (or is
         decoded, if it is no longer stored raw); the kernel's cache of it is dropped."""
         old = handle.stored
@@ -1429,10 +1407,13 @@ class FileSystem:
             if new is not None:
                 new.close()
             return
-        handle.stored = new
+        if new is None:  # no longer stored raw: decoded
+            self.handles[fh] = DecodedChunkHandle(handle.path, handle.inode, arr, coords, handle.page_cached)
+        else:
+            handle.stored = new
         old.close()  # (the kernel's caches are dropped at the end of the reload)
 
-    async def _rebind_image(self, handle: Handle) -> None:
+    async def _rebind_image(self, handle: WholeImageHandle) -> None:
         """An open whole-image file follows a reload if its byte layout is unchanged;
         otherwise its reads fail (EIO, logged): the reader must reopen it."""
         entry = self.view.entry(handle.path)
