@@ -430,7 +430,7 @@ def build_view(
         try:
             view = ArrayView(source, options, cache, ome, stats, caches)
         except Exception as exc:  # metadata the view cannot lay out: this array only
-            doc = getattr(source, "stored_form", source.v3_metadata)()
+            doc = source.stored_form()
             reason = unsupported_reason(shown_path(path), exc, doc)
             return not_shown(path, "array", reason, unsupported_metadata(doc, reason))
         if view.unsupported:

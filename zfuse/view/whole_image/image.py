@@ -291,8 +291,7 @@ class WholeImage:
         assert lv.passthrough is not None
         compression, trailer = lv.passthrough
         src = lv.array.source
-        sizes_of = getattr(src, "stored_sizes", None)
-        sizes = sizes_of() if sizes_of is not None else None
+        sizes = src.stored_sizes()
         if sizes is None:
             return None  # sizes not cheap here (e.g. an object store without shards)
         fill = len(self._tiles.fill_stream(lv, compression))

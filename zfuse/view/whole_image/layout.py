@@ -165,8 +165,7 @@ class Level:
 
     def chunk_file(self, coords: tuple[int, ...]) -> str | None:
         """The local file of a stored chunk, when the store is a directory of whole chunks."""
-        stored_path = getattr(self.array.source, "stored_chunk_path", None)
-        return stored_path(coords) if stored_path is not None else None
+        return self.array.source.stored_chunk_path(coords)
 
 
 def plan_level(arr: ArrayView) -> Level:
@@ -179,8 +178,7 @@ def plan_level(arr: ArrayView) -> Level:
     passthrough = None
     # passthrough needs one tile = one whole stored chunk holding one plane
     if (th, tw) == (ch, cw) and all(n == 1 for n in clead) and len(src.shape) >= 2:
-        stored_codecs = getattr(src, "stored_codecs", None)
-        passthrough = passthrough_compression(stored_codecs() if stored_codecs else None, dtype)
+        passthrough = passthrough_compression(src.stored_codecs(), dtype)
     slot = tile_bytes
     if passthrough is not None and passthrough[0] != COMPRESSION_NONE:
         slot = -(-compress_bound(passthrough[0], tile_bytes) // _ALIGN) * _ALIGN
