@@ -118,7 +118,7 @@ MAX_CHUNK_PAGES = 65536
 def chunk_file_unsupported_reason(chunk_shape: Sequence[int], dtype: object) -> str | None:
     """Why chunks of this shape cannot be TIFF files, from their shape alone; None if they
     can (the planned file's size is checked against `MAX_FILE_SIZE` after planning)."""
-    pages, rows, cols = _flatten([int(n) for n in chunk_shape])
+    pages, rows, cols = flatten([int(n) for n in chunk_shape])
     if max(rows, cols) > MAX_EDGE:
         return (f"chunks of {rows} x {cols} pixels: a TIFF image is at most {MAX_EDGE} pixels "
                 "high and wide")
@@ -131,13 +131,15 @@ def chunk_file_unsupported_reason(chunk_shape: Sequence[int], dtype: object) -> 
     return None
 
 
-def _flatten(shape: Sequence[int]) -> tuple[int, int, int]:
-    """(pages, rows, cols): last two axes are the image, leading axes pages."""
+def flatten(shape: Sequence[int]) -> tuple[int, int, int]:
+    """(pages, rows, cols) of a chunk's TIFF: the last two axes are the image, leading
+    axes pages; a 1-d chunk is one row, a 0-d chunk one pixel. The one flattening every
+    reader and writer of chunk files uses."""
     if len(shape) == 0:
         return 1, 1, 1
     if len(shape) == 1:
-        return 1, 1, shape[0]
-    return math.prod(shape[:-2]), shape[-2], shape[-1]
+        return 1, 1, int(shape[0])
+    return math.prod(shape[:-2]), int(shape[-2]), int(shape[-1])
 
 
 @dataclass(frozen=True)
@@ -233,7 +235,7 @@ def plan_layout(
     meta, file_axes = plan_meta(shape, axes=axes, axis_types=axis_types, scales=scales, units=units,
                                 grid_shape=grid_shape, array_shape=array_shape)
 
-    pages, rows, cols = _flatten(shape)
+    pages, rows, cols = flatten(shape)
     data_size = math.prod(shape) * dt.itemsize
 
     # Classic unless the whole file passes 4 GiB - 1 (offsets are uint32).
@@ -285,7 +287,7 @@ def _build(
     DocumentName, resolutions, description — in that order so the position
     fields have fixed offsets), then the IFDs of pages 1..N-1.
     """
-    pages, rows, cols = _flatten(shape)
+    pages, rows, cols = flatten(shape)
     page_bytes = rows * cols * dt.itemsize
     bits = 8 * dt.itemsize
     fmt = ifd_format(bigtiff)

@@ -28,7 +28,6 @@ within the budget.
 
 from __future__ import annotations
 
-import math
 import re
 import struct
 from collections.abc import Sequence
@@ -36,6 +35,8 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
+
+from zfuse.view.tiff import flatten
 
 __all__ = ["EARLY_LOOKS", "EarlyCheck", "TiffWalk", "early_refusal", "incomplete_reason", "max_ifds", "walk_tiff"]
 
@@ -58,21 +59,12 @@ _MAX_IFDS_UNKNOWN = 100_000
 _CLAIM_SLACK = 64 * 1024
 
 
-def _planes_of(shape: Sequence[int]) -> tuple[int, int, int]:
-    """(planes, rows, cols) as the header layer flattens a chunk."""
-    if len(shape) == 0:
-        return 1, 1, 1
-    if len(shape) == 1:
-        return 1, 1, int(shape[0])
-    return math.prod(shape[:-2]), int(shape[-2]), int(shape[-1])
-
-
 def max_ifds(chunk_shapes: Sequence[Sequence[int]]) -> int:
     """The most IFDs a TIFF of one of `chunk_shapes` may have: one per plane, as many
     again for reduced-resolution pages (thumbnails), and a few to spare."""
     if not chunk_shapes:
         return _MAX_IFDS_UNKNOWN
-    planes = max(_planes_of(s)[0] for s in chunk_shapes)
+    planes = max(flatten(s)[0] for s in chunk_shapes)
     return 2 * planes + 16
 
 
@@ -207,7 +199,7 @@ def walk_tiff(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[Seque
         index += 1
     if dims is None:
         return TiffWalk(incomplete="no image written yet (no IFD)", ifds=index)
-    wanted = [_planes_of(s) for s in chunk_shapes]
+    wanted = [flatten(s) for s in chunk_shapes]
     fits = [p for p, r, c in wanted if (r, c) == dims]
     if imagej is not None and planes == 1 and imagej[0] > 1 and imagej[2]:
         # ImageJ's one-IFD stacks: `images=N` planes follow the first contiguously
@@ -302,7 +294,7 @@ def early_refusal(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[S
     if spp != 1 and planar != 2:
         return EarlyCheck(True, True, f"the image has {spp} samples per pixel, interleaved (RGB or multi-channel); "
                 "this chunk is one sample per pixel (grayscale)")
-    planes = [_planes_of(s) for s in chunk_shapes]
+    planes = [flatten(s) for s in chunk_shapes]
     if planes and all((r, c) != (length, width) for _, r, c in planes):
         sizes = " or ".join(f"{r}x{c}" for _, r, c in planes)
         return EarlyCheck(True, True, f"wrong shape: the image is {length}x{width} (rows x columns), "

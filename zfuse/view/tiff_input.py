@@ -48,7 +48,7 @@ import numpy as np
 import tifffile
 
 from zfuse.errors import InvalidTiffError
-from zfuse.view.tiff import TiffLayout, build_header
+from zfuse.view.tiff import TiffLayout, build_header, flatten
 from zfuse.view.tiff_complete import incomplete_reason, walk_tiff
 from zfuse.view.tiff_parse import read_position
 from zfuse.view.tiff_segments import ACCEPTED_COMPRESSIONS, check_segments
@@ -71,15 +71,6 @@ _SEPARATE = 2  # PlanarConfiguration: each sample in its own plane
 def max_file_size(layout: TiffLayout) -> int:
     """Largest TIFF the writer should buffer for one chunk of `layout`."""
     return MAX_TIFF_FACTOR * layout.file_size + MAX_TIFF_SLACK
-
-
-def _geometry(shape: Sequence[int]) -> tuple[int, int, int]:
-    """(pages, rows, cols), the same flattening as the header layer."""
-    if len(shape) == 0:
-        return 1, 1, 1
-    if len(shape) == 1:
-        return 1, 1, shape[0]
-    return math.prod(shape[:-2]), shape[-2], shape[-1]
 
 
 def _describe(geom: tuple[int, int, int], shape: Sequence[int]) -> str:
@@ -307,7 +298,7 @@ def _plain_image(
         return None
     rows, cols = one(257), one(256)
     for shape in shapes:
-        if _geometry(shape) == (1, rows, cols):
+        if flatten(shape) == (1, rows, cols):
             break
     else:
         return None
@@ -448,10 +439,10 @@ def _decode_pages(
             planes_from_imagej = True
 
     for shape in shapes:
-        if _geometry(shape) == geom:
+        if flatten(shape) == geom:
             break
     else:
-        expected = " or ".join(_describe(_geometry(s), s) for s in shapes)
+        expected = " or ".join(_describe(flatten(s), s) for s in shapes)
         got_desc = f"{geom[0]} page(s) of {geom[1]}x{geom[2]}"
         if planes_from_imagej:
             got_desc += " (ImageJ images=)"
