@@ -36,6 +36,8 @@ class Handle:
     """One open file of some kind: its path and inode, and whether its reads go through
     the kernel's page cache (`page_cached`: counted per path while it is open)."""
 
+    __slots__ = ("path", "inode", "page_cached")  # (one per open: attribute access in C)
+
     def __init__(self, path: Path, inode: Inode, page_cached: bool = False) -> None:
         self.path = path
         self.inode = inode
@@ -65,6 +67,8 @@ class Handle:
 class SnapshotHandle(Handle):
     """Fixed bytes."""
 
+    __slots__ = ("content",)
+
     def __init__(self, path: Path, inode: Inode, content: bytes, page_cached: bool = False) -> None:
         super().__init__(path, inode, page_cached)
         self.content = content
@@ -83,6 +87,8 @@ class SnapshotHandle(Handle):
 
 class BufferHandle(Handle):
     """A write state's buffer, read (the writer's own process, or a file only the daemon holds)."""
+
+    __slots__ = ("state", "array", "coords")
 
     def __init__(self, path: Path, inode: Inode, state: FileState, array: Any, coords: tuple[int, ...] | None) -> None:
         super().__init__(path, inode)
@@ -112,6 +118,8 @@ class WriteHandle(BufferHandle):
     """A write state's buffer, opened for writing: writes, flushes and its release go to
     the state (`zfuse.view.writes.Writes`)."""
 
+    __slots__ = ("append",)
+
     def __init__(self, path: Path, inode: Inode, state: FileState, *, append: bool = False) -> None:
         super().__init__(path, inode, state, state.array, state.coords)
         self.append = append  # O_APPEND: writes go to the end
@@ -119,6 +127,8 @@ class WriteHandle(BufferHandle):
 
 class WholeImageHandle(Handle):
     """A whole-image file: its reader (`WholeImage`: size, read_cached, read, pushes_after)."""
+
+    __slots__ = ("reader",)
 
     def __init__(self, path: Path, inode: Inode, reader: Any) -> None:
         super().__init__(path, inode)
@@ -136,6 +146,8 @@ class WholeImageHandle(Handle):
 
 class ChunkHandle(Handle):
     """A chunk file as the store holds it (not being written by this process)."""
+
+    __slots__ = ("array", "coords")
 
     def __init__(self, path: Path, inode: Inode, array: Any, coords: tuple[int, ...], page_cached: bool = False) -> None:
         super().__init__(path, inode, page_cached)
@@ -155,10 +167,14 @@ class ChunkHandle(Handle):
 class DecodedChunkHandle(ChunkHandle):
     """The decoded chunk (through the chunk cache)."""
 
+    __slots__ = ()
+
 
 class StoredChunkHandle(ChunkHandle):
     """A chunk stored raw: the header, then the stored file's bytes by range, from the
     stored file it opened (`StoredChunkFile`, held open until `close`)."""
+
+    __slots__ = ("stored",)
 
     def __init__(self, path: Path, inode: Inode, array: Any, coords: tuple[int, ...], stored: Any) -> None:
         super().__init__(path, inode, array, coords)
