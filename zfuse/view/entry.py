@@ -14,6 +14,8 @@ if TYPE_CHECKING:
     from zfuse.view.array_view import ArrayView
     from zfuse.view.source import Coords
 
+META_NAME = "zarr.json"  # every group's and array's metadata file
+
 
 class Node(Enum):
     """What is at a path. `is_dir`: a directory (else a file)."""

@@ -34,7 +34,7 @@ import zarr
 from zfuse.stats import Stats
 from zfuse.view.array_view import ArrayView, ChunkCache, ViewOptions
 from zfuse.view.caches import ViewCaches
-from zfuse.view.entry import Entry, Node
+from zfuse.view.entry import META_NAME, Entry, Node
 from zfuse.view.hierarchy import (
     ImplicitGroup,
     group_members,
@@ -51,7 +51,6 @@ from zfuse.view.whole_image import ImageWorkers, WholeImage, plan_whole_images
 
 log = logging.getLogger("zfuse.view")
 
-META_NAME = "zarr.json"
 README_NAME = "README"  # in the directory of a node shown without chunk files: why
 
 

@@ -37,7 +37,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import trio
 
@@ -51,9 +51,12 @@ from zfuse.errors import (
 )
 from zfuse.stats import Stats
 from zfuse.view.array_view import ArrayView
+from zfuse.view.entry import META_NAME, Entry, Node
 from zfuse.view.tiff_complete import EARLY_LOOKS, early_refusal, incomplete_reason
 from zfuse.view.tiff_input import decode_tiff, max_file_size
-from zfuse.view.tree import META_NAME, Entry, Node, View
+
+if TYPE_CHECKING:
+    from zfuse.view.tree import View
 
 __all__ = [
     "FileState", "Phase", "Released", "Writes", "RENAME_NOREPLACE", "NAME_MAX",
