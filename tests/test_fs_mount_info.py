@@ -17,7 +17,7 @@ from test_fs import Clock, make_fs
 
 
 def test_mount_file_is_what_the_daemon_says(tmp_path: Path) -> None:
-    """[tree-6] .zfuse/mount: listed and readable once the daemon sets mount_info."""
+    """[tree-6] .zfuse/mount: listed and readable once the daemon gives mount_info."""
     src = tmp_path / "a.zarr"
     stores.v3(src)
     fs, k = make_fs(src, Clock())

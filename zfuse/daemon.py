@@ -237,14 +237,6 @@ def serve(
     from zfuse import __version__
     from zfuse.fuse_ops import ZfuseOperations
 
-    ops = ZfuseOperations(view, read_only=config.read_only, max_threads=config.max_threads, stats=stats,
-                          replace_window=config.replace_window, pending_timeout=config.pending_timeout,
-                          durable=config.durable)
-    ops.fs.reload = reload
-    if config.log_operations:
-        from zfuse.fuse_ops import log_operations
-
-        log_operations(ops)
     state: dict[str, Any] = {
         "pid": os.getpid(),
         "sources": list(config.sources),
@@ -263,18 +255,24 @@ def serve(
         # computes the uptime from `started`)
         return {**state, "log": config.log_destination}
 
-    ops.fs.mount_info = mount_info
-    if reload is not None:
-        def reload_and_record() -> View:
-            try:
-                new_view = reload()
-            except Exception as e:
-                state["last_reload_error"] = f"{type(e).__name__}: {e}"
-                raise
-            state["last_reload_error"] = None
-            return new_view
+    def reload_and_record() -> View:
+        assert reload is not None
+        try:
+            new_view = reload()
+        except Exception as e:
+            state["last_reload_error"] = f"{type(e).__name__}: {e}"
+            raise
+        state["last_reload_error"] = None
+        return new_view
 
-        ops.fs.reload = reload_and_record
+    ops = ZfuseOperations(view, read_only=config.read_only, max_threads=config.max_threads, stats=stats,
+                          replace_window=config.replace_window, pending_timeout=config.pending_timeout,
+                          durable=config.durable, reload=reload_and_record if reload is not None else None,
+                          mount_info=mount_info)
+    if config.log_operations:
+        from zfuse.fuse_ops import log_operations
+
+        log_operations(ops)
     options = {f"fsname={fsname_of(config.sources)}", "subtype=zfuse", "default_permissions",
                *config.fuse_options}
     if config.read_only:

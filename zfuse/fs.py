@@ -25,7 +25,7 @@ What lives here:
 - Read-ahead: opening a chunk cold schedules the next chunks' decode (chunks
   stored raw: asks the OS to read their stored files ahead).
 - Reload: a new view, with open files and write states moved onto it.
-- `.zfuse/mount`: what the daemon says about itself (`mount_info`, set by the daemon).
+- `.zfuse/mount`: what the daemon says about itself (`mount_info`, given by the daemon).
 - The error journal `.zfuse/errors`: every refusal, abandoned file and store
   error, one line each, readable by the mount's user.
 """
@@ -364,6 +364,7 @@ class FileSystem:
         reload: Callable[[], View] | None = None,
         reader_grace: float = READER_GRACE,
         durable: bool = True,
+        mount_info: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.view = view
         self.clock = clock
@@ -392,8 +393,8 @@ class FileSystem:
         # event loop a task and a wake-up per chunk, on the core the reader needs
         self.spawn_read_ahead = spawn_read_ahead or spawn
         self.reload = reload
-        # what `.zfuse/mount` shows (the daemon sets it; without it there is no such file)
-        self.mount_info: Callable[[], dict[str, Any]] | None = None
+        # what `.zfuse/mount` shows (the daemon's; without it there is no such file)
+        self.mount_info = mount_info
         self.uid = os.getuid() if uid is None else uid
         self.gid = os.getgid() if gid is None else gid
         self.started_ns = time.time_ns()

@@ -179,6 +179,8 @@ class ZfuseOperations(pyfuse3.Operations):
         replace_window: float | None = None,
         pending_timeout: float | None = None,
         durable: bool = True,
+        reload: Callable[[], View] | None = None,
+        mount_info: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         super().__init__()
         self.limiter = trio.CapacityLimiter(max_threads)
@@ -190,7 +192,7 @@ class ZfuseOperations(pyfuse3.Operations):
             view, read_only=read_only, stats=stats, run=self._thread, kernel=_Kernel(self),
             spawn=self._spawn_background, spawn_listing=WorkerThreads(LISTING_THREADS, "list-ahead").submit,
             spawn_read_ahead=WorkerThreads(READ_AHEAD_THREADS, "read-ahead").submit,
-            durable=durable, **timing,
+            durable=durable, reload=reload, mount_info=mount_info, **timing,
         )
 
     @property
