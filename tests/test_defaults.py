@@ -23,6 +23,11 @@ def test_one_source_of_defaults() -> None:
     assert config.max_threads == defaults.THREADS and config.read_ahead_kb == defaults.READ_AHEAD_KB
     assert (REPLACE_WINDOW, PENDING_TIMEOUT) == (defaults.REPLACE_WINDOW, defaults.PENDING_TIMEOUT)
     assert DEFAULT_REMOTE_TIMEOUT == defaults.REMOTE_TIMEOUT
+    import inspect
+
+    from zfuse.view.writes import Writes
+
+    assert inspect.signature(Writes).parameters["buffer_budget"].default == defaults.WRITE_BUFFERS
     text = options_help()
     for shown in (f"default {defaults.CACHE_BYTES // 2**20}M", f"default {defaults.THREADS})",
                   f"default {defaults.PENDING_TIMEOUT:g})", f"default {defaults.REMOTE_TIMEOUT:g} for remote"):

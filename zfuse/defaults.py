@@ -14,6 +14,9 @@ THREADS = 8  # worker threads for store I/O and decoding
 #: seconds between deleting and creating their output)
 REPLACE_WINDOW = 30.0
 PENDING_TIMEOUT = 300.0  # seconds an incomplete closed file waits to be completed
+#: bytes that files being written (not yet closed, pending, scratch) may hold in the
+#: daemon together: past it a write fails with ENOSPC, whatever the machine has
+WRITE_BUFFERS = 4 * 2**30
 READ_AHEAD_KB = 1024  # the kernel's read-ahead window for the mount
 #: seconds one request to a remote store (s3://, gs://, https://) may take by default:
 #: a read waits about this long at most when the server hangs (local stores: none)

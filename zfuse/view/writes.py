@@ -209,6 +209,7 @@ class Writes:
         before_replace: Callable[[Path], Awaitable[None]] = _nothing,
         process: Callable[[int], int] = lambda pid: pid,
         decode_budget: int = DECODE_BUDGET,
+        buffer_budget: int = defaults.WRITE_BUFFERS,
     ) -> None:
         self.view = view
         self.read_only = read_only
@@ -222,6 +223,7 @@ class Writes:
         # a request's thread id -> its process; asked only where the answer matters
         self.process = process
         self.decode_budget = MemoryBudget(decode_budget)
+        self.buffer_budget = buffer_budget  # bytes all write buffers may hold together
         self.states: dict[Path, FileState] = {}
         self.removed: dict[Path, float] = {}  # unlinked chunks still in the store: deadline
         self.made_dirs: set[Path] = set()
@@ -386,6 +388,7 @@ class Writes:
         end = off + len(buf)
         if end > state.limit:
             raise FileTooLargeError(f"{len(buf)} bytes at offset {off} exceed the {state.limit}-byte limit")
+        self._check_buffers(state, end)
         buffer = state.buffer
         if buffer is None:
             buffer = await self.run(load_buffer, state)
@@ -399,6 +402,20 @@ class Writes:
         if not state.ifd_checked and not state.scratch and state.array is not None:
             self._check_first_ifd(state, buffer)
         return len(buf)
+
+    def _check_buffers(self, state: FileState, end: int) -> None:
+        """ENOSPC if growing `state`'s buffer to `end` bytes would take the write buffers
+        of all files past `buffer_budget`: many writers at once cannot exhaust the
+        daemon, each file being bounded already (`FileState.limit`)."""
+        grow = end - (len(state.buffer) if state.buffer is not None else 0)
+        if grow <= 0:
+            return
+        held = sum(len(s.buffer) for s in self.states.values() if s.buffer is not None)
+        if held + grow > self.buffer_budget:
+            raise NotAllowedError(
+                errno.ENOSPC, f"the files being written on this mount would hold more than "
+                f"{self.buffer_budget // 2**20} MiB in the daemon (now {held // 2**20} MiB): "
+                "close some before writing more")
 
     def _check_first_ifd(self, state: FileState, buffer: bytearray) -> None:
         """Refuse at this write a file whose first IFD, now written, can never be the chunk

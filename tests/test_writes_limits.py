@@ -1,4 +1,5 @@
-"""When the daemon's tick next has something to do, on the writes' own clock (no FUSE).
+"""The write path's clock and bounds, with plain calls (no FUSE): when the daemon's tick
+next has something to do, on the writes' own clock, and the budget of all write buffers.
 
 The deadlines of deferred deletions and pending files are taken on the clock the
 `Writes` object was given (time.monotonic in the daemon); trio's clock has another
@@ -7,6 +8,7 @@ times a second while anything was scheduled."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from zfuse.view.writes import Writes
@@ -64,3 +66,32 @@ def test_the_daemon_tick_sleeps_on_the_writes_clock() -> None:
     clock.jump(1e6)  # trio's clock has its own origin, far from time.monotonic's
     trio.run(main, clock=clock)
     assert 30 <= Fs.ticks <= 41, Fs.ticks
+
+
+def test_write_buffers_share_one_budget(tmp_path: Path) -> None:
+    """[write-12] files being written hold their bytes in the daemon: together at most
+    `buffer_budget`; a write past it fails with ENOSPC, the other files go on."""
+    import errno
+
+    import numpy as np
+    import pytest
+
+    from zfuse.fs import FsError
+    from zfuse.testing import tiff_bytes
+
+    clock = Clock()
+    stores.v3(tmp_path / "a.zarr")
+    fs, k = make_fs(tmp_path / "a.zarr", clock, replace_window=5.0, pending_timeout=60.0)
+    first = tiff_bytes(stores.values((8, 16), "uint16", seed=3))
+    fs.writes.buffer_budget = len(first) + 100
+    a = k.open("c/0/0.tiff", os.O_WRONLY | os.O_TRUNC)
+    k.write(a, first)
+    b = k.open("c/0/1.tiff", os.O_WRONLY | os.O_TRUNC)
+    with pytest.raises(FsError) as refused:
+        k.write(b, first)
+    assert refused.value.errno == errno.ENOSPC
+    k.close(a)  # the first file commits: its buffer is let go
+    k.write(b, first)
+    k.close(b)
+    arr = stores.open_any(tmp_path / "a.zarr")
+    np.testing.assert_array_equal(arr[0:8, 16:30], stores.values((8, 16), "uint16", seed=3)[:, :14])
