@@ -18,7 +18,7 @@ log naming the key):
 - imagecodecs' numcodecs codecs (registered by codec_packages): its zstd,
   zlib, bz2, LZMA and Blosc are the formats above and bounded as they are;
   PNG, JPEG, JPEG 2000 (and HTJ2K) and WebP streams declare height, width,
-  components and sample depth in their header (`tiff_segments.declared_dims`),
+  components and sample depth in their header (`tiff_segments.declared_image`),
   checked against `limit` before the codec decodes;
 - the image codecs in `DECODED_INTO` (LERC, JPEG XL, JPEG XR, JPEG-LS, BMP and
   the declaring ones) are given the chunk's own array as `out` where the
@@ -47,7 +47,7 @@ import imagecodecs
 import numpy as np
 
 from zfuse.errors import CorruptDataError
-from zfuse.view.tiff_segments import declared_dims
+from zfuse.view.tiff_segments import declared_image
 
 __all__ = ["CODEC_IDS", "DECODED_INTO", "bounded", "codec_id", "decode_into", "declared_size",
            "declares_size", "decompress_bounded"]
@@ -231,46 +231,13 @@ def _image_stream(data: Bytes, config: dict[str, Any]) -> bytes:
 
 
 def _image_size(kind: str, stream: bytes) -> int | None:
-    """height * width * components * bytes per sample, from the stream's header."""
-    dims = declared_dims(kind, stream)
-    if dims is None:
+    """height * width * components * bytes per sample, from the stream's header
+    (imagecodecs decodes more than 8 bits into uint16, more than 16 into uint32)."""
+    image = declared_image(kind, stream)
+    if image is None:
         return None
-    height, width, components = dims
-    return height * width * components * _sample_bytes(kind, stream)
-
-
-def _sample_bytes(kind: str, stream: bytes) -> int:
-    """Bytes per decoded sample, from the header's bit depth (imagecodecs decodes
-    more than 8 bits into uint16, more than 16 into uint32); 1 where unreadable
-    (declared_dims read the same header, so that is rare)."""
-    try:
-        if kind == "PNG":
-            bits = stream[24]
-        elif kind == "JPEG":
-            bits = _jpeg_precision(stream)
-        elif kind == "JPEG 2000":
-            at = stream.find(b"\xff\x4f\xff\x51")  # SOC, SIZ: the codestream, in a JP2 box or not
-            (csiz,) = struct.unpack_from(">H", stream, at + 40)
-            bits = max((stream[at + 42 + 3 * c] & 0x7F) + 1 for c in range(csiz)) if at >= 0 else 8
-        else:
-            bits = 8  # WebP is 8-bit
-    except (IndexError, struct.error, ValueError):
-        bits = 8
-    return 1 if bits <= 8 else 2 if bits <= 16 else 4
-
-
-def _jpeg_precision(stream: bytes) -> int:
-    at = 2
-    while at + 4 <= len(stream):
-        marker = stream[at + 1]
-        if marker == 0xFF or marker in (0xD8, 0x01) or 0xD0 <= marker <= 0xD7:
-            at += 1 if marker == 0xFF else 2
-            continue
-        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # a frame header
-            return stream[at + 4]
-        (length,) = struct.unpack_from(">H", stream, at + 2)
-        at += 2 + length
-    return 8
+    height, width, components, bits = image
+    return height * width * components * (1 if bits <= 8 else 2 if bits <= 16 else 4)
 
 
 def _nbytes(value: Any) -> int | None:

@@ -33,7 +33,7 @@ import tifffile
 
 from zfuse.errors import InvalidTiffError
 
-__all__ = ["ACCEPTED_COMPRESSIONS", "check_segments", "declared_dims"]
+__all__ = ["ACCEPTED_COMPRESSIONS", "check_segments", "declared_dims", "declared_image"]
 
 _BYTE_CODECS = {5: "LZW", 8: "deflate", 32946: "deflate", 32773: "PackBits", 34925: "LZMA",
                 34926: "zstd", 50000: "zstd"}
@@ -143,6 +143,14 @@ def _check_declared(compression: int, segment: bytes, rows: int, cols: int, samp
 def declared_dims(codec: str, stream: bytes) -> tuple[int, int, int] | None:
     """(height, width, components) that an image codec's stream declares in its header,
     read without decoding; None if the header is not there or not understood."""
+    image = declared_image(codec, stream)
+    return image[:3] if image is not None else None
+
+
+def declared_image(codec: str, stream: bytes) -> tuple[int, int, int, int] | None:
+    """(height, width, components, bits per sample) that an image codec's stream
+    declares in its header, read without decoding; None if the header is not there or
+    not understood. (Bits: the largest component's; 8 where a header leaves it out.)"""
     try:
         if codec == "JPEG":
             return _jpeg_dims(stream)
@@ -160,7 +168,7 @@ def declared_dims(codec: str, stream: bytes) -> tuple[int, int, int] | None:
 _JPEG_SOF = frozenset({0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF})
 
 
-def _jpeg_dims(stream: bytes) -> tuple[int, int, int] | None:
+def _jpeg_dims(stream: bytes) -> tuple[int, int, int, int] | None:
     if stream[:2] != b"\xff\xd8":
         return None
     at = 2
@@ -176,8 +184,8 @@ def _jpeg_dims(stream: bytes) -> tuple[int, int, int] | None:
             continue
         (seg_len,) = struct.unpack_from(">H", stream, at + 2)
         if marker in _JPEG_SOF:
-            _precision, height, width, components = struct.unpack_from(">BHHB", stream, at + 4)
-            return (height, width, components) if height else None  # 0: set later by DNL
+            precision, height, width, components = struct.unpack_from(">BHHB", stream, at + 4)
+            return (height, width, components, precision) if height else None  # 0: set later by DNL
         if marker in (0xDA, 0xD9):  # scan or end before any frame header
             return None
         at += 2 + seg_len
@@ -187,23 +195,27 @@ def _jpeg_dims(stream: bytes) -> tuple[int, int, int] | None:
 _PNG_CHANNELS = {0: 1, 2: 3, 3: 1, 4: 2, 6: 4}
 
 
-def _png_dims(stream: bytes) -> tuple[int, int, int] | None:
+def _png_dims(stream: bytes) -> tuple[int, int, int, int] | None:
     if stream[:8] != b"\x89PNG\r\n\x1a\n" or stream[12:16] != b"IHDR":
         return None
-    width, height, _depth, color = struct.unpack_from(">IIBB", stream, 16)
+    width, height, depth, color = struct.unpack_from(">IIBB", stream, 16)
     channels = _PNG_CHANNELS.get(color)
-    return (height, width, channels) if channels else None
+    return (height, width, channels, depth) if channels else None
 
 
-def _j2k_codestream_dims(stream: bytes, at: int) -> tuple[int, int, int] | None:
+def _j2k_codestream_dims(stream: bytes, at: int) -> tuple[int, int, int, int] | None:
     if stream[at : at + 4] != b"\xff\x4f\xff\x51":
         return None
     xsiz, ysiz, xosiz, yosiz = struct.unpack_from(">IIII", stream, at + 8)
     (csiz,) = struct.unpack_from(">H", stream, at + 40)
-    return (ysiz - yosiz, xsiz - xosiz, csiz)
+    try:  # each component's Ssiz: bit depth - 1 (the top bit: signed)
+        bits = max((stream[at + 42 + 3 * c] & 0x7F) + 1 for c in range(csiz))
+    except (IndexError, ValueError):
+        bits = 8
+    return (ysiz - yosiz, xsiz - xosiz, csiz, bits)
 
 
-def _j2k_dims(stream: bytes) -> tuple[int, int, int] | None:
+def _j2k_dims(stream: bytes) -> tuple[int, int, int, int] | None:
     if stream[:4] == b"\xff\x4f\xff\x51":
         return _j2k_codestream_dims(stream, 0)
     at = 0  # JP2 boxes: the image is the codestream box's
@@ -224,7 +236,7 @@ def _j2k_dims(stream: bytes) -> tuple[int, int, int] | None:
     return None
 
 
-def _webp_dims(stream: bytes) -> tuple[int, int, int] | None:
+def _webp_dims(stream: bytes) -> tuple[int, int, int, int] | None:
     if stream[:4] != b"RIFF" or stream[8:12] != b"WEBP":
         return None
     chunk = stream[12:16]
@@ -232,16 +244,16 @@ def _webp_dims(stream: bytes) -> tuple[int, int, int] | None:
     if chunk == b"VP8X":
         w1 = int.from_bytes(stream[body + 4 : body + 7], "little")
         h1 = int.from_bytes(stream[body + 7 : body + 10], "little")
-        return (h1 + 1, w1 + 1, 4 if stream[body] & 0x10 else 3)
+        return (h1 + 1, w1 + 1, 4 if stream[body] & 0x10 else 3, 8)
     if chunk == b"VP8L":
         if stream[body] != 0x2F:
             return None
         (bits,) = struct.unpack_from("<I", stream, body + 1)
-        return (((bits >> 14) & 0x3FFF) + 1, (bits & 0x3FFF) + 1, 4 if (bits >> 28) & 1 else 3)
+        return (((bits >> 14) & 0x3FFF) + 1, (bits & 0x3FFF) + 1, 4 if (bits >> 28) & 1 else 3, 8)
     if chunk == b"VP8 ":
         if stream[body + 3 : body + 6] != b"\x9d\x01\x2a":
             return None
         width, height = struct.unpack_from("<HH", stream, body + 6)
-        return (height & 0x3FFF, width & 0x3FFF, 3)
+        return (height & 0x3FFF, width & 0x3FFF, 3, 8)
     return None
 
