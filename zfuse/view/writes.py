@@ -156,6 +156,11 @@ class FileState:
     changed_at: float = 0.0  # the Writes clock: pending files expire from here
     commit_lock: trio.Lock = field(default_factory=trio.Lock)
 
+    def start_over(self) -> None:
+        """The file is emptied (O_TRUNC, a new create, truncated to 0): what its first
+        IFD decided no longer holds."""
+        self.ifd_checked, self.ifd_looks, self.refused = False, 0, None
+
     def changed(self, now: float) -> None:
         self.dirty = True
         self.generation += 1
@@ -351,7 +356,7 @@ class Writes:
         if flags & os.O_TRUNC:
             state.buffer = bytearray()
             state.changed(self.clock())
-            state.ifd_checked, state.ifd_looks, state.refused = False, 0, None
+            state.start_over()
         if pid is not None:
             self._add_writer(state, pid)
         state.handles += 1
@@ -371,7 +376,7 @@ class Writes:
             state.changed(self.clock())
             state.dirty = not state.scratch
             state.phase = Phase.OPEN
-            state.ifd_checked, state.ifd_looks, state.refused = False, 0, None
+            state.start_over()
         if pid is not None:
             self._add_writer(state, pid)
         state.handles += 1
@@ -452,7 +457,7 @@ class Writes:
             if size == len(buffer) and not state.dirty:
                 return
             if size == 0:
-                state.ifd_checked, state.ifd_looks, state.refused = False, 0, None  # a new file from here
+                state.start_over()  # a new file from here
             if size < len(buffer):
                 del buffer[size:]
             else:
