@@ -239,3 +239,14 @@ def tifffile_bytes(values: np.ndarray) -> bytes:
     buf = io.BytesIO()
     tifffile.imwrite(buf, values, photometric="minisblack", metadata=None)
     return buf.getvalue()
+
+
+def test_a_walk_stops_at_its_entry_budget_without_deciding() -> None:
+    """close() walks a file of few IFD entries on the event loop and defers the rest to a
+    worker thread: a stopped walk decides nothing, an unstopped one is the full walk."""
+    plain = tifffile_bytes(np.ones((3, 8, 16), "uint16"))
+    shapes = [(3, 8, 16)]
+    assert walk_tiff(plain, shapes, max_entries=256) == walk_tiff(plain, shapes)
+    assert walk_tiff(plain[:-40], shapes, max_entries=256) == walk_tiff(plain[:-40], shapes)
+    stopped = walk_tiff(h.huge_counts(region=2**16, entries=1000), [(64, 64)], max_entries=256)
+    assert stopped.deferred and stopped.problem is None and stopped.incomplete is None

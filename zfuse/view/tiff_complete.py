@@ -75,6 +75,7 @@ class TiffWalk:
     incomplete: str | None = None  # why it is only the beginning of a TIFF
     problem: str | None = None  # why no further writing makes it a chunk (refuse)
     ifds: int = 0
+    deferred: bool = False  # stopped at `max_entries`: nothing decided, walk it all elsewhere
 
 
 def incomplete_reason(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[Sequence[int]],
@@ -88,11 +89,13 @@ def incomplete_reason(data: bytes | bytearray | memoryview, chunk_shapes: Sequen
 
 
 def walk_tiff(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[Sequence[int]],
-              max_size: int | None = None) -> TiffWalk:
+              max_size: int | None = None, max_entries: int | None = None) -> TiffWalk:
     """Walk `data`'s IFD chain once, with work bounded by its size (see the module doc).
 
     `max_size`: the largest file the chunk may have; anything claimed past it is a
     problem, not an incomplete file. None: only the file's own size bounds it.
+    `max_entries`: stop (`deferred`) rather than read more IFD entries than that: a
+    caller on an event loop decides small files at once and walks the rest in a thread.
     """
     view = memoryview(data).cast("B") if isinstance(data, memoryview) else memoryview(data)
     size = len(view)
@@ -144,6 +147,10 @@ def walk_tiff(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[Seque
         end = offset + csize + count * esize + osize
         if end > size:
             return past(end, f"IFD {index} ({count} entries)")
+        if max_entries is not None:
+            max_entries -= count
+            if max_entries < 0:
+                return TiffWalk(deferred=True)
         budget -= end - offset
         if budget < 0:
             return TiffWalk(problem=f"IFD {index}: the IFDs and tag values claim more than twice "
