@@ -24,6 +24,7 @@ from zfuse.view.tiff_ifd import (
     COMPRESSION_NONE,
     LONG,
     SHORT,
+    IfdFormat,
     ifd_format,
     pack_ifd,
     place_values,
@@ -111,7 +112,7 @@ def _block_bytes(layout: FileLayout, dtype: np.dtype, modes: Sequence[int | None
     """Bytes [lo, hi) of the IFD block of (plane, level k), relative to its start:
     the entries, then the values that do not fit in them, each at an even offset."""
     fmt = ifd_format(layout.bigtiff)
-    otype, osize, uint = fmt.offset_type, fmt.offset_size, fmt.uint
+    otype, uint = fmt.offset_type, fmt.uint
     lv = layout.levels[k]
     nlev = len(layout.levels)
     first = plane == 0 and k == 0
@@ -129,7 +130,7 @@ def _block_bytes(layout: FileLayout, dtype: np.dtype, modes: Sequence[int | None
         return counts.slice(base + e0, e1 - e0).astype(uint).tobytes()
 
     # tag -> (type, count, bytes if small, or (length, maker of elements [e0, e1)) if not)
-    values: dict[int, tuple[int, int, Any]] = {
+    values: Values = {
         254: (LONG, 1, struct.pack("<I", 0 if k == 0 else 1)),
         256: (LONG, 1, struct.pack("<I", lv.width)),
         257: (LONG, 1, struct.pack("<I", lv.height)),
@@ -149,9 +150,33 @@ def _block_bytes(layout: FileLayout, dtype: np.dtype, modes: Sequence[int | None
     if 330 in tags:
         subs = [layout.ifd_at(plane, j) for j in range(1, nlev)]
         values[330] = (otype, nlev - 1, np.array(subs, dtype=uint).tobytes())
-    # lay out: small values inline, the others one after another past the entries
-    lengths = [(tag, values[tag][1] * osize if callable(values[tag][2]) else len(values[tag][2]))
-               for tag in tags]
+    nxt = layout.ifd_at(plane + 1, 0) if k == 0 and plane + 1 < layout.planes else 0
+    return ifd_block(fmt, at, values, tags, nxt, lo, hi)
+
+
+# An IFD's values: tag -> (type, count, bytes), or for a long array (type, count, maker
+# of elements [e0, e1) as bytes), so a read builds only the elements it covers.
+Values = dict[int, tuple[int, int, Any]]
+
+
+def _lengths(fmt: IfdFormat, values: Values, tags: Sequence[int]) -> list[tuple[int, int]]:
+    return [(tag, values[tag][1] * fmt.offset_size if callable(values[tag][2]) else len(values[tag][2]))
+            for tag in tags]
+
+
+def ifd_block_size(fmt: IfdFormat, values: Values, tags: Sequence[int]) -> int:
+    """Bytes of an IFD block: its entries, then the values that do not fit in them."""
+    _, end = place_values(fmt, _lengths(fmt, values, tags), fmt.ifd_size(len(tags)))
+    return end
+
+
+def ifd_block(fmt: IfdFormat, at: int, values: Values, tags: Sequence[int], next_ifd: int,
+              lo: int, hi: int) -> bytes:
+    """Bytes [lo, hi) of the IFD block at file offset `at`, relative to its start: the
+    entries (`tags`, in order), then the values that do not fit in them, each at an
+    even offset. A maker's elements are built for the bytes asked only."""
+    osize = fmt.offset_size
+    lengths = _lengths(fmt, values, tags)
     placed, _ = place_values(fmt, lengths, at + fmt.ifd_size(len(tags)))
     rows: list[tuple[int, int, int, bytes | None]] = []
     outside: list[tuple[int, int, Any]] = []  # (offset in block, length, bytes or maker)
@@ -162,8 +187,7 @@ def _block_bytes(layout: FileLayout, dtype: np.dtype, modes: Sequence[int | None
             outside.append((placed[tag] - at, length, data))
         else:
             rows.append((tag, typ, count, data(0, count) if callable(data) else data))
-    nxt = layout.ifd_at(plane + 1, 0) if k == 0 and plane + 1 < layout.planes else 0
-    entries = pack_ifd(fmt, rows, placed, nxt)
+    entries = pack_ifd(fmt, rows, placed, next_ifd)
     out = bytearray(hi - lo)
     piece = entries[lo:hi]
     out[: len(piece)] = piece
