@@ -24,7 +24,7 @@ def test_mount_file_is_what_the_daemon_says(tmp_path: Path) -> None:
     assert "mount" not in k.listdir(".zfuse")  # no daemon, no such file
     assert not k.exists(".zfuse/mount")
     state = {"pid": 1234, "sources": [str(src)], "reloads": 0}
-    fs.mount_info = lambda: dict(state)
+    fs.special.mount_info = lambda: dict(state)  # (the daemon passes it to FileSystem)
     assert sorted(k.listdir(".zfuse")) == ["errors", "mount", "stats"]
     size = k.stat(".zfuse/mount").size
     content = k.read_file(".zfuse/mount")

@@ -75,7 +75,39 @@ def test_handles_know_no_listing_and_no_fuse() -> None:
     assert not bad, f"handles.py imports {bad}"
     users = {module_name(p) for p in PACKAGE.rglob("*.py") if any(
         m.startswith("zfuse.handles") for m in imports_of(p))}
-    assert users == {"zfuse.fs"}
+    assert users == {"zfuse.fs.filesystem"}
+
+
+# the filesystem's parts (zfuse/fs/__init__.py's table): which other parts each may use
+FS_PARTS = {
+    "zfuse.fs.types": set(),
+    "zfuse.fs.special": {"zfuse.fs.types"},
+    "zfuse.fs.listing_ahead": {"zfuse.fs.types"},
+    "zfuse.fs.stored_files": {"zfuse.fs.types"},
+    "zfuse.fs.page_cache": {"zfuse.fs.types"},
+    "zfuse.fs.read_ahead": {"zfuse.fs.types", "zfuse.fs.stored_files"},
+    "zfuse.fs.image_push": {"zfuse.fs.types"},
+}
+
+
+def test_filesystem_parts_own_their_state_apart() -> None:
+    """Each part of the filesystem layer uses only the parts it is declared to (never
+    `FileSystem` itself, never the handle kinds); none imports FUSE or the store; the
+    shared types import nothing of zfuse; only the read-ahead and listing-ahead parts
+    know of background threads' jobs, and only listing ahead knows the tree's listings."""
+    modules = {module_name(p): p for p in (PACKAGE / "fs").glob("*.py")}
+    assert set(modules) == {*FS_PARTS, "zfuse.fs", "zfuse.fs.filesystem"}
+    for name, allowed in FS_PARTS.items():
+        found = imports_of(modules[name])
+        parts = {m for m in found if m.startswith("zfuse.fs.") and m in FS_PARTS} | (
+            {"zfuse.fs.filesystem"} & found)
+        assert parts == allowed, f"{name} uses {parts}, declared {allowed}"
+        bad = {m for m in found if m.split(".")[0] == "pyfuse3"
+               or m.startswith(("zfuse.handles", "zfuse.store", "zfuse.fuse_ops", "zfuse.daemon"))}
+        assert not bad, f"{name} imports {bad}"
+        if name != "zfuse.fs.listing_ahead":
+            assert "zfuse.view.tree.DirReader" not in found, f"{name} reads listings"
+    assert not {m for m in imports_of(modules["zfuse.fs.types"]) if m.startswith("zfuse")}
 
 
 def test_whole_image_parts() -> None:

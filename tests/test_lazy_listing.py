@@ -11,7 +11,8 @@ import pytest
 import trio
 import zarr
 
-from zfuse.fs import LIST_AHEAD, ROOT_INODE, FileSystem, _let_go, encode_names
+from zfuse.fs import LIST_AHEAD, ROOT_INODE, FileSystem, encode_names
+from zfuse.fs.listing_ahead import let_go as _let_go
 from zfuse.stats import Stats
 from zfuse.store import AtomicLocalStore
 from zfuse.testing import CountingStore
@@ -401,7 +402,7 @@ def walked_past_two(slash: Path) -> tuple[View, CountingStore, FileSystem, str]:
             fn, arg = jobs.pop(0)
             fn(arg)
     nxt = subdirs[2]
-    assert ("c", nxt) in fs._prepared
+    assert ("c", nxt) in fs.listing_ahead.prepared
     return view, store, fs, nxt
 
 
@@ -423,7 +424,7 @@ def test_a_directory_listed_ahead_opens_as_listed_with_inodes_made_ahead(slash: 
     known_ino = trio.run(lookup)
     listing = fs_listing(fs, ("c", nxt))
     assert len(store.lists) == lists  # nothing listed again
-    assert ("c", nxt) not in fs._prepared  # taken by the opendir
+    assert ("c", nxt) not in fs.listing_ahead.prepared  # taken by the opendir
     # what a directory listed at opendir shows: a second FileSystem without read-ahead
     plain = FileSystem(open_view(slash)[0], stats=Stats())
     plain.started_ns = fs.started_ns  # the mount's time: every file's mtime
@@ -448,7 +449,7 @@ def test_a_directory_listed_ahead_is_offered_as_runs_numbered_in_order(slash: Pa
     entries are what a plain listing shows, and each is an inode by number, with one
     kernel reference, until forgotten."""
     view, store, fs, nxt = walked_past_two(slash)
-    prepared = fs._prepared[("c", nxt)]
+    prepared = fs.listing_ahead.prepared[("c", nxt)]
     assert prepared.version is not None  # made from the listing: no Entry, no snapshot per name
     assert prepared.reader.at_hand(0) is None
     runs: list[tuple[list[bytes], list[int], object, int]] = []
