@@ -93,6 +93,21 @@ def _storage(key: str) -> Callable[[Any, str], None]:
     return apply
 
 
+def _cache_option(name: str) -> Callable[[Any, str], None]:
+    # carried in the storage options, to the remote store `zfuse.store.open_store` makes
+    # (which takes them out again: fsspec never sees them)
+    def apply(config: Any, value: str) -> None:
+        if name == "cache_dir":
+            config.storage_options["zfuse_cache"] = _path(value) if value else _path_needed("cache=DIR")
+        else:
+            config.storage_options["zfuse_cache_limit"] = _size(value)
+    return apply
+
+
+def _path_needed(spelling: str) -> str:
+    raise ValueError(f"needs a path: -o {spelling}")
+
+
 def _field(name: str, parse: Callable[[str], Any]) -> Callable[[Any, str], None]:
     def apply(config: Any, value: str) -> None:
         setattr(config, name, parse(value))
@@ -130,6 +145,11 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
                 _field("listing_cache_names", _size)),
     MountOption("index_cache_size", "SIZE", f"bounded cache of shard indexes, e.g. 256M (default {_mib(defaults.INDEX_CACHE_BYTES)})",
                 _field("index_cache_bytes", _size)),
+    MountOption("cache", "DIR", "keep what remote stores (s3://, gs://, https://) sent in DIR, across "
+                "mounts, checked against each object's ETag (made 0700; mounts may share it)",
+                _cache_option("cache_dir")),
+    MountOption("cache_limit", "SIZE", "bound the cache= directory on disk, least recently used "
+                f"evicted first (default {defaults.DISK_CACHE_BYTES // 2**30}G)", _cache_option("cache_limit")),
     MountOption("all_chunks", "", "list every grid position; missing chunks read as the fill value",
                 _flag("all_chunks")),
     MountOption("crop_edges", "", "edge chunks cropped to the array bounds", _flag("crop_edges")),

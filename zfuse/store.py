@@ -826,6 +826,17 @@ class MeteredStore(WrapperStore[Store]):
         self._timed_out: dict[str, tuple[float, str]] = {}
         self._last_timeout = float("-inf")  # (monotonic) when a request last timed out
         _metered_stores[id(self)] = self
+        # a remote store's objects with their versions (ETags): the disk cache and
+        # conditional writes need them; None for local stores and other kinds
+        self.remote: RemoteObjects | None = getattr(store, "zfuse_remote", None)
+        self.cache: Any = None  # DiskCache of `-o cache=DIR`
+        # key -> the version (ETag, or size) this mount last saw the object at: from a
+        # listing, a HEAD, or the GET or PUT itself. Made anew at each reload (a new store)
+        self._versions: dict[str, str] = {}
+        if self.remote is not None and self.remote.cache_dir is not None:
+            from zfuse.remote_cache import DiskCache
+
+            self.cache = DiskCache(self.remote.cache_dir, self.remote.cache_limit, self.stats.count)
         if isinstance(store, AtomicLocalStore):  # leftovers of a crashed writer, removed: counted
             stats_ = self.stats
             store.on_leftover = lambda key: stats_.count("leftovers_removed")
@@ -930,11 +941,77 @@ class MeteredStore(WrapperStore[Store]):
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
         kind = _kind(key)
+        if self.remote is not None and kind == "chunk" and (self.cache is not None or byte_range is None):
+            data = await self._get_versioned(key, byte_range)
+            return None if data is None else prototype.buffer.from_bytes(data)
         self.stats.count(f"store_get_{kind}{'_ranged' if byte_range is not None else ''}")
         result = await self._bounded(self._store.get(key, prototype, byte_range), "get", key)
         if result is not None:
             self.stats.count(f"store_bytes_{kind}", len(result))
         return result
+
+    # -- remote objects by version: the disk cache, conditional writes ------------
+    def _remember(self, key: str, version: str | None) -> None:
+        if version is None:
+            self._versions.pop(key, None)
+            return
+        if len(self._versions) >= VERSIONS_KEPT and key not in self._versions:
+            self._versions.clear()  # (bounded: later reads ask the store again)
+        self._versions[key] = version
+
+    def version_of(self, key: str) -> str | None:
+        """The version (ETag) this mount last saw `key` at, or None (unknown or absent)."""
+        return self._versions.get(key)
+
+    async def _current_version(self, key: str) -> str | None:
+        """`key`'s version as this mount knows it (a listing or an earlier request since
+        the last reload), else one HEAD; None: no such object."""
+        version = self._versions.get(key)
+        if version is None:
+            self.stats.count("store_head")
+            assert self.remote is not None
+            version = await self._bounded(self.remote.head(key), "head", key)
+            self._remember(key, version)
+        return version
+
+    async def _get_versioned(self, key: str, byte_range: ByteRequest | None) -> bytes | None:
+        """A remote chunk object (or range of it) with its version: from the disk cache
+        when it holds the bytes of the version current for this mount, else one GET
+        whose response names its version (kept, and cached)."""
+        remote = self.remote
+        assert remote is not None
+        identity = remote.identity(key, byte_range)
+        if self.cache is not None:
+            version = await self._current_version(key)
+            if version is None:
+                return None
+            data = self.cache.get(identity, version)  # (a local file: on zarr's loop, not FUSE's)
+            if data is not None:
+                return data
+        self.stats.count(f"store_get_chunk{'_ranged' if byte_range is not None else ''}")
+        known = self._versions.get(key)
+        data, version = await self._bounded(remote.get(key, byte_range), "get", key)
+        if data is None:
+            self._remember(key, None)
+            return None
+        # (a store that names no version with the bytes: the one a listing or HEAD gave)
+        version = version or known
+        self._remember(key, version)
+        self.stats.count("store_bytes_chunk", len(data))
+        if self.cache is not None and version is not None:
+            await asyncio.to_thread(self.cache.put, identity, version, data)
+        return data
+
+    def _wrote(self, key: str, version: str | None, data: Any = None) -> None:
+        """After a write through this mount: the new version is the one this mount knows
+        (None: unknown, asked again), and the cache holds the bytes written under it."""
+        self._remember(key, version)
+        if self.cache is not None and self.remote is not None:
+            identity = self.remote.identity(key, None)
+            if version is not None and data is not None:
+                self.cache.put(identity, version, data)
+            else:
+                self.cache.discard(identity)
 
     @property
     def local_root(self) -> str | None:
@@ -1040,11 +1117,24 @@ class MeteredStore(WrapperStore[Store]):
     async def set(self, key: str, value: Buffer) -> None:
         self.stats.count("store_set")
         self.stats.count("store_bytes_written", len(value))
+        if self.remote is not None and self.remote.can_put:
+            data = value.to_bytes()
+            version = await self._bounded(self.remote.put(key, data), "set", key)
+            await self._after_write(key, version, data)
+            return
         await self._bounded(self._store.set(key, value), "set", key)
+        await self._after_write(key, None)
 
     async def delete(self, key: str) -> None:
         self.stats.count("store_delete")
         await self._bounded(self._store.delete(key), "delete", key)
+        await self._after_write(key, None)
+
+    async def _after_write(self, key: str, version: str | None, data: bytes | None = None) -> None:
+        if self.cache is not None:
+            await asyncio.to_thread(self._wrote, key, version, data)
+        elif self.remote is not None:
+            self._remember(key, version)
 
     async def _listing(self, it: AsyncIterator[str], op: str, prefix: str) -> AsyncIterator[str]:
         """The keys of a listing, each page bounded by the timeout (a hung listing fails
@@ -1072,10 +1162,25 @@ class MeteredStore(WrapperStore[Store]):
         return self._listing(self._store.list(), "list", "/")
 
     def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        if self.remote is not None and self.cache is not None:
+            return self._listing(self._versioned_listing(self.remote.list_prefix(prefix), ""),
+                                 "list_prefix", prefix or "/")
         return self._listing(self._store.list_prefix(prefix), "list_prefix", prefix or "/")
 
     def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        if self.remote is not None and self.cache is not None:
+            base = prefix.rstrip("/") + "/" if prefix.rstrip("/") else ""
+            return self._listing(self._versioned_listing(self.remote.list_dir(prefix), base),
+                                 "list_dir", prefix or "/")
         return self._listing(self._store.list_dir(prefix), "list_dir", prefix or "/")
+
+    async def _versioned_listing(self, listed: Any, base: str) -> AsyncIterator[str]:
+        """The names of a listing that also gave each object's version, remembered: the
+        cache then serves a listed chunk without asking for its version again."""
+        for name, version in await listed:
+            if version is not None:
+                self._remember(base + name, version)
+            yield name
 
 
 def _abandon(task: Any) -> None:
@@ -1104,8 +1209,15 @@ def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] 
         protocol = source.split("://", 1)[0].lower()
         if protocol in ("http", "https"):
             read_only = True
-        options = fsspec_options(protocol, storage_options or {})
-        return FsspecStore.from_url(source, storage_options=options, read_only=read_only)
+        options = dict(storage_options or {})
+        cache_dir = options.pop(CACHE_OPTION, None)
+        cache_limit = options.pop(CACHE_LIMIT_OPTION, defaults.DISK_CACHE_BYTES)
+        options = fsspec_options(protocol, options)
+        store = FsspecStore.from_url(source, storage_options=options, read_only=read_only)
+        if cache_dir is not None or (protocol in S3_PROTOCOLS and not read_only):
+            # (read by MeteredStore, which wraps every store a mount reads)
+            store.zfuse_remote = RemoteObjects(store, protocol, cache_dir, int(cache_limit))  # type: ignore[attr-defined]
+        return store
     path = source.removeprefix("file://")
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such file or directory: {path}")
@@ -1153,3 +1265,138 @@ def fsspec_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         if client_kwargs:
             opts["client_kwargs"] = client_kwargs
     return opts
+
+
+# -- remote objects with their versions ------------------------------------------------
+#
+# The disk cache (`-o cache=DIR`) and conditional writes need each object's version
+# (its ETag), which zarr's FsspecStore never returns. `RemoteObjects` asks for it with
+# the same requests FsspecStore makes (one GET per read, one LIST per listing, one PUT
+# per write), reading the ETag off each response; on S3 through s3fs's own client.
+
+S3_PROTOCOLS = ("s3", "s3a")
+# the keys `-o cache=DIR,cache_limit=SIZE` put in the storage options (taken out again
+# by `open_store`: fsspec never sees them)
+CACHE_OPTION = "zfuse_cache"
+CACHE_LIMIT_OPTION = "zfuse_cache_limit"
+VERSIONS_KEPT = 1_000_000  # object versions a mount remembers (~150 bytes each)
+SINGLE_PUT_MAX = 5 * 2**30  # S3's largest PutObject; bigger objects go through s3fs (multipart)
+
+
+def _version_of(info: dict[str, Any]) -> str | None:
+    """An object's version from its listing or HEAD entry: the ETag where the store gives
+    one (S3, HTTP), else GCS's generation or md5, else its size (`size:N`)."""
+    for name in ("ETag", "etag", "generation", "md5Hash"):
+        value = info.get(name)
+        if value:
+            return str(value)
+    size = info.get("size")
+    return None if size is None else f"size:{size}"
+
+
+def _http_range(byte_range: ByteRequest | None) -> str | None:
+    if byte_range is None:
+        return None
+    if isinstance(byte_range, RangeByteRequest):
+        return f"bytes={byte_range.start}-{byte_range.end - 1}" if byte_range.end > byte_range.start else None
+    if isinstance(byte_range, OffsetByteRequest):
+        return f"bytes={byte_range.offset}-"
+    if isinstance(byte_range, SuffixByteRequest):
+        return f"bytes=-{byte_range.suffix}"
+    raise TypeError(f"Unexpected byte_range, got {byte_range}.")
+
+
+class RemoteObjects:
+    """A remote FsspecStore's objects with their versions (see above). Reads of any
+    fsspec store; `can_put` (S3, writable) says whether `put` writes with PutObject and
+    returns the new ETag. `cache_dir`/`cache_limit`: the mount's disk cache, if any."""
+
+    def __init__(self, store: Any, protocol: str, cache_dir: str | None, cache_limit: int) -> None:
+        self.store = store
+        self.fs = store.fs
+        self.root = str(store.path).rstrip("/")
+        self.s3 = protocol in S3_PROTOCOLS
+        self.can_put = self.s3 and not store.read_only
+        self.cache_dir = cache_dir
+        self.cache_limit = cache_limit
+        client_kwargs = getattr(self.fs, "client_kwargs", None) or {}
+        endpoint = client_kwargs.get("endpoint_url") or getattr(self.fs, "endpoint_url", None) or ""
+        # what a cache entry belongs to: the server and the object (never credentials)
+        self._identity_base = f"{protocol}|{endpoint}|{self.root}/"
+
+    def path(self, key: str) -> str:
+        return f"{self.root}/{key}".rstrip("/") if self.root else key
+
+    def identity(self, key: str, byte_range: ByteRequest | None) -> str:
+        """What a cached byte range is of: server, object and range (the version apart)."""
+        return f"{self._identity_base}{key}\n{_http_range(byte_range) or 'all'}"
+
+    async def head(self, key: str) -> str | None:
+        """`key`'s current version, or None if there is no such object."""
+        try:
+            info = await self.fs._info(self.path(key))
+        except FileNotFoundError:
+            return None
+        if info.get("type") == "directory":
+            return None
+        return _version_of(info)
+
+    async def get(self, key: str, byte_range: ByteRequest | None) -> tuple[bytes | None, str | None]:
+        """(bytes, the version they are of); (None, None) if absent. Stores other than
+        S3 give no version with the bytes: (bytes, None)."""
+        if not self.s3:
+            from zarr.core.buffer import default_buffer_prototype
+
+            buf = await self.store.get(key, default_buffer_prototype(), byte_range)
+            return (None, None) if buf is None else (buf.to_bytes(), None)
+        bucket, name, _ = self.fs.split_path(self.path(key))
+        extra = {}
+        http_range = _http_range(byte_range)
+        if http_range is not None:
+            extra["Range"] = http_range
+        elif byte_range is not None:
+            return b"", None  # an empty range
+        try:
+            response = await self.fs._call_s3("get_object", Bucket=bucket, Key=name, **extra)
+        except FileNotFoundError:
+            return None, None
+        except OSError as e:
+            if "InvalidRange" in str(e) or "not satisfiable" in str(e):
+                return b"", None  # (what FsspecStore answers for a range past the end)
+            raise
+        body = response["Body"]
+        try:
+            data = await body.read()
+        finally:
+            body.close()
+        return data, response.get("ETag")
+
+    async def put(self, key: str, data: bytes) -> str | None:
+        """Store `data` as `key` (S3 PutObject); the new object's version."""
+        if len(data) > SINGLE_PUT_MAX:
+            from zarr.core.buffer import default_buffer_prototype
+
+            await self.store.set(key, default_buffer_prototype().buffer.from_bytes(data))
+            return None
+        bucket, name, _ = self.fs.split_path(self.path(key))
+        response = await self.fs._call_s3("put_object", Bucket=bucket, Key=name, Body=data)
+        return response.get("ETag")
+
+    async def list_dir(self, prefix: str) -> list[tuple[str, str | None]]:
+        """(name, version) of a directory's entries, as FsspecStore.list_dir names them
+        (one listing; subdirectories have no version)."""
+        path = f"{self.root}/{prefix.rstrip('/')}" if self.root else prefix.rstrip("/")
+        try:
+            entries = await self.fs._ls(path, detail=True)
+        except FileNotFoundError:
+            return []
+        out = []
+        for entry in entries:
+            name = entry["name"].replace(path + "/", "").removeprefix(self.root).removeprefix("/")
+            out.append((name, None if entry.get("type") == "directory" else _version_of(entry)))
+        return out
+
+    async def list_prefix(self, prefix: str) -> list[tuple[str, str | None]]:
+        """(key, version) of every object whose key starts with `prefix` (FsspecStore's listing)."""
+        found = await self.fs._find(f"{self.root}/{prefix}", detail=True, maxdepth=None, withdirs=False)
+        return [(name.removeprefix(f"{self.root}/"), _version_of(info)) for name, info in found.items()]
