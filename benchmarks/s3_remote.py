@@ -1,0 +1,618 @@
+"""Issue 30: zfuse against zarr-python, rclone and s3fs-fuse on a remote S3 server, at 0 and
+20 ms round-trip time, on this one machine.
+
+    sudo .venv/bin/python -m benchmarks.s3_remote [--reps N] [--quick] [--rtt 0 20]
+    sudo .venv/bin/python -m benchmarks.run --only s3remote      # the same, 5 repetitions
+
+Opt-in (not in `benchmarks.run`'s default run): it needs root for network namespaces and
+iptables, Debian's nginx, iptables, libnetfilter-queue-dev and a C compiler; rclone and
+s3fs are used when installed and reported as skipped when not (gdal_translate likewise).
+
+The server (benchmarks/remote_lab.py): moto's server mode behind nginx (upstream
+keep-alive; moto closes every connection, real S3 does not), both in a "server" network
+namespace reached through a "router" namespace whose NFQUEUE holds every packet RTT/2
+(nfq_delay.c). nginx's access log counts every request: GETs (ranged or not), HEADs,
+LISTs, bytes sent and how many were in flight at once.
+
+The data, uploaded once into one bucket as the group `bench.zarr`: 4096x4096 uint16 in
+512x512 chunks (64 chunks), one array zstd and one sharded (4 shards of 2048x2048, 16
+inner chunks each), plus copies of them for the figures that need a cold array on a mount
+already used (8 readers, the two region readers), and `many`, 10,000 one-byte chunks.
+
+Per repetition every system runs every figure, the systems one after another (their order
+rotates between repetitions), the page cache dropped before each cold figure:
+
+- zfuse: `zfuse mount s3://BUCKET/bench.zarr MNT -o endpoint_url=...` (credentials in the
+  environment; `-o cache=DIR` too when `zfuse mount -h` lists it), reading chunk files.
+- zarr-python in-process: FsspecStore with zfuse's own s3fs options (store.fsspec_options),
+  a new S3FileSystem per repetition (no connections kept from the one before).
+- rclone mount (`--vfs-cache-mode off` and `full`) and s3fs-fuse (`use_path_request_style`)
+  of the bucket, reading the stored objects (the chunks; for the sharded array the 4 shards).
+
+Figures: mount (until the mountpoint's first stat answers; zarr: open_group), sequential
+cold read of the zstd chunks (zarr: chunk by chunk), warm re-read on the same mount,
+sequential cold read of the sharded array, 8 reader processes (zarr: `arr[:]`), a 1024x1024
+region of `image.ome.tif` with tifffile and with gdal_translate (zarr: slicing), `ls -lR`
+of `many` (zarr: list_prefix), and a re-read after a remount (same cache directory for
+rclone full and zfuse with `-o cache=`; zarr: a new store). Ratios are the other system's
+time over zfuse's. Timings never decide a pass/fail test; this is where they live.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+
+from benchmarks.arrays import Spec, chunk_paths, create, read_block
+from benchmarks.common import CODE, Config, Result, image, read_files, tmp_dir
+from benchmarks.parallel import read_in_processes
+from benchmarks.remote_lab import Lab, Request, max_in_flight
+
+BUCKET = "zfuse-remote"
+GROUP = "bench.zarr"
+KEY = SECRET = "test"
+N = 4096
+ZSTD = Spec("zstd", (N, N), (512, 512))
+SHARDED = Spec("sharded", (N, N), (512, 512), shards=(2048, 2048))
+# arrays of the same content, each read cold once per mount by one figure
+ARRAYS = {"zstd": ZSTD, "sharded": SHARDED, "pzstd": ZSTD, "psharded": SHARDED, "rzstd": ZSTD,
+          "gzstd": ZSTD}
+MANY = (100, 100)  # `many`: 10,000 chunks of 1x1 uint8
+REGION = (256, 256, 1024)  # y, x, size: rows/columns 256..1279 cover 3x3 chunks
+READERS = 8
+LS_REPS = 3  # `ls -lR` in the first 3 repetitions only: s3fs-fuse takes ~30 s for it (a HEAD per object)
+# zfuse: default options; zfuse-cache: with -o cache=DIR (when this zfuse has it)
+SYSTEMS = ("zfuse", "zfuse-cache", "zarr", "rclone-off", "rclone-full", "s3fs")
+FIGURES = ("mount", "seq_zstd", "warm_zstd", "seq_sharded", "par8_zstd", "par8_sharded",
+           "region_tifffile", "region_gdal", "ls_lR", "remount_zstd", "remount_sharded")
+WHAT = {
+    "mount": "mount until the mountpoint's first stat answers (zarr: open_group)",
+    "seq_zstd": "sequential cold read, 64 zstd chunks (peers: the 64 objects)",
+    "warm_zstd": "warm re-read of the same on the same mount (zarr: read again)",
+    "seq_sharded": "sequential cold read, sharded (zfuse 64 inner-chunk files; peers 4 shard objects)",
+    "par8_zstd": "8 reader processes, zstd (zarr: arr[:])",
+    "par8_sharded": "8 reader processes, sharded (zarr: arr[:])",
+    "region_tifffile": "1024x1024 region of image.ome.tif, tifffile aszarr (zarr: slicing)",
+    "region_gdal": "the same region with gdal_translate -srcwin (zarr: slicing)",
+    "ls_lR": "ls -lR of 10,000 chunk objects (zarr: list_prefix)",
+    "remount_zstd": "read the zstd chunks again after a remount (zarr: a new store)",
+    "remount_sharded": "read the sharded array again after a remount",
+}
+
+
+def _aws_env() -> dict[str, str]:
+    return {"AWS_ACCESS_KEY_ID": KEY, "AWS_SECRET_ACCESS_KEY": SECRET, "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_CONFIG_FILE": "/dev/null", "AWS_SHARED_CREDENTIALS_FILE": "/dev/null",
+            "AWS_EC2_METADATA_DISABLED": "true"}
+
+
+def _drop_caches() -> None:
+    os.sync()
+    with open("/proc/sys/vm/drop_caches", "w") as f:
+        f.write("3\n")
+
+
+# -- data ---------------------------------------------------------------------------------
+def build_and_upload(lab: Lab, workdir: Path, log: Callable[[str], None]) -> None:
+    import boto3
+
+    root = workdir / "data" / GROUP
+    zarr.open_group(str(root), mode="w", zarr_format=3)
+    pixels = image((N, N), 0)
+    for name, spec in ARRAYS.items():
+        create(root / name, spec)[...] = pixels
+    many = zarr.create_array(store=str(root / "many"), shape=MANY, chunks=(1, 1), dtype="uint8",
+                             compressors=None, fill_value=0, zarr_format=3)
+    many[...] = (np.arange(MANY[0] * MANY[1]) % 250 + 1).astype("uint8").reshape(MANY)
+    files = [f for f in sorted(root.rglob("*")) if f.is_file()]
+    client = boto3.client("s3", endpoint_url=lab.endpoint, aws_access_key_id=KEY,
+                          aws_secret_access_key=SECRET, region_name="us-east-1")
+    client.create_bucket(Bucket=BUCKET)
+
+    def put(f: Path) -> None:
+        client.put_object(Bucket=BUCKET, Key=f"{GROUP}/{f.relative_to(root)}", Body=f.read_bytes())
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(put, files))
+    log(f"  uploaded {len(files)} objects ({sum(f.stat().st_size for f in files) / 1e6:.0f} MB) "
+        f"in {time.perf_counter() - t0:.1f} s")
+    shutil.rmtree(workdir / "data")
+
+
+def stored_paths(root: Path, name: str) -> list[str]:
+    """The stored objects of array `name` as seen on a mount of the bucket (c/i/j)."""
+    spec = ARRAYS[name]
+    step = (spec.shards or spec.chunks)[0] // spec.chunks[0]
+    grid = [(i, j) for i in range(0, spec.grid[0], step) for j in range(0, spec.grid[1], step)]
+    return [str(root / GROUP / name / "c" / str(i // step) / str(j // step)) for i, j in grid]
+
+
+# -- systems --------------------------------------------------------------------------------
+class Skipped(Exception):
+    """This system cannot run here (not installed, did not mount): reported, not fatal."""
+
+
+@dataclass
+class MountedSystem:
+    name: str
+    proc: subprocess.Popen | None
+    path: Path
+    log_path: Path | None = None
+
+    def unmount(self) -> None:
+        if os.path.ismount(self.path):
+            subprocess.run(["fusermount3", "-u", str(self.path)], capture_output=True)
+            if os.path.ismount(self.path):
+                subprocess.run(["umount", str(self.path)], capture_output=True)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+                self.proc.kill()
+                self.proc.wait(timeout=10)
+        if os.path.ismount(self.path):
+            subprocess.run(["umount", "-l", str(self.path)], capture_output=True)
+
+
+def zfuse_cache_option() -> bool:
+    """Whether this zfuse has `-o cache=DIR` (another change adds it)."""
+    out = subprocess.run([sys.executable, "-m", "zfuse.cli", "mount", "-h"], capture_output=True,
+                         text=True, cwd=CODE).stdout
+    return re.search(r"^\s+cache=", out, re.M) is not None
+
+
+class Systems:
+    """How each system is mounted and what it reads."""
+
+    def __init__(self, lab: Lab, workdir: Path) -> None:
+        self.lab = lab
+        self.workdir = workdir
+        self.count = 0
+        self.zfuse_cache = zfuse_cache_option()
+        self.rclone_conf = workdir / "rclone.conf"
+        self.rclone_conf.write_text(
+            f"[zb]\ntype = s3\nprovider = Other\nendpoint = {lab.endpoint}\naccess_key_id = {KEY}\n"
+            f"secret_access_key = {SECRET}\nregion = us-east-1\n")
+        self.s3fs_passwd = workdir / "s3fs.passwd"
+        self.s3fs_passwd.write_text(f"{KEY}:{SECRET}\n")
+        self.s3fs_passwd.chmod(0o600)
+
+    def available(self, name: str) -> str | None:
+        """None if `name` can run, else why not."""
+        need = {"rclone-off": "rclone", "rclone-full": "rclone", "s3fs": "s3fs"}.get(name)
+        if need and shutil.which(need) is None:
+            return f"{need} not installed (apt-get install -y {need})"
+        if name == "zfuse-cache" and not self.zfuse_cache:
+            return "this zfuse has no -o cache= (zfuse mount -h)"
+        return None
+
+    def command(self, name: str, mnt: Path, cache: Path) -> tuple[list[str], dict[str, str], Path | None]:
+        env = {**os.environ, **_aws_env()}
+        if name.startswith("zfuse"):
+            opts = f"endpoint_url={self.lab.endpoint}" + (f",cache={cache}" if name == "zfuse-cache" else "")
+            return ([sys.executable, "-m", "zfuse.cli", "mount", f"s3://{BUCKET}/{GROUP}", str(mnt), "-f",
+                     "-o", opts], env, CODE)
+        if name.startswith("rclone"):
+            mode = name.split("-")[1]
+            # rclone 1.60 refuses a CA bundle for its plain-http transport
+            env.pop("AWS_CA_BUNDLE", None)
+            return (["rclone", "mount", f"zb:{BUCKET}", str(mnt), "--config", str(self.rclone_conf),
+                     "--vfs-cache-mode", mode, "--cache-dir", str(cache)], env, None)
+        if name == "s3fs":
+            return (["s3fs", BUCKET, str(mnt), "-f", "-o",
+                     f"url={self.lab.endpoint},use_path_request_style,passwd_file={self.s3fs_passwd}"],
+                    env, None)
+        raise ValueError(name)
+
+    def mount(self, name: str, cache: Path) -> tuple[MountedSystem, float]:
+        """Start the mount; seconds until the mountpoint's first stat answers."""
+        self.count += 1
+        mnt = self.workdir / "mnt" / f"{name}-{self.count}"
+        mnt.mkdir(parents=True)
+        cache.mkdir(parents=True, exist_ok=True)
+        cmd, env, cwd = self.command(name, mnt, cache)
+        log_path = mnt.with_suffix(".log")
+        parent_dev = os.stat(mnt.parent).st_dev
+        t0 = time.perf_counter()
+        with open(log_path, "ab") as out:
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    env=env, cwd=cwd)
+        mounted = MountedSystem(name, proc, mnt, log_path)
+        while True:
+            try:
+                if os.stat(mnt).st_dev != parent_dev:
+                    return mounted, time.perf_counter() - t0
+            except OSError:
+                pass
+            if proc.poll() is not None:
+                mounted.unmount()
+                raise Skipped(f"{name} exited ({proc.returncode}) before mounting: "
+                              f"{log_path.read_text(errors='replace')[-500:]}")
+            if time.perf_counter() - t0 > 60:
+                mounted.unmount()
+                raise Skipped(f"{name} not mounted after 60 s")
+            time.sleep(0.002)
+
+
+def zarr_store(lab: Lab) -> Any:
+    """zarr-python's store as zfuse opens it (same s3fs options), with a new S3FileSystem."""
+    from zarr.storage import FsspecStore
+
+    from zfuse.store import fsspec_options
+
+    options = fsspec_options("s3", {"endpoint_url": lab.endpoint, "region": "us-east-1"})
+    return FsspecStore.from_url(f"s3://{BUCKET}/{GROUP}", storage_options={**options, "skip_instance_cache": True},
+                                read_only=True)
+
+
+def close_store(store: Any) -> None:
+    """Close the S3 client of a store made with skip_instance_cache (else aiohttp warns at exit)."""
+    from zarr.core.sync import sync
+
+    client = getattr(store.fs, "_s3", None)
+    if client is not None:
+        sync(client.close())
+
+
+# -- measuring --------------------------------------------------------------------------
+@dataclass
+class Sample:
+    seconds: float
+    requests: list[Request]
+    late: int  # requests that started after the figure ended (background work)
+    note: str = ""
+
+    def count(self, kind: str) -> int:
+        return sum(r.kind == kind for r in self.requests)
+
+    @property
+    def ranged(self) -> int:
+        return sum(r.kind == "GET" and bool(r.range) for r in self.requests)
+
+    @property
+    def get_bytes(self) -> int:
+        return sum(r.nbytes for r in self.requests if r.kind == "GET")
+
+    @property
+    def in_flight(self) -> int:
+        return max_in_flight(self.requests)
+
+
+@dataclass
+class Table:
+    """Samples per (rtt, figure, system); why a system or figure was skipped."""
+
+    samples: dict[tuple[int, str, str], list[Sample]] = field(default_factory=dict)
+    skipped: dict[tuple[int, str, str], str] = field(default_factory=dict)
+
+    def add(self, rtt: int, figure: str, system: str, sample: Sample) -> None:
+        self.samples.setdefault((rtt, figure, system), []).append(sample)
+
+    def median_s(self, rtt: int, figure: str, system: str) -> float | None:
+        got = self.samples.get((rtt, figure, system))
+        return statistics.median(s.seconds for s in got) if got else None
+
+
+class Runner:
+    def __init__(self, lab: Lab, systems: Systems, table: Table, rtt: int, log: Callable[[str], None]) -> None:
+        self.lab, self.systems, self.table, self.rtt, self.log = lab, systems, table, rtt, log
+
+    def settle(self) -> None:
+        """Let requests still under way (read-ahead) finish and reach the log."""
+        time.sleep(0.1 + 4 * self.rtt / 1000)
+
+    def measure(self, figure: str, system: str, fn: Callable[[], Any], cold: bool = True) -> Any:
+        if cold:
+            _drop_caches()
+        offset = self.lab.log_offset()
+        t0 = time.perf_counter()
+        out = fn()
+        seconds = time.perf_counter() - t0
+        wall_end = time.time()
+        if isinstance(out, Timed):  # the figure timed itself (readers started before its clock)
+            seconds, out = out.seconds, out.value
+        self.settle()
+        reqs = self.lab.requests_since(offset)
+        during = [r for r in reqs if r.start <= wall_end + 0.002]
+        self.table.add(self.rtt, figure, system, Sample(seconds, during, len(reqs) - len(during)))
+        return out
+
+    def mount(self, system: str, cache: Path, figure: str | None) -> MountedSystem:
+        offset = self.lab.log_offset()
+        mounted, seconds = self.systems.mount(system, cache)
+        wall_live = time.time()
+        self.settle()
+        if figure:
+            reqs = self.lab.requests_since(offset)
+            during = [r for r in reqs if r.start <= wall_live + 0.002]
+            self.table.add(self.rtt, figure, system, Sample(seconds, during, len(reqs) - len(during)))
+        return mounted
+
+    # -- one system's figures in one repetition --------------------------------------
+    def run_mounted(self, system: str, rep: int) -> None:
+        cache = self.systems.workdir / "cache" / f"{system}-{self.rtt}-{rep}"
+        zf = system.startswith("zfuse")
+        m = self.mount(system, cache, "mount")
+        try:
+            root = m.path
+
+            def files(name: str) -> list[str]:
+                if zf:
+                    return chunk_paths(root / name, ARRAYS[name].coords())
+                return stored_paths(root, name)
+
+            self.measure("seq_zstd", system, lambda: read_files(files("zstd")))
+            self.measure("warm_zstd", system, lambda: read_files(files("zstd")), cold=False)
+            self.measure("seq_sharded", system, lambda: read_files(files("sharded")))
+            for name, figure in (("pzstd", "par8_zstd"), ("psharded", "par8_sharded")):
+                paths = files(name)
+                # the readers start before the clock (their interpreters' start is not the figure)
+                self.measure(figure, system, lambda paths=paths: Timed(*read_in_processes(paths, READERS)))
+            if zf:
+                y, x, size = REGION
+                got = self.measure("region_tifffile", system,
+                                   lambda: region_tifffile(root / "rzstd" / "image.ome.tif"))
+                if not np.array_equal(got, expected_region()):
+                    raise AssertionError("the region read through zfuse's image.ome.tif differs from the data")
+                if shutil.which("gdal_translate"):
+                    out = self.systems.workdir / f"gdal-{rep}.tif"
+                    self.measure("region_gdal", system,
+                                 lambda: region_gdal(root / "gzstd" / "image.ome.tif", out))
+                    out.unlink(missing_ok=True)
+                else:
+                    self.table.skipped[(self.rtt, "region_gdal", system)] = "gdal_translate not installed"
+            many = root / "many" if zf else root / GROUP / "many"
+            if rep < LS_REPS:
+                self.measure("ls_lR", system, lambda: ls_lR(many))
+        finally:
+            m.unmount()
+        m = self.mount(system, cache, None)
+        try:
+            root = m.path
+            self.measure("remount_zstd", system, lambda: read_files(files("zstd")))
+            self.measure("remount_sharded", system, lambda: read_files(files("sharded")))
+        finally:
+            m.unmount()
+
+    def run_zarr(self, rep: int) -> None:
+        from zarr.core.sync import sync
+
+        store = zarr_store(self.lab)
+        group = self.measure("mount", "zarr", lambda: zarr.open_group(store, mode="r"), cold=False)
+        arrays = {name: group[name] for name in ARRAYS}
+        self.measure("seq_zstd", "zarr", lambda: read_chunks(arrays["zstd"], ZSTD))
+        self.measure("warm_zstd", "zarr", lambda: read_chunks(arrays["zstd"], ZSTD), cold=False)
+        self.measure("seq_sharded", "zarr", lambda: read_chunks(arrays["sharded"], SHARDED))
+        self.measure("par8_zstd", "zarr", lambda: arrays["pzstd"][...].nbytes)
+        self.measure("par8_sharded", "zarr", lambda: arrays["psharded"][...].nbytes)
+        y, x, size = REGION
+        got = self.measure("region_tifffile", "zarr", lambda: arrays["rzstd"][y:y + size, x:x + size])
+        if not np.array_equal(got, expected_region()):
+            raise AssertionError("zarr-python's region differs from the data")
+        self.measure("region_gdal", "zarr", lambda: arrays["gzstd"][y:y + size, x:x + size].nbytes)
+
+        async def list_many() -> int:
+            return len([k async for k in store.list_prefix("many/")])
+
+        if rep < LS_REPS:
+            self.measure("ls_lR", "zarr", lambda: sync(list_many()))
+        close_store(store)
+        store = zarr_store(self.lab)
+        group = zarr.open_group(store, mode="r")
+        zstd, sharded = group["zstd"], group["sharded"]
+        self.measure("remount_zstd", "zarr", lambda: read_chunks(zstd, ZSTD))
+        self.measure("remount_sharded", "zarr", lambda: read_chunks(sharded, SHARDED))
+        close_store(store)
+
+    def run_rep(self, rep: int, order: Sequence[str]) -> None:
+        for system in order:
+            if (why := self.systems.available(system)) is not None:
+                self.table.skipped[(self.rtt, "*", system)] = why
+                continue
+            t0 = time.perf_counter()
+            try:
+                if system == "zarr":
+                    self.run_zarr(rep)
+                else:
+                    self.run_mounted(system, rep)
+            except Skipped as e:
+                self.table.skipped[(self.rtt, "*", system)] = str(e)
+                self.log(f"    {system}: skipped: {e}")
+                continue
+            self.log(f"    {system}: {time.perf_counter() - t0:.1f} s")
+
+
+@dataclass
+class Timed:
+    seconds: float
+    value: Any
+
+
+def expected_region() -> np.ndarray:
+    y, x, size = REGION
+    return image((N, N), 0)[y:y + size, x:x + size]
+
+
+def read_chunks(arr: zarr.Array, spec: Spec) -> int:
+    return sum(read_block(arr, spec, i, j).nbytes for i, j in spec.coords())
+
+
+def region_tifffile(path: Path) -> np.ndarray:
+    import tifffile
+
+    store = tifffile.imread(path, aszarr=True)
+    try:
+        y, x, size = REGION
+        return zarr.open_array(store, mode="r")[y:y + size, x:x + size]
+    finally:
+        store.close()
+
+
+def region_gdal(path: Path, out: Path) -> int:
+    y, x, size = REGION
+    subprocess.run(["gdal_translate", "-q", "-srcwin", str(x), str(y), str(size), str(size), str(path), str(out)],
+                   check=True, capture_output=True)
+    return out.stat().st_size
+
+
+def ls_lR(path: Path) -> int:
+    out = subprocess.run(["ls", "-lR", str(path)], capture_output=True, text=True, check=True).stdout
+    return sum(line.startswith("-") for line in out.splitlines())
+
+
+# -- report --------------------------------------------------------------------------------
+def cell(samples: list[Sample]) -> str:
+    med = statistics.median
+    parts = [f"{med(s.seconds for s in samples):.3f} s"]
+    gets = med(s.count("GET") for s in samples)
+    ranged = med(s.ranged for s in samples)
+    heads, lists = med(s.count("HEAD") for s in samples), med(s.count("LIST") for s in samples)
+    req = f"{gets:g} GET" + (f" ({ranged:g} ranged)" if ranged else "")
+    if heads:
+        req += f", {heads:g} HEAD"
+    if lists:
+        req += f", {lists:g} LIST"
+    parts.append(req)
+    mb = med(s.get_bytes for s in samples) / 1e6
+    parts.append(f"{mb:.1f} MB")
+    parts.append(f"≤{max(s.in_flight for s in samples)} at once")
+    return ", ".join(parts)
+
+
+def report(table: Table, rtts: Sequence[int], systems: Sequence[str]) -> str:
+    lines = []
+    for rtt in rtts:
+        lines.append(f"\nRTT {rtt} ms: median time, then the server's requests (median per repetition), "
+                     "bytes of GET bodies, most requests in flight at once")
+        lines.append("")
+        lines.append("| figure | " + " | ".join(systems) + " |")
+        lines.append("|---|" + "---|" * len(systems))
+        for fig in FIGURES:
+            row = []
+            for system in systems:
+                got = table.samples.get((rtt, fig, system))
+                row.append(cell(got) if got else "-")
+            lines.append(f"| {fig} | " + " | ".join(row) + " |")
+        lines.append("")
+        lines.append(f"RTT {rtt} ms: ratio = other system's time / zfuse's time")
+        lines.append("")
+        others = [s for s in systems if s != "zfuse"]
+        lines.append("| figure | " + " | ".join(others) + " |")
+        lines.append("|---|" + "---|" * len(others))
+        for fig in FIGURES:
+            z = table.median_s(rtt, fig, "zfuse")
+            row = []
+            for s in others:
+                o = table.median_s(rtt, fig, s)
+                row.append(f"{o / z:.2f}x" if o is not None and z else "-")
+            lines.append(f"| {fig} | " + " | ".join(row) + " |")
+    if table.skipped:
+        lines.append("\nskipped:")
+        for (rtt, fig, system), why in sorted(table.skipped.items()):
+            lines.append(f"- RTT {rtt} ms, {system}, {fig}: {why}")
+    return "\n".join(lines)
+
+
+def run(reps: int, rtts: Sequence[int], systems_run: Sequence[str] = SYSTEMS, log: Callable[[str], None] = print) -> tuple[Table, dict[str, Any]]:
+    if os.geteuid() != 0:
+        raise RuntimeError("s3remote needs root (network namespaces, iptables, dropping the page cache)")
+    workdir = tmp_dir() / "s3remote"
+    workdir.mkdir(parents=True, exist_ok=True)
+    table = Table()
+    info: dict[str, Any] = {}
+    saved = {k: os.environ.get(k) for k in _aws_env()}
+    os.environ.update(_aws_env())
+    try:
+        with Lab(workdir, KEY, SECRET, log=log) as lab:
+            build_and_upload(lab, workdir, log)
+            systems = Systems(lab, workdir)
+            info["zfuse_cache_option"] = systems.zfuse_cache
+            for rtt in rtts:
+                lab.set_delay(rtt / 2)
+                ping = lab.ping_rtt_ms()
+                info[f"ping_rtt{rtt}_ms"] = ping
+                log(f"  RTT {rtt} ms: ping min/avg/max {ping[0]:.2f}/{ping[1]:.2f}/{ping[2]:.2f} ms")
+                runner = Runner(lab, systems, table, rtt, log)
+                for rep in range(reps):
+                    shift = rep % len(systems_run)
+                    order = [*systems_run[shift:], *systems_run[:shift]]
+                    log(f"   repetition {rep + 1}/{reps}: {', '.join(order)}")
+                    runner.run_rep(rep, order)
+            lab.set_delay(0)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(workdir, ignore_errors=True)
+    return table, info
+
+
+def reps_default(quick: bool) -> int:
+    env = os.environ.get("ZFUSE_BENCH_REMOTE_REPS")
+    return int(env) if env else (1 if quick else 5)
+
+
+def bench_s3remote(cfg: Config) -> list[Result]:
+    """benchmarks.run's entry: 5 repetitions (--quick: 1; ZFUSE_BENCH_REMOTE_REPS=N), RTT 0 and 20 ms."""
+    rtts = [0, 20]
+    table, info = run(reps_default(cfg.quick), rtts, SYSTEMS, cfg.log)
+    print(report(table, rtts, SYSTEMS))
+    results = []
+    for rtt in rtts:
+        for fig in FIGURES:
+            z = table.samples.get((rtt, fig, "zfuse"))
+            ref = table.samples.get((rtt, fig, "zarr"))
+            if not z:
+                continue
+            zt = statistics.median(s.seconds for s in z)
+            rt = statistics.median(s.seconds for s in ref) if ref else None
+            extra: dict[str, Any] = {s: cell(got) for s in SYSTEMS if (got := table.samples.get((rtt, fig, s)))}
+            results.append(Result(name=f"s3remote_{fig}_rtt{rtt}", what=f"{WHAT[fig]}, RTT {rtt} ms",
+                                  zfuse_s=zt, ref_s=rt, ref_name="zarr-python in-process",
+                                  ratio=rt / zt if rt else None, goal="report", extra={**extra, **info}))
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.s3_remote", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--reps", type=int, default=None, help="repetitions (default 5; --quick 1)")
+    p.add_argument("--quick", action="store_true", help="one repetition")
+    p.add_argument("--rtt", type=int, nargs="+", default=[0, 20], help="round-trip times in ms (default 0 20)")
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    args = p.parse_args(argv)
+    systems = [s for s in SYSTEMS if s in args.systems]
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=CODE).stdout.strip()
+    t0 = time.perf_counter()
+    from benchmarks.common import cleanup_tmp
+
+    try:
+        table, info = run(args.reps or reps_default(args.quick), args.rtt, systems)
+    finally:
+        cleanup_tmp()
+    print(f"\ncommit {commit}, {time.perf_counter() - t0:.0f} s, {info}")
+    print(report(table, args.rtt, systems))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
