@@ -125,6 +125,19 @@ def test_async_group() -> None:
         assert sync(names()) == ["x"]
 
 
+def test_event_loop_is_the_one_sync_runs_on() -> None:
+    import asyncio
+
+    with pinned("zarr.core.sync._get_loop"):
+        loop = zarr_private.event_loop()
+
+        async def running() -> asyncio.AbstractEventLoop:
+            return asyncio.get_running_loop()
+
+        assert sync(running()) is loop
+        assert asyncio.run_coroutine_threadsafe(running(), loop).result(timeout=10) is loop
+
+
 def test_wrapped_store() -> None:
     inner = MemoryStore()
     with pinned("WrapperStore._store"):

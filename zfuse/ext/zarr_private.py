@@ -39,6 +39,7 @@ __all__ = [
     "convert_v2_metadata_to_v3",
     "decode_sync",
     "encode_sync",
+    "event_loop",
     "inner_chunk_spec",
     "load_numcodecs_codec",
     "load_shard_index",
@@ -74,6 +75,14 @@ def array_config(array: zarr.Array) -> ArrayConfig:
 def async_group(group: zarr.Group) -> Any:
     """The AsyncGroup under a ``zarr.Group`` (``group._async_group``: no public spelling)."""
     return group._async_group
+
+
+def event_loop() -> Any:
+    """zarr's own event loop, which ``zarr.core.sync.sync`` runs store I/O on
+    (``zarr.core.sync._get_loop``): work submitted to it shares its connections."""
+    from zarr.core.sync import _get_loop
+
+    return _get_loop()
 
 
 def can_decode_sync(codec: Any) -> bool:

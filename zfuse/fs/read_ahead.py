@@ -29,6 +29,11 @@ READ_AHEAD = 4  # chunk files decoded ahead of a sequential reader
 # batches of half as many (one worker thread hop per batch, not per file)
 STORED_AHEAD = 8
 AHEAD_REMEMBERED = 16 * READ_AHEAD  # decoded-ahead chunks remembered until opened
+# chunks of a remote store: fetched ahead of a sequential reader (not on threads: on
+# zarr's event loop), as many as fit in FETCH_AHEAD_BYTES of decoded chunk, at most
+# FETCH_AHEAD: at 20 ms a round trip, 4 in flight left a reader waiting on each wave
+FETCH_AHEAD = 32
+FETCH_AHEAD_BYTES = 64 << 20
 
 
 class ReadAhead:
@@ -63,6 +68,11 @@ class ReadAhead:
         cached = arr.is_cached(coords)
         if cached and not scanning:
             return
+        if arr.fetches_remotely:
+            # the store, not the decode, is what this reader waits for: the next chunks'
+            # fetches start together (a shard's adjacent inner chunks in one request)
+            window = max(READ_AHEAD, min(FETCH_AHEAD, FETCH_AHEAD_BYTES // max(1, arr.layout.data_size)))
+            arr.fetch_ahead([coords, *arr.successors(coords, window)])
         if not cached and key not in self.in_flight:
             # this file's own chunk first, starting now rather than at its first read
             self.in_flight.add(key)

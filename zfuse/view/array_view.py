@@ -40,7 +40,7 @@ import os
 import stat as stat_mod
 import threading
 import time
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -593,6 +593,17 @@ class ArrayView:
 
     def is_cached(self, coords: Coords) -> bool:
         return self.cache.contains((id(self), coords))
+
+    @property
+    def fetches_remotely(self) -> bool:
+        """Whether its chunks come from a remote store, fetched ahead by `fetch_ahead`."""
+        return self.source.fetches_remotely
+
+    def fetch_ahead(self, coords: Sequence[Coords]) -> None:
+        """Start fetching the stored bytes of these chunks (those not decoded and cached
+        already) for the reads to come; returns at once (the fetches run on zarr's
+        event loop, not on a thread each)."""
+        self.source.fetch_ahead([c for c in coords if not self.is_cached(c)])
 
     def is_key_prefix(self, parts: tuple[str, ...]) -> bool:
         """Whether `parts` is a directory some chunk key of the grid would live in."""

@@ -43,11 +43,13 @@ from zfuse.ext import zarr_private
 from zfuse.ext.chunk_keys import ChunkKeyDecoder, standard_layout
 from zfuse.view import bounded_decode
 from zfuse.view.caches import BoundedLRU
+from zfuse.view.fetch_ahead import MISSED, FetchAhead, coalesce
 
 log = logging.getLogger("zfuse.view")
 Coords = tuple[int, ...]
 LIST_PAGE = 1000  # names taken from a store listing at a time (S3 returns 1000 per LIST page)
 DEFAULT_INDEX_CACHE_BYTES = 64 * 1024 * 1024
+FETCH_CONCURRENCY = 16  # requests in flight at once for one batch of chunks fetched ahead
 LEAF_INDEX_MAX = 4096  # chunks along the last axis up to which listings decode names by a dict
 DirPage = list[tuple[str, Coords | None]]  # (key name, chunk coords) or (directory name, None)
 DIR_COORDS_KEPT = 16384  # chunk-key directories whose coordinates are remembered
@@ -71,17 +73,20 @@ class StoreAccess:
       calling thread (`get_local`, `exists_local`, `list_dir_local`, `set_local`);
     - `root`: the directory of the local store under every wrapper;
     - `files`: zfuse's own local store under every wrapper, whose `open_key` and
-      `stat_key` open stored files inside the store only.
+      `stat_key` open stored files inside the store only;
+    - `remote`: the store under every wrapper is a remote one (fsspec: S3, HTTP, GCS),
+      whose requests each wait a round trip: chunks are fetched ahead of readers.
     """
 
     local: Any = None
     root: str | None = None
     files: Any = None
+    remote: bool = False
 
 
 def store_access(store: Any) -> StoreAccess:
     """The `StoreAccess` of a store stack (its wrappers walked once)."""
-    from zarr.storage import LocalStore
+    from zarr.storage import FsspecStore, LocalStore
 
     from zfuse.ext.transformers import TransformerStore
     from zfuse.store import AtomicLocalStore, MeteredStore
@@ -93,7 +98,8 @@ def store_access(store: Any) -> StoreAccess:
     while isinstance(inner, (TransformerStore, MeteredStore)):
         inner = zarr_private.wrapped_store(inner)
     root = str(inner.root) if type(inner) in (LocalStore, AtomicLocalStore) else None
-    return StoreAccess(local=local, root=root, files=inner if type(inner) is AtomicLocalStore else None)
+    return StoreAccess(local=local, root=root, files=inner if type(inner) is AtomicLocalStore else None,
+                       remote=isinstance(inner, FsspecStore))
 
 
 class ChunkSource(ABC):
@@ -233,6 +239,16 @@ class ChunkSource(ABC):
         """Whether `iter_chunk_dir` lists a local directory in the calling thread (short
         work), not a remote store (a long wait)."""
         return False
+
+    @property
+    def fetches_remotely(self) -> bool:
+        """Whether chunks are fetched from a remote store, and `fetch_ahead` starts their
+        fetches ahead of a reader; here: no."""
+        return False
+
+    def fetch_ahead(self, coords: Sequence[Coords]) -> None:  # noqa: B027 - optional hook
+        """Start fetching these chunks' stored bytes for reads to come (remote stores;
+        returns at once). Here: nothing."""
 
     def raw_chunk_path(self, coords: Coords) -> str | None:
         """A local file holding chunk `coords`'s values exactly as its chunk file's data,
@@ -1101,8 +1117,73 @@ class ZarrChunkSource(ChunkSource):
             fetched = self._fetch_local(local, coords, must_exist)
             if fetched is not _NOT_LOCAL:
                 return fetched
+        fetches = self._fetches
+        if fetches is not None:
+            fetched = fetches.take(coords)  # fetched ahead, or being fetched: no request of its own
+            if fetched is None:
+                if must_exist:
+                    raise self._vanished(self.chunk_key(coords))
+                return None
+            if fetched is not MISSED:
+                return fetched, self._chunk_spec
         fetch = self._fetch_inner_chunk if self.sharding is not None else self._fetch_stored_chunk
         return sync(fetch(coords, must_exist))
+
+    @functools.cached_property
+    def _fetches(self) -> FetchAhead | None:
+        """Remote stores: chunks fetched ahead of readers (`fetch_ahead`), on zarr's
+        event loop, taken by `_fetch`."""
+        if not self._direct or not self._store_access.remote:
+            return None
+        return FetchAhead(self._fetch_many, zarr_private.event_loop)
+
+    @property
+    def fetches_remotely(self) -> bool:
+        return self._fetches is not None
+
+    def fetch_ahead(self, coords: Sequence[Coords]) -> None:
+        if self._fetches is not None:
+            self._fetches.ahead(coords)
+
+    async def _fetch_many(self, wanted: list[Coords]) -> dict[Coords, Any]:
+        """Stored bytes of the chunks `wanted` (None: not stored; left out: not fetched).
+        A shard's inner chunks lying close together come in one ranged request."""
+        proto = default_buffer_prototype()
+        limit = asyncio.Semaphore(FETCH_CONCURRENCY)
+        out: dict[Coords, Any] = {}
+        if self.sharding is None:
+            async def whole(coords: Coords) -> None:
+                async with limit:
+                    out[coords] = await self.store.get(self.prefix + self._encode_storage_key(coords), prototype=proto)
+
+            await asyncio.gather(*(whole(c) for c in wanted), return_exceptions=True)
+            return out
+        by_shard: dict[Coords, list[Coords]] = {}
+        for coords in wanted:
+            by_shard.setdefault(self._storage_coords(coords), []).append(coords)
+
+        async def span(key: str, start: int, end: int, members: list[tuple[int, int, Coords]]) -> None:
+            async with limit:
+                buf = await self.store.get(key, prototype=proto, byte_range=RangeByteRequest(start, end))
+            if buf is None or len(buf) != end - start:
+                return  # (left out: each read fetches its own and reports what is wrong)
+            for first, last, coords in members:
+                out[coords] = buf[first - start : last - start]
+
+        async def shard(shard_coords: Coords, inner: list[Coords]) -> None:
+            key = self.prefix + self._encode_storage_key(shard_coords)
+            index = await self._shard_index(shard_coords)
+            ranges = []
+            for coords in inner:
+                byte_slice = index.get_chunk_slice(coords) if index is not None else None
+                if byte_slice is None:
+                    out[coords] = None
+                else:
+                    ranges.append((*byte_slice, coords))
+            await asyncio.gather(*(span(key, *request) for request in coalesce(ranges)), return_exceptions=True)
+
+        await asyncio.gather(*(shard(s, inner) for s, inner in by_shard.items()), return_exceptions=True)
+        return out
 
     @functools.cached_property
     def _local_store(self) -> Any:
@@ -1198,6 +1279,9 @@ class ZarrChunkSource(ChunkSource):
             return self._locks.setdefault(key, threading.Lock())
 
     def _forget_index(self, coords: Coords) -> None:
+        fetches = self.__dict__.get("_fetches")  # (what a write makes stale, if any was fetched ahead)
+        if fetches is not None:
+            fetches.forget()
         if self.sharding is not None:
             self._index_cache.pop((id(self), self.prefix + self._encode_storage_key(self._storage_coords(coords))))
 
@@ -1351,6 +1435,9 @@ class ZarrChunkSource(ChunkSource):
 
     def invalidate(self) -> None:
         super().invalidate()
+        fetches = self.__dict__.get("_fetches")
+        if fetches is not None:
+            fetches.forget()
         self._index_cache.clear()
         self._chunk_maps.clear()
         self._chunk_maps_bytes = 0

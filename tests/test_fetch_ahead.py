@@ -1,0 +1,139 @@
+"""FetchAhead and coalesce with plain calls (no mount, no store): what a reader of a
+remote store gets from fetches started ahead of it. The fetches run on a real
+asyncio loop in a thread, as zarr's do."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from zfuse.view.fetch_ahead import MISSED, FetchAhead, coalesce
+
+
+@pytest.fixture
+def loop() -> Iterator[asyncio.AbstractEventLoop]:
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield loop
+    finally:
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(timeout=10)
+        loop.close()
+
+
+class Store:
+    """What `fetch_many` fetches: each batch asked for, answered when `release` is set."""
+
+    def __init__(self, missing: set[Any] = frozenset(), failing: set[Any] = frozenset()) -> None:
+        self.batches: list[list[Any]] = []
+        self.missing = missing
+        self.failing = failing
+        self.release = threading.Event()
+        self.release.set()
+
+    async def fetch_many(self, wanted: list[Any]) -> dict[Any, Any]:
+        self.batches.append(list(wanted))
+        while not self.release.is_set():
+            await asyncio.sleep(0.001)
+        return {c: (None if c in self.missing else f"bytes of {c}".encode())
+                for c in wanted if c not in self.failing}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_coalesce_merges_ranges_close_together_up_to_a_span() -> None:
+    ranges = [(100, 200, "b"), (0, 100, "a"), (200, 250, "c"), (10_000, 10_100, "far")]
+    assert coalesce(ranges, gap=0) == [
+        (0, 250, [(0, 100, "a"), (100, 200, "b"), (200, 250, "c")]), (10_000, 10_100, [(10_000, 10_100, "far")])]
+    assert [r[:2] for r in coalesce(ranges, gap=20_000)] == [(0, 10_100)]
+    assert [r[:2] for r in coalesce(ranges, gap=20_000, span=200)] == [(0, 200), (200, 250), (10_000, 10_100)]
+    assert coalesce([]) == []
+
+
+def test_a_chunk_fetched_ahead_is_taken_once_without_a_request_of_its_own(loop: asyncio.AbstractEventLoop) -> None:
+    store = Store(missing={2})
+    ahead = FetchAhead(store.fetch_many, lambda: loop)
+    assert ahead.ahead([0, 1, 2, 3]) == 4
+    assert ahead.take(0) == b"bytes of 0"
+    assert ahead.take(2) is None  # not stored
+    assert ahead.take(0) is MISSED  # taken already: the reader fetches it itself
+    assert ahead.take(9) is MISSED  # never asked for
+    assert store.batches == [[0, 1, 2, 3]]  # one batch: fetch_many may merge them
+
+
+def test_a_read_waits_for_the_fetch_under_way(loop: asyncio.AbstractEventLoop) -> None:
+    store = Store()
+    store.release.clear()
+    ahead = FetchAhead(store.fetch_many, lambda: loop)
+    ahead.ahead([5])
+    got: list[Any] = []
+    reader = threading.Thread(target=lambda: got.append(ahead.take(5)))
+    reader.start()
+    reader.join(timeout=0.05)
+    assert reader.is_alive() and not got  # waiting, not fetching again
+    store.release.set()
+    reader.join(timeout=10)
+    assert got == [b"bytes of 5"] and store.batches == [[5]]
+
+
+def test_the_window_is_topped_up_in_batches_of_half(loop: asyncio.AbstractEventLoop) -> None:
+    store = Store()
+    ahead = FetchAhead(store.fetch_many, lambda: loop)
+    assert ahead.ahead(list(range(0, 8))) == 8
+    for reader_at in range(1, 4):  # the window slides by one: still more than half ahead
+        ahead.take(reader_at - 1)
+        assert ahead.ahead(list(range(reader_at, reader_at + 8))) == 0
+    ahead.take(3)
+    assert ahead.ahead(list(range(4, 12))) == 4  # half of it new: asked for together
+    assert ahead.take(8) == b"bytes of 8"  # (that batch fetched)
+    assert store.batches == [list(range(8)), [8, 9, 10, 11]]
+
+
+def test_bounded_in_chunks_and_in_time(loop: asyncio.AbstractEventLoop) -> None:
+    store, clock = Store(), Clock()
+    ahead = FetchAhead(store.fetch_many, lambda: loop, max_entries=3, ttl=10.0, clock=clock)
+    assert ahead.ahead([0, 1, 2, 3, 4]) == 3  # no more than max_entries held
+    assert ahead.take(1) == b"bytes of 1"
+    clock.now = 11.0  # nobody took 0 or 2 in time: never served late
+    assert ahead.take(0) is MISSED
+    assert ahead.ahead([7, 8, 9]) == 3  # the expired ones made room
+    assert ahead.take(9) == b"bytes of 9"
+
+
+def test_forget_drops_what_is_fetched_and_what_is_under_way(loop: asyncio.AbstractEventLoop) -> None:
+    store = Store()
+    ahead = FetchAhead(store.fetch_many, lambda: loop)
+    ahead.ahead([0, 1])
+    assert ahead.take(0) == b"bytes of 0"
+    store.release.clear()
+    ahead.ahead([2, 3, 4])
+    ahead.forget()  # a write through the mount: nothing fetched before it is served
+    store.release.set()
+    assert [ahead.take(c) for c in (1, 2, 3)] == [MISSED, MISSED, MISSED]
+    assert ahead.ahead([2, 3]) == 2 and ahead.take(2) == b"bytes of 2"
+
+
+def test_a_fetch_that_fails_or_leaves_a_chunk_out_is_the_readers_to_do(loop: asyncio.AbstractEventLoop) -> None:
+    store = Store(failing={1})
+    ahead = FetchAhead(store.fetch_many, lambda: loop)
+    ahead.ahead([0, 1])
+    assert ahead.take(1) is MISSED and ahead.take(0) == b"bytes of 0"
+
+    async def broken(wanted: list[Any]) -> dict[Any, Any]:
+        raise OSError("connection reset")
+
+    failing = FetchAhead(broken, lambda: loop)
+    failing.ahead([0])
+    assert failing.take(0) is MISSED

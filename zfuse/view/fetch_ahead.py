@@ -1,0 +1,161 @@
+"""Stored chunks fetched ahead of a reader from a remote store: `FetchAhead`.
+
+On a store with a round trip of tens of milliseconds, what a sequential reader
+waits for is the store, not the decode. Decoding ahead on a few threads keeps as
+many requests in flight as there are threads; fetching ahead does not hold a
+thread per request: the fetches run on zarr's event loop, as many at once as
+the window asks (`ahead`), and a later read of the chunk (`take`) waits on the
+fetch already under way instead of sending its own request.
+
+What is fetched is given by the array's `fetch_many`, which may fetch several
+chunks in one request (a shard's adjacent inner chunks: one ranged GET); it
+answers a chunk's stored bytes, None for a chunk not stored, and leaves out a
+chunk it could not fetch. `coalesce` merges adjacent byte ranges for it.
+
+Bounded: at most `max_entries` chunks are fetched or held, each for at most
+`ttl` seconds (a fetched chunk nobody takes is dropped, never served late);
+`forget` drops everything (a write through the mount, a reload). A fetch that
+fails is not an error here: the read that takes it fetches again and reports.
+No FUSE; no decoding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import threading
+import time
+from collections.abc import Awaitable, Callable, Hashable, Sequence
+from typing import Any
+
+MAX_ENTRIES = 64  # chunks fetched ahead or held, per array
+TTL = 10.0  # seconds a chunk fetched ahead is held for its reader
+WAIT = 120.0  # seconds a read waits for a fetch under way (each request has its own timeout)
+
+MERGE_GAP = 64 << 10  # bytes between two ranges fetched in one request rather than two
+MERGE_SPAN = 32 << 20  # the largest range one request fetches
+
+MISSED = object()  # `take`'s answer when nothing usable was fetched ahead
+
+
+def coalesce(ranges: Sequence[tuple[int, int, Any]], gap: int = MERGE_GAP,
+             span: int = MERGE_SPAN) -> list[tuple[int, int, list[tuple[int, int, Any]]]]:
+    """Byte ranges `(start, end, what)` merged into the fewest requests: ranges no
+    more than `gap` bytes apart go in one, up to `span` bytes each. Each request is
+    `(start, end, its ranges)`, in order of offset."""
+    merged: list[tuple[int, int, list[tuple[int, int, Any]]]] = []
+    for start, end, what in sorted(ranges, key=lambda r: r[0]):
+        if merged and start - merged[-1][1] <= gap and max(end, merged[-1][1]) - merged[-1][0] <= span:
+            first, last, members = merged[-1]
+            members.append((start, end, what))
+            merged[-1] = (first, max(last, end), members)
+        else:
+            merged.append((start, end, [(start, end, what)]))
+    return merged
+
+
+class FetchAhead:
+    """Chunks being fetched, or fetched and not yet taken, keyed by their coordinates."""
+
+    def __init__(self, fetch_many: Callable[[list[Any]], Awaitable[dict[Any, Any]]],
+                 loop: Callable[[], asyncio.AbstractEventLoop], *, max_entries: int = MAX_ENTRIES,
+                 ttl: float = TTL, clock: Callable[[], float] = time.monotonic) -> None:
+        self.fetch_many = fetch_many
+        self.loop = loop
+        self.max_entries = max_entries
+        self.ttl = ttl
+        self.clock = clock
+        self._lock = threading.Lock()
+        # coords -> (the fetch's future, or None once taken; when it was asked for). A
+        # taken chunk stays as a marker until its ttl: asking for it again meanwhile
+        # (another reader's window) would fetch what its reader has just read.
+        self._entries: collections.OrderedDict[Hashable, tuple[concurrent.futures.Future[Any] | None, float]] = \
+            collections.OrderedDict()
+        self._generation = 0  # `forget`s so far: a fetch started before one is not kept
+
+    def ahead(self, wanted: Sequence[Hashable]) -> int:
+        """Start fetching the chunks of `wanted` (in reading order) not fetched or asked
+        for lately; how many were asked for. A window that is still half ahead of its
+        reader is not topped up: the next chunks are asked for together, in one
+        batch, once half of it is read (a shard's inner chunks then go in one request,
+        not one per chunk as the window slides)."""
+        if not wanted:
+            return 0
+        now = self.clock()
+        with self._lock:
+            self._expire(now)
+            missing = [c for c in wanted if c not in self._entries]
+            if not missing or len(wanted) - len(missing) > len(wanted) // 2:
+                return 0
+            missing = missing[: max(0, self.max_entries - len(self._entries))]
+            futures: dict[Hashable, concurrent.futures.Future[Any]] = {}
+            for coords in missing:
+                futures[coords] = concurrent.futures.Future()
+                self._entries[coords] = (futures[coords], now)
+            generation = self._generation
+        if futures:
+            asyncio.run_coroutine_threadsafe(self._fetch(list(futures), futures, generation), self.loop())
+        return len(futures)
+
+    async def _fetch(self, coords: list[Any], futures: dict[Any, concurrent.futures.Future[Any]],
+                     generation: int) -> None:
+        try:
+            got = await self.fetch_many(coords)
+        except BaseException as e:  # (the reader that takes it fetches again and reports)
+            for future in futures.values():
+                try:
+                    future.set_exception(e)
+                except concurrent.futures.InvalidStateError:
+                    pass
+            if not isinstance(e, Exception):
+                raise
+            return
+        stale = generation != self._generation
+        for c, future in futures.items():
+            try:
+                if stale:
+                    future.set_exception(RuntimeError("forgotten while being fetched"))
+                else:
+                    future.set_result(got.get(c, MISSED))  # (left out: not fetched)
+            except concurrent.futures.InvalidStateError:
+                pass  # failed by `forget` meanwhile
+
+    def take(self, coords: Hashable) -> Any:
+        """What was fetched ahead for `coords` (waiting for a fetch under way): the
+        stored chunk, None for a chunk not stored, or MISSED (nothing fetched ahead, or
+        the fetch failed or was forgotten): then the caller fetches it itself."""
+        with self._lock:
+            entry = self._entries.get(coords)
+            if entry is None or entry[0] is None:
+                return MISSED
+            future, asked = entry
+            self._entries[coords] = (None, asked)
+        if self.clock() - asked > self.ttl and future.done():
+            return MISSED  # held too long: what the store holds now may differ
+        try:
+            return future.result(timeout=WAIT)
+        except Exception:
+            return MISSED
+
+    def forget(self) -> None:
+        """Drop every chunk fetched or being fetched (the store changed through the mount,
+        or the view is reloaded): what a fetch under way brings is not kept."""
+        with self._lock:
+            self._generation += 1
+            for future, _ in self._entries.values():
+                if future is not None:
+                    try:
+                        future.set_exception(RuntimeError("forgotten while being fetched"))
+                    except concurrent.futures.InvalidStateError:
+                        pass  # (done already)
+            self._entries.clear()
+
+    def _expire(self, now: float) -> None:
+        """(Under the lock.) Entries asked for more than `ttl` ago, oldest first."""
+        entries = self._entries
+        while entries:
+            coords, (future, asked) = next(iter(entries.items()))
+            if now - asked <= self.ttl or (future is not None and not future.done()):
+                break
+            del entries[coords]
