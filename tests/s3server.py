@@ -144,3 +144,68 @@ def make_bucket(server: S3Server, name: str) -> Any:
     except client.exceptions.BucketAlreadyOwnedByYou:
         pass
     return client
+
+
+class ConditionsIgnoredProxy:
+    """A real HTTP proxy in front of an S3Server that drops the If-Match and
+    If-None-Match headers of every request: an S3-compatible store that accepts
+    conditional writes without checking them (some do). Threads of the test process,
+    loopback only. (moto does not check signatures, so the dropped signed headers
+    pass.)"""
+
+    DROPPED = frozenset({"if-match", "if-none-match"})
+
+    def __init__(self, server: S3Server) -> None:
+        import http.server
+        import threading
+
+        self.server = server
+        proxy = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *args: Any) -> None:  # (quiet)
+                pass
+
+            def forward(self) -> None:
+                proxy.forward(self)
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = forward
+
+        self.httpd = http.server.ThreadingHTTPServer((HOST, 0), Handler)
+        self.httpd.daemon_threads = True
+        self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
+        self.thread.start()
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://{HOST}:{self.httpd.server_address[1]}"
+
+    def forward(self, handler: Any) -> None:
+        import http.client
+
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = handler.rfile.read(length) if length else None
+        headers = {k: v for k, v in handler.headers.items() if k.lower() not in self.DROPPED}
+        conn = http.client.HTTPConnection(HOST, self.server.port, timeout=30)
+        try:
+            conn.request(handler.command, handler.path, body=body, headers=headers)
+            response = conn.getresponse()
+            data = response.read()
+        finally:
+            conn.close()
+        handler.send_response(response.status)
+        for name, value in response.getheaders():
+            if name.lower() not in ("transfer-encoding", "connection", "content-length"):
+                handler.send_header(name, value)
+        length_header = response.getheader("Content-Length")
+        handler.send_header("Content-Length", length_header if handler.command == "HEAD" and length_header
+                            else str(len(data)))
+        handler.end_headers()
+        if handler.command != "HEAD":
+            handler.wfile.write(data)
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()

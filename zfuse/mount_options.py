@@ -99,6 +99,8 @@ def _cache_option(name: str) -> Callable[[Any, str], None]:
     def apply(config: Any, value: str) -> None:
         if name == "cache_dir":
             config.storage_options["zfuse_cache"] = _path(value) if value else _path_needed("cache=DIR")
+        elif name == "last_writer_wins":
+            config.storage_options["zfuse_last_writer_wins"] = True
         else:
             config.storage_options["zfuse_cache_limit"] = _size(value)
     return apply
@@ -150,6 +152,9 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
                 _cache_option("cache_dir")),
     MountOption("cache_limit", "SIZE", "bound the cache= directory on disk, least recently used "
                 f"evicted first (default {defaults.DISK_CACHE_BYTES // 2**30}G)", _cache_option("cache_limit")),
+    MountOption("last_writer_wins", "", "write to an object store that ignores conditional writes "
+                "(If-Match): another host's concurrent update of a shard can be lost",
+                _cache_option("last_writer_wins")),
     MountOption("all_chunks", "", "list every grid position; missing chunks read as the fill value",
                 _flag("all_chunks")),
     MountOption("crop_edges", "", "edge chunks cropped to the array bounds", _flag("crop_edges")),

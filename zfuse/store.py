@@ -833,6 +833,12 @@ class MeteredStore(WrapperStore[Store]):
         # key -> the version (ETag, or size) this mount last saw the object at: from a
         # listing, a HEAD, or the GET or PUT itself. Made anew at each reload (a new store)
         self._versions: dict[str, str] = {}
+        # key -> the version of the first whole read of it since its last write: what a
+        # read-modify-write (a shard, a concat-parts part) read, so the write that follows
+        # is made on condition that the object is still that version (If-Match; ABSENT:
+        # If-None-Match). A later read never replaces it: a condition older than what the
+        # writer read fails once more and is retried, one newer would lose an update.
+        self._write_versions: dict[str, str] = {}
         if self.remote is not None and self.remote.cache_dir is not None:
             from zfuse.remote_cache import DiskCache
 
@@ -984,23 +990,33 @@ class MeteredStore(WrapperStore[Store]):
         if self.cache is not None:
             version = await self._current_version(key)
             if version is None:
+                self._read_for_write(key, byte_range, ABSENT)
                 return None
             data = self.cache.get(identity, version)  # (a local file: on zarr's loop, not FUSE's)
             if data is not None:
+                self._read_for_write(key, byte_range, version)
                 return data
         self.stats.count(f"store_get_chunk{'_ranged' if byte_range is not None else ''}")
         known = self._versions.get(key)
         data, version = await self._bounded(remote.get(key, byte_range), "get", key)
         if data is None:
             self._remember(key, None)
+            self._read_for_write(key, byte_range, ABSENT)
             return None
         # (a store that names no version with the bytes: the one a listing or HEAD gave)
         version = version or known
         self._remember(key, version)
+        self._read_for_write(key, byte_range, version)
         self.stats.count("store_bytes_chunk", len(data))
         if self.cache is not None and version is not None:
             await asyncio.to_thread(self.cache.put, identity, version, data)
         return data
+
+    def _read_for_write(self, key: str, byte_range: ByteRequest | None, version: str | None) -> None:
+        if byte_range is None and version is not None and self.remote is not None and self.remote.conditional:
+            if len(self._write_versions) >= VERSIONS_KEPT and key not in self._write_versions:
+                self._write_versions.clear()
+            self._write_versions.setdefault(key, version)
 
     def _wrote(self, key: str, version: str | None, data: Any = None) -> None:
         """After a write through this mount: the new version is the one this mount knows
@@ -1119,7 +1135,13 @@ class MeteredStore(WrapperStore[Store]):
         self.stats.count("store_bytes_written", len(value))
         if self.remote is not None and self.remote.can_put:
             data = value.to_bytes()
-            version = await self._bounded(self.remote.put(key, data), "set", key)
+            condition = self._write_versions.pop(key, None) if self.remote.conditional else None
+            try:
+                version = await self._bounded(self.remote.put(key, data, condition), "set", key)
+            except WriteConflictError:
+                self.stats.count("store_write_conflicts")
+                await self._after_write(key, None)  # read it anew: another writer's version
+                raise
             await self._after_write(key, version, data)
             return
         await self._bounded(self._store.set(key, value), "set", key)
@@ -1127,6 +1149,7 @@ class MeteredStore(WrapperStore[Store]):
 
     async def delete(self, key: str) -> None:
         self.stats.count("store_delete")
+        self._write_versions.pop(key, None)
         await self._bounded(self._store.delete(key), "delete", key)
         await self._after_write(key, None)
 
@@ -1212,11 +1235,15 @@ def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] 
         options = dict(storage_options or {})
         cache_dir = options.pop(CACHE_OPTION, None)
         cache_limit = options.pop(CACHE_LIMIT_OPTION, defaults.DISK_CACHE_BYTES)
+        last_writer_wins = options.pop(LAST_WRITER_WINS_OPTION, False)
         options = fsspec_options(protocol, options)
         store = FsspecStore.from_url(source, storage_options=options, read_only=read_only)
         if cache_dir is not None or (protocol in S3_PROTOCOLS and not read_only):
+            remote = RemoteObjects(store, protocol, cache_dir, int(cache_limit))
+            if remote.can_put:
+                remote.conditional = conditions_honoured(remote, source, bool(last_writer_wins))
             # (read by MeteredStore, which wraps every store a mount reads)
-            store.zfuse_remote = RemoteObjects(store, protocol, cache_dir, int(cache_limit))  # type: ignore[attr-defined]
+            store.zfuse_remote = remote  # type: ignore[attr-defined]
         return store
     path = source.removeprefix("file://")
     if not os.path.exists(path):
@@ -1279,6 +1306,8 @@ S3_PROTOCOLS = ("s3", "s3a")
 # by `open_store`: fsspec never sees them)
 CACHE_OPTION = "zfuse_cache"
 CACHE_LIMIT_OPTION = "zfuse_cache_limit"
+LAST_WRITER_WINS_OPTION = "zfuse_last_writer_wins"
+ABSENT = ""  # the version of no object: a write on condition that there is none (If-None-Match: *)
 VERSIONS_KEPT = 1_000_000  # object versions a mount remembers (~150 bytes each)
 SINGLE_PUT_MAX = 5 * 2**30  # S3's largest PutObject; bigger objects go through s3fs (multipart)
 
@@ -1317,6 +1346,8 @@ class RemoteObjects:
         self.root = str(store.path).rstrip("/")
         self.s3 = protocol in S3_PROTOCOLS
         self.can_put = self.s3 and not store.read_only
+        # writes carry conditions (If-Match/If-None-Match): the store was found to honour them
+        self.conditional = False
         self.cache_dir = cache_dir
         self.cache_limit = cache_limit
         client_kwargs = getattr(self.fs, "client_kwargs", None) or {}
@@ -1371,16 +1402,28 @@ class RemoteObjects:
             body.close()
         return data, response.get("ETag")
 
-    async def put(self, key: str, data: bytes) -> str | None:
-        """Store `data` as `key` (S3 PutObject); the new object's version."""
-        if len(data) > SINGLE_PUT_MAX:
+    async def put(self, key: str, data: bytes, condition: str | None = None) -> str | None:
+        """Store `data` as `key` (S3 PutObject); the new object's version. `condition`: the
+        version the object must still be (its ETag; ABSENT: none may exist), else
+        WriteConflictError and nothing written; None: unconditional."""
+        if len(data) > SINGLE_PUT_MAX and condition is None:
             from zarr.core.buffer import default_buffer_prototype
 
             await self.store.set(key, default_buffer_prototype().buffer.from_bytes(data))
             return None
         bucket, name, _ = self.fs.split_path(self.path(key))
-        response = await self.fs._call_s3("put_object", Bucket=bucket, Key=name, Body=data)
+        extra = {} if condition is None else {"IfNoneMatch": "*"} if condition == ABSENT else {"IfMatch": condition}
+        try:
+            response = await self.fs._call_s3("put_object", Bucket=bucket, Key=name, Body=data, **extra)
+        except OSError as e:
+            if condition is not None and _precondition_failed(e):
+                raise WriteConflictError(key) from e
+            raise
         return response.get("ETag")
+
+    async def delete(self, key: str) -> None:
+        bucket, name, _ = self.fs.split_path(self.path(key))
+        await self.fs._call_s3("delete_object", Bucket=bucket, Key=name)
 
     async def list_dir(self, prefix: str) -> list[tuple[str, str | None]]:
         """(name, version) of a directory's entries, as FsspecStore.list_dir names them
@@ -1400,3 +1443,97 @@ class RemoteObjects:
         """(key, version) of every object whose key starts with `prefix` (FsspecStore's listing)."""
         found = await self.fs._find(f"{self.root}/{prefix}", detail=True, maxdepth=None, withdirs=False)
         return [(name.removeprefix(f"{self.root}/"), _version_of(info)) for name, info in found.items()]
+
+
+class WriteConflictError(OSError):
+    """Another writer changed an object between this mount's read of it and its write
+    (the store refused the conditional write): nothing was written. ESTALE, as NFS
+    answers for a file changed on the server; the write path redoes a shard's or
+    part's read-modify-write from the new version, and fails close() with it when
+    that keeps losing."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(errno.ESTALE, f"{key}: changed by another writer since it was read "
+                         "(the store refused the conditional write)")
+
+
+class ConditionsIgnoredError(ValueError):
+    """A store that accepts conditional writes it does not check, mounted read-write
+    without `-o last_writer_wins`."""
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether a failed request was S3's answer to a condition that does not hold (412
+    PreconditionFailed, or 409 ConditionalRequestConflict: a race between two of them)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict):
+            error = response.get("Error") or {}
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            if error.get("Code") in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+                return True
+        if isinstance(exc, FileExistsError):  # (s3fs's translation of a failed If-None-Match)
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        seen += 1
+    return False
+
+
+# (endpoint, bucket) -> whether it honours conditions: each is probed once per process
+_probed: dict[tuple[str, str], bool] = {}
+PROBE_PREFIX = ".zfuse-conditions-probe-"
+
+
+def conditions_honoured(remote: RemoteObjects, source: str, last_writer_wins: bool) -> bool:
+    """Whether writes to `remote` carry conditions. Found by a probe the first time a
+    bucket is mounted read-write (a probe object written twice with If-None-Match: *,
+    once with If-Match of a wrong ETag, then deleted). A store that honours them: True.
+    One that ignores them: with `last_writer_wins` False and a warning logged (two
+    hosts writing one shard can lose an update); without it ConditionsIgnoredError.
+    A probe that fails outright (no permission to write, a hung server) decides
+    nothing: writes are then conditional, and fail as the store answers them."""
+    from zarr.core.sync import sync
+
+    place = (remote._identity_base, remote.fs.split_path(remote.path(""))[0])
+    honoured = _probed.get(place)
+    if honoured is None:
+        try:
+            honoured = sync(asyncio.wait_for(_probe(remote), defaults.REMOTE_TIMEOUT))
+        except Exception as e:  # noqa: BLE001 - any failure: undecided, logged
+            log.warning("%s: could not find whether the store honours conditional writes (%s): "
+                        "writes are made conditional", source_label(source), e)
+            return True
+        _probed[place] = honoured
+    if honoured:
+        return True
+    if not last_writer_wins:
+        raise ConditionsIgnoredError(
+            f"{source_label(source)}: the store ignores conditional writes (If-Match, If-None-Match): "
+            "two hosts writing one shard or part could silently lose an update. Mount it with "
+            "-o ro, or with -o last_writer_wins to accept that (SEMANTICS [remote-3])")
+    log.warning("%s: the store ignores conditional writes: mounted with last_writer_wins, two hosts "
+                "writing one shard or part can lose an update", source_label(source))
+    return False
+
+
+async def _probe(remote: RemoteObjects) -> bool:
+    key = PROBE_PREFIX + "".join(random.choices(TEMP_CHARS[:36], k=12))
+    try:
+        etag = await remote.put(key, b"zfuse probe 1", ABSENT)
+        try:
+            await remote.put(key, b"zfuse probe 2", ABSENT)
+            return False  # written over an existing object: If-None-Match ignored
+        except WriteConflictError:
+            pass
+        try:
+            await remote.put(key, b"zfuse probe 3", '"00000000000000000000000000000000"')
+            return False  # written on a wrong ETag: If-Match ignored
+        except WriteConflictError:
+            pass
+        return etag is not None
+    finally:
+        try:
+            await remote.delete(key)
+        except Exception as e:  # noqa: BLE001 - logged: a probe object left behind
+            log.warning("%s: could not remove the probe object: %s", remote.path(key), e)

@@ -38,6 +38,7 @@ from zarr.core.chunk_key_encodings import V2ChunkKeyEncoding
 from zarr.core.sync import sync
 from zarr.storage import StorePath
 
+from zfuse.conditional import retry_lost_races
 from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.ext import zarr_private
 from zfuse.ext.chunk_keys import ChunkKeyDecoder, standard_layout
@@ -1286,6 +1287,10 @@ class ZarrChunkSource(ChunkSource):
             self._index_cache.pop((id(self), self.prefix + self._encode_storage_key(self._storage_coords(coords))))
 
     def write_chunk(self, coords: Coords, data: np.ndarray) -> None:
+        # another host's write between this one's read and write: redone (zfuse/conditional.py)
+        retry_lost_races(lambda: self._write_chunk_once(coords, data), f"{self.name} chunk {coords}")
+
+    def _write_chunk_once(self, coords: Coords, data: np.ndarray) -> None:
         region = self.chunk_region(coords)
         clipped = data[tuple(slice(0, r.stop - r.start) for r in region)]
         with self._lock_for(coords):
@@ -1422,6 +1427,9 @@ class ZarrChunkSource(ChunkSource):
         return encoded
 
     def delete_chunk(self, coords: Coords) -> None:
+        retry_lost_races(lambda: self._delete_chunk_once(coords), f"{self.name} chunk {coords}")
+
+    def _delete_chunk_once(self, coords: Coords) -> None:
         with self._lock_for(coords):
             try:
                 if self.sharding is None:
