@@ -77,7 +77,7 @@ def test_listing_one_directory_lists_that_prefix_only(slash: Path) -> None:
     assert view.entry(("c", "7", "2.tiff")) is not None and view.entry(("c", "7", "3.tiff")) is None
     assert store.lists == [("list_dir", "c/7/")] and store.exists_checks == []
     # the array directory and c/ are one listing each, of their own prefix
-    assert names(view, ()) == ["c", "image.ome.tif", "zarr.json"]
+    assert names(view, ()) == ["c", "image.ome.tif", "image.tif", "zarr.json"]
     assert names(view, ("c",)) == sorted(str(i) for i in range(30))
     assert store.lists == [("list_dir", "c/7/"), ("list_dir", ""), ("list_dir", "c/")]
 
@@ -154,7 +154,7 @@ def test_flat_keys_lookup_checks_one_key_and_listing_is_paged(tmp_path: Path) ->
             break
         seen += [name for name, _ in batch]
         offset += len(batch)
-    assert sorted(seen) == sorted(["image.ome.tif", "zarr.json"] + [f"c.{i}.{j}.tiff" for i in range(150) for j in range(100)])
+    assert sorted(seen) == sorted(["image.ome.tif", "image.tif", "zarr.json"] + [f"c.{i}.{j}.tiff" for i in range(150) for j in range(100)])
     assert store.lists == [("list_dir", "")]
     # seeking back restarts the listing and gives the same order
     reader.fetch(5)

@@ -415,7 +415,7 @@ def test_a_leftover_at_mount_is_not_a_chunk_and_is_removed(tmp_path: Path, mount
     arr[...] = 7
     left = _leftover(root, "0.0")
     m = mount(root)
-    assert sorted(os.listdir(m.path)) == ["0.0.tiff", "0.1.tiff", "image.ome.tif", "zarr.json"]
+    assert sorted(os.listdir(m.path)) == ["0.0.tiff", "0.1.tiff", "image.ome.tif", "image.tif", "zarr.json"]
     assert not left.exists()
     assert not (m.path / f"{left.name}.tiff").exists()
     assert m.stats().get("leftovers_removed") == 1

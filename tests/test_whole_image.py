@@ -569,7 +569,9 @@ def test_zarr_readers_and_info(tmp_path: Path, mount) -> None:
     out = subprocess.run([sys.executable, "-m", "zfuse.cli", "info", str(tmp_path / "p.zarr"), "--json"],
                          capture_output=True, text=True, check=True).stdout
     files = {f["path"]: f for f in json.loads(out)["whole_image_files"]}
-    assert set(files) == {"pyramid.ome.tif", "0/image.ome.tif", "1/image.ome.tif", "2/image.ome.tif"}
+    assert set(files) == {"pyramid.ome.tif", *(f"{k}/image{ext}" for k in range(3) for ext in (".ome.tif", ".tif"))}
+    assert files["0/image.tif"]["mode"] == ["decoded (strips)"]
+    assert files["0/image.tif"]["size"] == os.stat(m.path / "0" / "image.tif").st_size
     pyr = files["pyramid.ome.tif"]
     assert pyr["levels"] == 3 and pyr["size"] == os.stat(m.path / "pyramid.ome.tif").st_size
     assert pyr["mode"] == ["decoded"] * 3 and pyr["tiles"] > 0

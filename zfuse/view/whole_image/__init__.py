@@ -10,6 +10,8 @@ The parts (each module's docstring says what it owns):
 - `ome.py`: the OME-XML, and the readers of OME-Zarr multiscales/omero attributes.
 - `tiles.py`: the tile cache, decoded tiles (assembly) and passthrough reads.
 - `push.py`: tiles pushed ahead of region readers, chunk files read ahead.
+- `strips.py`: `StrippedImage`, `image.tif`: the array as a stripped classic TIFF
+  laid out as ImageJ 1.x writes stacks (plain ImageJ reads no tiles).
 - `image.py`: `WholeImage` tying them, the threads it uses (`ImageWorkers`, owned
   by the view) and which files a directory shows (`plan_whole_images`).
 
@@ -21,6 +23,7 @@ from zfuse.view.whole_image.image import (
     IMAGE_NAME,
     NAMES,
     PYRAMID_NAME,
+    STRIPPED_NAME,
     ImageWorkers,
     WholeImage,
     plan_whole_images,
@@ -40,6 +43,7 @@ from zfuse.view.whole_image.ome import (
     omero_channels,
     plane_axes,
 )
+from zfuse.view.whole_image.strips import StrippedImage
 from zfuse.view.whole_image.tiles import StaleImageError
 
 __all__ = [
@@ -49,9 +53,11 @@ __all__ = [
     "MAX_FILE_SIZE",
     "NAMES",
     "PYRAMID_NAME",
+    "STRIPPED_NAME",
     "ImageWorkers",
     "PlaneAxes",
     "StaleImageError",
+    "StrippedImage",
     "WholeImage",
     "multiscale_name",
     "multiscale_paths",

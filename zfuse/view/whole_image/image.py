@@ -42,6 +42,7 @@ from zfuse.view.whole_image.layout import (
 )
 from zfuse.view.whole_image.ome import multiscale_name, multiscale_paths, ome_xml, omero_channels
 from zfuse.view.whole_image.push import Pusher, ReadAheadAdvisor
+from zfuse.view.whole_image.strips import STRIPPED_NAME, StrippedImage
 from zfuse.view.whole_image.tiles import StaleImageError, TileDecoders, Tiles
 
 if TYPE_CHECKING:
@@ -51,7 +52,7 @@ log = logging.getLogger("zfuse.view.image")
 
 IMAGE_NAME = "image.ome.tif"  # in every array directory
 PYRAMID_NAME = "pyramid.ome.tif"  # in every OME-Zarr multiscale group directory
-NAMES = (IMAGE_NAME, PYRAMID_NAME)
+NAMES = (IMAGE_NAME, STRIPPED_NAME, PYRAMID_NAME)
 
 # A header up to this size is built once and kept; a bigger one (an image of millions
 # of tiles: 16 bytes of offset and count per tile) is rendered per read, only the
@@ -430,8 +431,9 @@ class WholeImage:
 
 def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
                       not_shown: dict[str, str] | None = None, *,
-                      workers: ImageWorkers) -> dict[str, WholeImage]:
-    """`image.ome.tif` for an array, `pyramid.ome.tif` for an OME-Zarr multiscale group.
+                      workers: ImageWorkers) -> dict[str, WholeImage | StrippedImage]:
+    """`image.ome.tif` (and `image.tif`, the stripped file for ImageJ 1.x, where ImageJ
+    can hold the image) for an array, `pyramid.ome.tif` for an OME-Zarr multiscale group.
 
     `node`/`parent` are the view tree's group/array nodes (kind, children, array,
     metadata). Planned from metadata alone. A file that cannot be planned (an image
@@ -439,7 +441,7 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
     out, its directory shown as usual, and why is put in `not_shown` (by the
     directory's path). `workers`: the threads the files use (the caller's)."""
     label = "/".join(path) or "/"
-    out: dict[str, WholeImage] = {}
+    out: dict[str, WholeImage | StrippedImage] = {}
     try:
         if node.array is not None and node.array.layout is not None:
             attrs = _node_attrs(parent) if parent is not None and path else {}
@@ -451,6 +453,13 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
                 ome = {"axes": list(names)} if names and all(names) else None
             out[IMAGE_NAME] = WholeImage(IMAGE_NAME, [node.array], ome, omero_channels(attrs), label=label,
                                          title=path[-1] if path else "image", workers=workers)
+            try:
+                out[STRIPPED_NAME] = StrippedImage(STRIPPED_NAME, node.array, ome, omero_channels(attrs),
+                                                   label=label)
+            except ValueError as e:  # too big for ImageJ 1.x, or no ImageJ type: image.ome.tif only
+                log.debug("%s: no %s: %s", label, STRIPPED_NAME, e)
+            except Exception as e:  # never lose image.ome.tif over it
+                log.warning("%s: no %s: %s", label, STRIPPED_NAME, e)
         elif node.kind == "group" and PYRAMID_NAME not in node.children:
             attrs = _node_attrs(node)
             paths = multiscale_paths(attrs)

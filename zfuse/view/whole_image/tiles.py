@@ -95,7 +95,7 @@ class Tiles:
         return data
 
     def _fill_tile(self, lv: Level) -> np.ndarray:
-        return np.full((lv.tile_h, lv.tile_w), _fill_value(lv.array), dtype=_pixel_dtype(self.dtype))
+        return np.full((lv.tile_h, lv.tile_w), fill_value_of(lv.array), dtype=pixel_dtype(self.dtype))
 
     def cached(self, level: int, plane: int, tile: int) -> bytes | None:
         with self._tiles_lock:
@@ -277,8 +277,8 @@ class Tiles:
         """A decoded tile put together from the chunks it overlaps (fill value elsewhere)."""
         started = time.perf_counter()
         src = lv.array.source
-        dtype = _pixel_dtype(self.dtype)
-        out = np.full((lv.tile_h, lv.tile_w), _fill_value(lv.array), dtype=dtype)
+        dtype = pixel_dtype(self.dtype)
+        out = np.full((lv.tile_h, lv.tile_w), fill_value_of(lv.array), dtype=dtype)
         ty, tx = divmod(tile, lv.tiles_across)
         y0, x0 = ty * lv.tile_h, tx * lv.tile_w
         y1, x1 = min(y0 + lv.tile_h, lv.height), min(x0 + lv.tile_w, lv.width)
@@ -286,17 +286,11 @@ class Tiles:
         lead_chunk = tuple(i // c for i, c in zip(lead, lv.chunk_lead, strict=True))
         lead_in = tuple(i % c for i, c in zip(lead, lv.chunk_lead, strict=True))
         ndim = len(src.shape)
-        crop = bool(getattr(lv.array.options, "crop_edges", False))
+        crop = crop_edges(lv.array)
         for cy in range(y0 // lv.chunk_h, (y1 - 1) // lv.chunk_h + 1):
             for cx in range(x0 // lv.chunk_w, (x1 - 1) // lv.chunk_w + 1):
                 coords = (*lead_chunk, cy, cx)[-ndim:] if ndim else ()
-                raw = lv.array.pixel_bytes(coords)
-                shape = src.chunk_shape
-                if crop:
-                    shape = tuple(r.stop - r.start for r in src.chunk_region(coords))
-                chunk = np.frombuffer(raw, dtype=dtype).reshape(shape) if ndim else np.frombuffer(raw, dtype=dtype)
-                plane2d = chunk[lead_in] if lead_in else chunk
-                plane2d = plane2d.reshape(-1, shape[-1]) if ndim >= 1 else plane2d.reshape(1, 1)
+                plane2d = chunk_plane(lv.array, coords, lead_in, dtype, crop)
                 ys, xs = cy * lv.chunk_h, cx * lv.chunk_w
                 a0, a1 = max(y0, ys), min(y1, ys + plane2d.shape[0])
                 b0, b1 = max(x0, xs), min(x1, xs + plane2d.shape[1])
@@ -305,6 +299,32 @@ class Tiles:
         self.stats.count("tiles_assembled")
         self.stats.count("tile_assembly_seconds", time.perf_counter() - started)
         return out.tobytes()
+
+
+def crop_edges(arr: ArrayView) -> bool:
+    """Whether the array's edge chunks are cropped (shorter than a chunk)."""
+    return bool(getattr(arr.options, "crop_edges", False))
+
+
+def chunk_plane(arr: ArrayView, coords: tuple[int, ...], lead_in: tuple[int, ...], dtype: np.dtype,
+                crop: bool, raw: bytes | memoryview | None = None) -> np.ndarray:
+    """One Y/X plane of a chunk (`lead_in`: its index in the chunk's leading axes) as a
+    2-d view of the decoded values (blocking: decodes the chunk unless `raw` is given).
+    The chunk file's pages may run in ImageJ's order rather than the chunk's
+    (`TiffLayout.file_axes`): put back in the chunk's axis order first."""
+    src = arr.source
+    if raw is None:
+        raw = arr.pixel_bytes(coords)
+    shape = tuple(src.chunk_shape)
+    if crop:
+        shape = tuple(r.stop - r.start for r in src.chunk_region(coords))
+    flat = np.frombuffer(raw, dtype=dtype)
+    if not shape:
+        return flat.reshape(1, 1)
+    layout = arr.layout
+    chunk = layout.from_file_order(flat, shape) if layout is not None else flat.reshape(shape)
+    plane = chunk[lead_in] if lead_in else chunk
+    return plane.reshape(-1, shape[-1])
 
 
 def _encode(compression: int, data: bytes) -> bytes:
@@ -330,13 +350,13 @@ def _strip_checksums(raw: bytes, trailer: int, what: str) -> bytes:
     return data
 
 
-def _pixel_dtype(dtype: np.dtype) -> np.dtype:
+def pixel_dtype(dtype: np.dtype) -> np.dtype:
     if dtype.kind == "b":
         return np.dtype(np.uint8)
     return np.dtype(dtype).newbyteorder("<")
 
 
-def _fill_value(arr: ArrayView) -> Any:
+def fill_value_of(arr: ArrayView) -> Any:
     fill = arr.source.fill_value
     if fill is None:
         return 0

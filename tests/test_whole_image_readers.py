@@ -1,0 +1,211 @@
+"""Whole-image files opened by the readers people run: plain ImageJ 1.x (`image.tif`,
+the stripped file), OpenSlide (`slide.tif`, the pyramid as successive tiled IFDs)
+and the Python OME-TIFF readers (bioio, aicsimageio) on `image.ome.tif`.
+
+Real mounts, read by the programs themselves (headless ImageJ from the Debian
+`imagej` package; openslide-python with openslide-bin; bioio).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tifffile
+import zarr
+from zarr.codecs import BloscCodec
+
+from zfuse.daemon import MountConfig
+from zfuse.open_view import make_view
+from zfuse.stats import Stats
+
+from tools import _INIT, _check_paths, _run_macro, requires
+
+pytestmark = pytest.mark.mount
+
+AXES = [
+    {"name": "t", "type": "time", "unit": "second"},
+    {"name": "c", "type": "channel"},
+    {"name": "z", "type": "space", "unit": "micrometer"},
+    {"name": "y", "type": "space", "unit": "micrometer"},
+    {"name": "x", "type": "space", "unit": "micrometer"},
+]
+CHANNELS = [
+    {"label": "DAPI", "color": "0000FF", "window": {"start": 10, "end": 3000, "min": 0, "max": 4000}},
+    {"label": "GFP", "color": "00FF00", "window": {"start": 20, "end": 2000, "min": 0, "max": 4000}},
+    {"label": "RFP", "color": "FF0000", "window": {"start": 30, "end": 1000, "min": 0, "max": 4000}},
+]
+
+
+def stats_of(mount_path: Path) -> dict:
+    return json.loads((mount_path / ".zfuse" / "stats").read_text())
+
+
+def tczyx_store(path: Path, shape=(2, 3, 4, 150, 130), chunks=(1, 1, 1, 64, 64), dtype="uint16",
+                scale=(2.0, 1.0, 0.5, 0.25, 0.125), name="cells") -> np.ndarray:
+    """An OME-Zarr 0.4 image (t, c, z, y, x) with omero channels: level 0 only."""
+    root = zarr.open_group(str(path), mode="w")
+    a = root.create_array("0", shape=shape, chunks=chunks, dtype=dtype, fill_value=0, compressors=[BloscCodec()])
+    values = np.random.default_rng(28).integers(0, 4000, size=shape).astype(dtype)
+    a[...] = values
+    root.attrs["multiscales"] = [{
+        "version": "0.4", "name": name, "axes": AXES,
+        "datasets": [{"path": "0", "coordinateTransformations": [{"type": "scale", "scale": list(scale)}]}],
+    }]
+    root.attrs["omero"] = {"channels": CHANNELS}
+    return values
+
+
+# -- plain ImageJ 1.x: image.tif ---------------------------------------------------------
+
+_REGION_MACRO = _INIT + r"""
+setBatchMode(true);
+args = split(getArgument(), "\n");
+open(args[0]);
+getDimensions(w, h, c, z, t);
+getVoxelSize(pw, ph, pd, unit);
+print("ZFUSE_DIMS\t" + w + "\t" + h + "\t" + c + "\t" + z + "\t" + t + "\t" + bitDepth() + "\t"
+      + Stack.isHyperstack + "\t" + is("composite") + "\t" + d2s(pw, 9) + "\t" + d2s(ph, 9) + "\t"
+      + d2s(pd, 9) + "\t" + unit + "\t" + d2s(Stack.getFrameInterval(), 9));
+for (cc = 1; cc <= c; cc++) {
+  Stack.setPosition(cc, 1, 1);
+  getMinAndMax(lo, hi);
+  getLut(r, g, b);
+  print("ZFUSE_CHANNEL\t" + cc + "\t" + d2s(lo, 3) + "\t" + d2s(hi, 3) + "\t" + r[255] + "\t" + g[255]
+        + "\t" + b[255]);
+}
+x0 = parseInt(args[1]); y0 = parseInt(args[2]); n = parseInt(args[3]);
+for (tt = 1; tt <= t; tt++) {
+  for (zz = 1; zz <= z; zz++) {
+    for (cc = 1; cc <= c; cc++) {
+      Stack.setPosition(cc, zz, tt);
+      s = "";
+      for (y = y0; y < y0 + n; y++)
+        for (x = x0; x < x0 + n; x++)
+          s = s + getPixel(x, y) + ",";
+      print("ZFUSE_REGION\t" + cc + "\t" + zz + "\t" + tt + "\t" + s);
+    }
+  }
+}
+print("ZFUSE_DONE");
+"""
+
+
+def imagej_region(path: Path, x0: int, y0: int, n: int) -> dict:
+    """Open a file with ImageJ's own open(): dimensions, calibration, per-channel display
+    range and LUT top colour, and an n x n region of every plane ({(c, z, t): array})."""
+    (file,) = _check_paths([path])
+    out = _run_macro(_REGION_MACRO, f"{file}\n{x0}\n{y0}\n{n}")
+    dims = [line.split("\t")[1:] for line in out.splitlines() if line.startswith("ZFUSE_DIMS\t")]
+    if not dims or "ZFUSE_DONE" not in out:
+        raise AssertionError(f"ImageJ did not open {file}; output:\n{out}")
+    w, h, c, z, t, bits, hyper, composite, pw, ph, pd, unit, finterval = dims[0]
+    channels, regions = {}, {}
+    for line in out.splitlines():
+        parts = line.split("\t")
+        if parts[0] == "ZFUSE_CHANNEL":
+            channels[int(parts[1]) - 1] = (float(parts[2]), float(parts[3]), tuple(int(v) for v in parts[4:7]))
+        elif parts[0] == "ZFUSE_REGION":
+            values = [float(v) for v in parts[4].split(",") if v]
+            regions[(int(parts[1]) - 1, int(parts[2]) - 1, int(parts[3]) - 1)] = np.array(values).reshape(n, n)
+    return {"width": int(w), "height": int(h), "channels": int(c), "slices": int(z), "frames": int(t),
+            "bits": int(bits), "hyperstack": hyper in ("1", "true"), "composite": composite in ("1", "true"),
+            "pixelWidth": float(pw), "pixelHeight": float(ph), "pixelDepth": float(pd), "unit": unit,
+            "frameInterval": float(finterval), "channel": channels, "regions": regions}
+
+
+def test_imagej_opens_the_stripped_hyperstack(tmp_path: Path, mount) -> None:
+    """[image-8] plain ImageJ's open() reads image.tif: a hyperstack with the OME-Zarr
+    dimensions, calibration, channel colours and windows, and every plane's pixels."""
+    requires("imagej")
+    values = tczyx_store(tmp_path / "g.zarr")
+    m = mount(tmp_path / "g.zarr")
+    image = m.path / "0" / "image.tif"
+    assert image.exists() and (m.path / "0" / "image.ome.tif").exists()
+    x0, y0, n = 60, 58, 8  # straddles the chunk corner at (64, 64)
+    got = imagej_region(image, x0, y0, n)
+    assert (got["width"], got["height"], got["channels"], got["slices"], got["frames"]) == (130, 150, 3, 4, 2)
+    assert got["bits"] == 16 and got["hyperstack"] and got["composite"]
+    assert got["unit"] in ("micron", "microns", "\u00b5m")
+    assert got["pixelWidth"] == pytest.approx(0.125) and got["pixelHeight"] == pytest.approx(0.25)
+    assert got["pixelDepth"] == pytest.approx(0.5) and got["frameInterval"] == pytest.approx(2.0)
+    for c, ch in enumerate(CHANNELS):
+        lo, hi, top = got["channel"][c]
+        assert (lo, hi) == (ch["window"]["start"], ch["window"]["end"])
+        assert top == tuple(int(ch["color"][i : i + 2], 16) for i in (0, 2, 4))
+    assert len(got["regions"]) == 24
+    for (c, z, t), region in got["regions"].items():
+        np.testing.assert_array_equal(region, values[t, c, z, y0 : y0 + n, x0 : x0 + n], err_msg=str((c, z, t)))
+
+
+def covered_chunks(offset: int, length: int, data_start: int, height: int, width: int, itemsize: int,
+                   chunk: tuple[int, int]) -> set[tuple[int, int, int]]:
+    """(plane, chunk row, chunk column) of the chunks holding bytes [offset, offset+length)
+    of a stripped file's pixels."""
+    out = set()
+    p0, p1 = (offset - data_start) // itemsize, -(-(offset + length - data_start) // itemsize)
+    for px in range(p0, p1):
+        plane, within = divmod(px, height * width)
+        y, x = divmod(within, width)
+        out.add((plane, y // chunk[0], x // chunk[1]))
+    return out
+
+
+def test_stripped_file_layout_and_lazy_reads(tmp_path: Path, mount) -> None:
+    """[image-8] image.tif: one IFD per plane in ImageJ's order, strips of one chunk row,
+    every IFD complete (tifffile walks them all); stat decodes nothing; reading part of a
+    strip decodes only the chunks holding the bytes read (part of a row: the chunks its
+    columns cover), never the whole row of chunks for a few bytes."""
+    values = tczyx_store(tmp_path / "g.zarr")
+    wide = zarr.open_group(str(tmp_path / "w.zarr"), mode="w").create_array(
+        "wide", shape=(3, 100, 6000), chunks=(1, 32, 1000), dtype="uint16", fill_value=0, compressors=[BloscCodec()])
+    wide_values = np.random.default_rng(1).integers(0, 60000, size=wide.shape).astype("uint16")
+    wide[...] = wide_values
+    g = mount(tmp_path / "g.zarr", name="g")
+    m = mount(tmp_path / "w.zarr")
+    for mounted, name in ((g, "0"), (m, "wide")):
+        subprocess.run(["ls", "-lR", str(mounted.path)], check=True, capture_output=True)
+        os.stat(mounted.path / name / "image.tif")
+        with open(mounted.path / name / "image.tif", "rb"):
+            pass
+        assert stats_of(mounted.path).get("chunks_decoded", 0) == 0
+
+    view = make_view(MountConfig([str(tmp_path / "w.zarr")], "/unused", read_only=True), Stats())
+    planned = view.whole_images(("wide",))["image.tif"]
+    assert os.stat(m.path / "wide" / "image.tif").st_size == planned.size < 2**32
+    page = 4096
+    row_bytes = 6000 * 2
+    first = -(-planned.data_start // page) * page
+    # a page inside one row (row 40 of plane 1), and a page spanning rows 70-71 of plane 2
+    in_row = first + ((planned.plane_bytes + 40 * row_bytes) // page + 1) * page
+    across = first + ((2 * planned.plane_bytes + 71 * row_bytes) // page) * page
+    fd = os.open(m.path / "wide" / "image.tif", os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)  # no kernel read-ahead
+        for at in (in_row, across):
+            before = stats_of(m.path).get("chunks_decoded", 0)
+            got = os.pread(fd, page, at)
+            cover = covered_chunks(at, page, planned.data_start, 100, 6000, 2, (32, 1000))
+            assert len(cover) < 6  # not the whole row of chunks: only those holding the bytes
+            decoded = stats_of(m.path).get("chunks_decoded", 0) - before
+            assert decoded == len(cover), (at, decoded, cover)
+            flat = wide_values.reshape(-1)
+            np.testing.assert_array_equal(np.frombuffer(got, "<u2"),
+                                          flat[(at - planned.data_start) // 2 : (at - planned.data_start + page) // 2])
+    finally:
+        os.close(fd)
+
+    with tifffile.TiffFile(g.path / "0" / "image.tif") as tif:
+        assert tif.is_imagej and len(tif.pages) == 24
+        first_page = tif.pages[0]
+        assert first_page.rowsperstrip == 64 and len(first_page.dataoffsets) == 3 and not first_page.is_tiled
+        meta = tif.imagej_metadata
+        assert (meta["channels"], meta["slices"], meta["frames"]) == (3, 4, 2)
+        assert meta["Ranges"] == (10.0, 3000.0, 20.0, 2000.0, 30.0, 1000.0)
+        pages = np.stack([p.asarray() for p in tif.pages])  # each IFD on its own
+    # ImageJ's order: c fastest, then z, then t
+    np.testing.assert_array_equal(pages, values.transpose(0, 2, 1, 3, 4).reshape(24, 150, 130))
