@@ -399,3 +399,91 @@ def test_mount_options_reach_s3fs_in_its_spelling() -> None:
     assert gs["endpoint_url"] == "http://127.0.0.1:9" and gs["token"] == "anon" and "client_kwargs" not in gs
     assert fsspec_options("https", config.storage_options) == {}
     assert open_store("https://example.invalid/a.zarr", read_only=False, storage_options={}).read_only
+
+
+# -- what a remote store is asked: the root metadata once, chunks fetched ahead ---
+
+
+def chunk_files_in_order(array_dir: Path, grid: tuple[int, int]) -> list[Path]:
+    return [array_dir / "c" / str(i) / f"{j}.tiff" for i in range(grid[0]) for j in range(grid[1])]
+
+
+def test_sequential_reader_of_a_sharded_array_fetches_shards_in_few_requests(
+    s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
+) -> None:
+    # two shards of 4x4 inner chunks of 8x16: 32 chunk files
+    stores.sharded(tmp_path / "s.zarr", shape=(64, 64), shards=(32, 64), chunks=(8, 16))
+    arr = zarr.open_array(str(tmp_path / "s.zarr"))
+    bucket = new_bucket(s3)
+    upload(s3, tmp_path / "s.zarr", bucket, "s.zarr")
+    m = s3_mount(mount, s3, f"s3://{bucket}/s.zarr")
+    files = chunk_files_in_order(m.path, (8, 4))
+    before, since = stats(m.path), len(s3.requests())
+    for f in files:  # as `cat` of each file in turn: open, read through, close
+        coords = tuple(int(p) for p in f.relative_to(m.path / "c").with_suffix("").parts)
+        np.testing.assert_array_equal(tifffile.imread(f), expected_chunk(arr, coords), err_msg=str(f))
+    d = delta(before, stats(m.path))
+    gets = object_gets(s3, since, f"/{bucket}/s.zarr/c/")
+    # each shard: its index, then its inner chunks in a few requests (one per batch of
+    # the window), never one per inner chunk (34 requests)
+    assert len(gets) == d.get("store_get_chunk_ranged", 0) + d.get("store_get_chunk", 0)
+    assert len(gets) <= 10, gets
+    assert d.get("store_get_chunk", 0) == 0  # never the whole shard object in one GET either: ranges
+
+
+def test_sequential_reader_of_chunk_objects_reads_each_once(
+    s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
+) -> None:
+    stores.v3(tmp_path / "a.zarr", shape=(64, 64), chunks=(8, 16))
+    arr = zarr.open_array(str(tmp_path / "a.zarr"))
+    bucket = new_bucket(s3)
+    upload(s3, tmp_path / "a.zarr", bucket, "a.zarr")
+    m = s3_mount(mount, s3, f"s3://{bucket}/a.zarr")
+    before = stats(m.path)
+    for f in chunk_files_in_order(m.path, (8, 4)):
+        coords = tuple(int(p) for p in f.relative_to(m.path / "c").with_suffix("").parts)
+        np.testing.assert_array_equal(tifffile.imread(f), expected_chunk(arr, coords), err_msg=str(f))
+    assert delta(before, stats(m.path))["store_get_chunk"] == 32  # fetched ahead, never twice
+
+
+def test_a_write_through_the_mount_is_not_answered_with_bytes_fetched_before_it(
+    s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
+) -> None:
+    stores.sharded(tmp_path / "s.zarr", shape=(64, 64), shards=(32, 64), chunks=(8, 16))
+    bucket = new_bucket(s3)
+    upload(s3, tmp_path / "s.zarr", bucket, "s.zarr")
+    m = s3_mount(mount, s3, f"s3://{bucket}/s.zarr")
+    tifffile.imread(m.path / "c" / "0" / "0.tiff")  # the rest of the shard is fetched ahead
+    new = np.full((8, 16), 4242, dtype="uint16")
+    made = tmp_path / "new.tif"
+    tifffile.imwrite(made, new)
+    shutil.copyfile(made, m.path / "c" / "1" / "2.tiff")
+    np.testing.assert_array_equal(tifffile.imread(m.path / "c" / "1" / "2.tiff"), new)
+
+
+@pytest.mark.parametrize("kind", ["array", "group", "v2 group"])
+def test_mount_reads_the_root_metadata_once_and_probes_no_other_format(
+    s3: S3Server, aws_env: None, mount: Any, tmp_path: Path, kind: str
+) -> None:
+    local = tmp_path / "r.zarr"
+    if kind == "array":
+        stores.sharded(local)
+    elif kind == "group":
+        zarr.open_group(str(local), mode="w")
+        stores.v3(local / "a")
+    else:
+        stores.v2(local / "a")
+        zarr.open_group(str(local), mode="a", zarr_format=2)
+    bucket = new_bucket(s3)
+    upload(s3, local, bucket, "r.zarr")
+    since = len(s3.requests())
+    m = s3_mount(mount, s3, f"s3://{bucket}/r.zarr", options="ro")
+    reads = [r.path.removeprefix(f"/{bucket}/r.zarr/") for r in s3.requests()[since:]
+             if r.method in ("GET", "HEAD") and not r.query]
+    at_root = [r for r in reads if "/" not in r]
+    if kind == "v2 group":  # zarr.json first (not there), then v2's documents at once
+        assert at_root[0] == "zarr.json" and {".zarray", ".zgroup", ".zattrs"} <= set(at_root), reads
+        assert at_root.count(".zgroup") == at_root.count(".zattrs") == 1, reads
+    else:  # the root's zarr.json, once; no v2 probe; members are opened lazily
+        assert at_root == ["zarr.json"], reads
+    os.listdir(m.path)

@@ -33,7 +33,7 @@ def open_source(
     request is bounded by `timeout` seconds (0: not bounded); by default a remote
     source's by DEFAULT_REMOTE_TIMEOUT, a local directory's not at all."""
     from zfuse.ext.api import open_array
-    from zfuse.store import MeteredStore, default_timeout, open_store
+    from zfuse.store import MeteredStore, default_timeout, is_remote, open_store
 
     mode = "r" if read_only else "r+"
 
@@ -51,8 +51,16 @@ def open_source(
 
     if os.path.isfile(source) and is_concat_description(source):
         return load_concat(source, mode=mode)
-    store = store_of(source)
-    return _open_node(store, source, mode)
+    if not is_remote(source):
+        return _open_node(store_of(source), source, mode)
+    from zfuse.ext.open_memo import OpenMemo
+
+    # a remote root's zarr.json is read by four steps of opening: one round trip, not four
+    memo = OpenMemo(store_of(source))
+    try:
+        return _open_node(memo, source, mode)
+    finally:
+        memo.close_memo()
 
 
 def _open_node(store: Any, source: str, mode: str) -> Any:
@@ -75,16 +83,19 @@ def _open_node(store: Any, source: str, mode: str) -> Any:
     wrapped, path = resolve_store(store, mode)
     doc = stored_metadata(wrapped, path)
     kind = node_type_of(doc)
+    # the format read off the stored document: zarr-python probes no other format's files
+    known: dict[str, Any] = {"zarr_format": doc["zarr_format"]} if doc and doc.get("zarr_format") in (2, 3) else {}
     if kind == "array":
         try:
-            array = open_array(wrapped, mode=mode, path=path or None)
+            array = open_array(wrapped, mode=mode, path=path or None, **known)
             check_codecs(array)
             return array
         except Exception as exc:
             raise MetadataError(unsupported_reason(source, exc, doc)) from exc
     if kind == "group":
         try:
-            return open_root_group(lambda s, **kw: open_group(s, mode=mode, path=path or None, **kw), wrapped)
+            return open_root_group(lambda s, **kw: open_group(s, mode=mode, path=path or None, **known, **kw),
+                                   wrapped)
         except Exception as exc:
             raise MetadataError(unsupported_reason(source, exc, doc)) from exc
     # nothing recognisable at the root: let zarr-python say why

@@ -79,10 +79,12 @@ async def read_stored_metadata(store: Any, path: str) -> dict[str, Any] | None:
     doc = await _get_json(raw, _join(path, "zarr.json"))
     if isinstance(doc, dict):
         return doc
-    for name in (".zarray", ".zgroup"):
-        doc = await _get_json(raw, _join(path, name))
+    # v2's three documents asked for at once: one round trip to a remote store, not three
+    v2_array, v2_group, v2_attrs = await asyncio.gather(
+        *(_get_json(raw, _join(path, name)) for name in (".zarray", ".zgroup", ".zattrs")))
+    for name, doc in ((".zarray", v2_array), (".zgroup", v2_group)):
         if isinstance(doc, dict):
-            attrs = await _get_json(raw, _join(path, ".zattrs"))
+            attrs = v2_attrs
             out = dict(doc)
             out.setdefault("zarr_format", 2)
             if name == ".zgroup":

@@ -89,6 +89,7 @@ def store_access(store: Any) -> StoreAccess:
     """The `StoreAccess` of a store stack (its wrappers walked once)."""
     from zarr.storage import FsspecStore, LocalStore
 
+    from zfuse.ext.open_memo import OpenMemo
     from zfuse.ext.transformers import TransformerStore
     from zfuse.store import AtomicLocalStore, MeteredStore
 
@@ -96,7 +97,7 @@ def store_access(store: Any) -> StoreAccess:
     while isinstance(inner, TransformerStore):  # passes keys through unless transformers
         inner = zarr_private.wrapped_store(inner)
     local = inner if isinstance(inner, MeteredStore) and inner.local_root is not None else None
-    while isinstance(inner, (TransformerStore, MeteredStore)):
+    while isinstance(inner, (TransformerStore, MeteredStore, OpenMemo)):
         inner = zarr_private.wrapped_store(inner)
     root = str(inner.root) if type(inner) in (LocalStore, AtomicLocalStore) else None
     return StoreAccess(local=local, root=root, files=inner if type(inner) is AtomicLocalStore else None,
