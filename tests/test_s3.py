@@ -487,3 +487,29 @@ def test_mount_reads_the_root_metadata_once_and_probes_no_other_format(
     else:  # the root's zarr.json, once; no v2 probe; members are opened lazily
         assert at_root == ["zarr.json"], reads
     os.listdir(m.path)
+
+
+def test_ls_lr_of_a_sharded_array_lists_each_store_directory_once(
+    s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
+) -> None:
+    # shards of 4x2 inner chunks: the view directories c/0..c/3 all lie in store directory c/0/
+    local = tmp_path / "s.zarr"
+    zarr.create_array(str(local), shape=(64, 64), shards=(32, 32), chunks=(8, 16), dtype="uint16",
+                      fill_value=0)[:32, :] = 7  # the second shard row stays unwritten
+    bucket = new_bucket(s3)
+    upload(s3, local, bucket, "s.zarr")
+    m = s3_mount(mount, s3, f"s3://{bucket}/s.zarr")
+    since = len(s3.requests())
+    listed = {d: sorted(os.listdir(m.path / "c" / d)) for d in sorted(os.listdir(m.path / "c"), key=int)}
+    assert listed == {str(i): ["0.tiff", "1.tiff", "2.tiff", "3.tiff"] for i in range(4)}
+    lists = [r.query for r in s3.requests()[since:] if r.method == "GET" and "list-type=2" in r.query]
+    shard_dirs = [q for q in lists if "prefix=s.zarr/c/" in q and "prefix=s.zarr/c/&" not in q]
+    assert sorted(shard_dirs) == sorted(set(shard_dirs)) and len(shard_dirs) <= 2, lists
+    # a write into the unwritten shard row makes a new shard object: listed from then on
+    new = np.full((8, 16), 9, dtype="uint16")
+    tifffile.imwrite(tmp_path / "n.tif", new)
+    os.makedirs(m.path / "c" / "5", exist_ok=True)
+    shutil.copyfile(tmp_path / "n.tif", m.path / "c" / "5" / "1.tiff")
+    assert os.listdir(m.path / "c" / "5") == ["1.tiff"]
+    np.testing.assert_array_equal(tifffile.imread(m.path / "c" / "5" / "1.tiff"), new)
+    assert sorted(os.listdir(m.path / "c" / "4")) == []  # the new shard holds no other inner chunk

@@ -15,6 +15,7 @@ read-modify-write loses another's update.
 from __future__ import annotations
 
 import asyncio
+import collections
 import functools
 import itertools
 import logging
@@ -56,7 +57,24 @@ DirPage = list[tuple[str, Coords | None]]  # (key name, chunk coords) or (direct
 DIR_COORDS_KEPT = 16384  # chunk-key directories whose coordinates are remembered
 CHUNK_MAPS_KEPT = 64  # shards whose chunk map is kept as bytes for listings (one byte per inner chunk)
 CHUNK_MAPS_BYTES = 16 * 1024 * 1024  # and at most this many bytes of them
+SHARD_DIRS_KEPT = 64  # remote store directories of shards kept listed (`_shard_dir_names`)
+SHARD_DIR_NAMES = 100_000  # at most, names kept per such directory
+LIST_WAIT = 60.0  # seconds a listing waits for the same directory's listing under way
 _UNKNOWN = object()
+
+
+class _TooMany(Exception):
+    """A store directory too big to keep listed."""
+
+
+class _SharedListing:
+    """One store directory's listing, made by the first view directory to ask for it."""
+
+    __slots__ = ("done", "names")
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.names: list[str] | None = None
 
 
 def _canonical_int(name: str) -> bool:
@@ -457,6 +475,10 @@ class ZarrChunkSource(ChunkSource):
         self._chunk_maps: dict[int, tuple[weakref.ref[Any], bytes]] = {}
         self._chunk_maps_bytes = 0
         self._index_loading: dict[str, asyncio.Future[Any]] = {}  # index reads in flight
+        # sharded arrays on a remote store: the store directories listed, shared by the
+        # view directories one shard row covers (`_shard_dir_names`)
+        self._shard_dirs: collections.OrderedDict[str, _SharedListing] = collections.OrderedDict()
+        self._shard_dirs_guard = threading.Lock()
         # Chunks are read and written directly with the codec pipeline, except for
         # v2 arrays in F order, whose chunk memory order only zarr's indexing handles
         self._direct = not (self.zarr_format == 2 and getattr(meta, "order", "C") == "F")
@@ -625,8 +647,12 @@ class ZarrChunkSource(ChunkSource):
         depth = len(parts)
         leaf = depth == len(origin) - 1
         local = self._listing_store()
-        pages = local.list_dir_local(self.prefix + head, LIST_PAGE) if local is not None else \
-            _pages(self.store.list_dir(self.prefix + head))
+        if local is not None:
+            pages = local.list_dir_local(self.prefix + head, LIST_PAGE)
+        elif self.sharding is not None:
+            pages = self._shard_dir_names(head)
+        else:
+            pages = _pages(self.store.list_dir(self.prefix + head))
         for names in pages:
             if local is None:
                 names = [name.rstrip("/") for name in names]  # http(s) listings mark directories "name/"
@@ -636,6 +662,54 @@ class ZarrChunkSource(ChunkSource):
                 yield self._stored_chunks(head, names, fixed)
             else:
                 yield self._inner_chunks(head, names, fixed)
+
+    def _shard_dir_names(self, head: str) -> Iterator[list[str]]:
+        """A remote store directory of shards, listed once for every view directory it
+        holds inner chunks of (a shard row covers several: each listing its store
+        directory again cost a LIST each), in pages. Kept until `invalidate` or a write
+        through the mount (a new shard object), for the SHARD_DIRS_KEPT directories
+        listed last, each of at most SHARD_DIR_NAMES names (a bigger one is listed per
+        view directory, as before)."""
+        with self._shard_dirs_guard:
+            shared = self._shard_dirs.get(head)
+            mine = shared is None
+            if mine:
+                shared = self._shard_dirs[head] = _SharedListing()
+                while len(self._shard_dirs) > SHARD_DIRS_KEPT:
+                    self._shard_dirs.popitem(last=False)
+            else:
+                self._shard_dirs.move_to_end(head)
+        assert shared is not None
+        if mine:
+            names: list[str] = []
+            try:
+                for page in _pages(self.store.list_dir(self.prefix + head)):
+                    names += page
+                    if len(names) > SHARD_DIR_NAMES:
+                        raise _TooMany
+            except BaseException:
+                with self._shard_dirs_guard:
+                    if self._shard_dirs.get(head) is shared:
+                        del self._shard_dirs[head]
+                shared.done.set()  # (the others list it themselves)
+                if not names or len(names) <= SHARD_DIR_NAMES:
+                    raise
+                yield from _pages(self.store.list_dir(self.prefix + head))
+                return
+            shared.names = names
+            shared.done.set()
+        elif not shared.done.wait(LIST_WAIT) or shared.names is None:
+            yield from _pages(self.store.list_dir(self.prefix + head))
+            return
+        names = shared.names
+        for at in range(0, len(names), LIST_PAGE):
+            yield names[at : at + LIST_PAGE]
+        if not names:
+            yield []
+
+    def _forget_shard_dirs(self) -> None:
+        with self._shard_dirs_guard:
+            self._shard_dirs.clear()
 
     @functools.cached_property
     def _leaf_index(self) -> dict[str, int] | None:
@@ -1281,6 +1355,7 @@ class ZarrChunkSource(ChunkSource):
             return self._locks.setdefault(key, threading.Lock())
 
     def _forget_index(self, coords: Coords) -> None:
+        self._forget_shard_dirs()  # (a write may have made a new shard object)
         fetches = self.__dict__.get("_fetches")  # (what a write makes stale, if any was fetched ahead)
         if fetches is not None:
             fetches.forget()
@@ -1444,6 +1519,7 @@ class ZarrChunkSource(ChunkSource):
 
     def invalidate(self) -> None:
         super().invalidate()
+        self._forget_shard_dirs()
         fetches = self.__dict__.get("_fetches")
         if fetches is not None:
             fetches.forget()
