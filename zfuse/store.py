@@ -947,7 +947,7 @@ class MeteredStore(WrapperStore[Store]):
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
         kind = _kind(key)
-        if self.remote is not None and kind == "chunk" and (self.cache is not None or byte_range is None):
+        if self.remote is not None and kind == "chunk" and (self.cache is not None or self.remote.s3):
             data = await self._get_versioned(key, byte_range)
             return None if data is None else prototype.buffer.from_bytes(data)
         self.stats.count(f"store_get_{kind}{'_ranged' if byte_range is not None else ''}")
@@ -998,7 +998,14 @@ class MeteredStore(WrapperStore[Store]):
                 return data
         self.stats.count(f"store_get_chunk{'_ranged' if byte_range is not None else ''}")
         known = self._versions.get(key)
-        data, version = await self._bounded(remote.get(key, byte_range), "get", key)
+        # a byte range is read from the version the mount knows (whose shard index gave the
+        # range): of another version the bytes would decode as garbage, or as wrong pixels
+        pin = known if byte_range is not None and known else None
+        try:
+            data, version = await self._bounded(remote.get(key, byte_range, pin), "get", key)
+        except ObjectChangedError:
+            self.stats.count("store_changed_objects")
+            raise
         if data is None:
             self._remember(key, None)
             self._read_for_write(key, byte_range, ABSENT)
@@ -1238,7 +1245,7 @@ def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] 
         last_writer_wins = options.pop(LAST_WRITER_WINS_OPTION, False)
         options = fsspec_options(protocol, options)
         store = FsspecStore.from_url(source, storage_options=options, read_only=read_only)
-        if cache_dir is not None or (protocol in S3_PROTOCOLS and not read_only):
+        if cache_dir is not None or protocol in S3_PROTOCOLS:
             remote = RemoteObjects(store, protocol, cache_dir, int(cache_limit))
             if remote.can_put:
                 remote.conditional = conditions_honoured(remote, source, bool(last_writer_wins))
@@ -1372,9 +1379,11 @@ class RemoteObjects:
             return None
         return _version_of(info)
 
-    async def get(self, key: str, byte_range: ByteRequest | None) -> tuple[bytes | None, str | None]:
+    async def get(self, key: str, byte_range: ByteRequest | None,
+                  if_match: str | None = None) -> tuple[bytes | None, str | None]:
         """(bytes, the version they are of); (None, None) if absent. Stores other than
-        S3 give no version with the bytes: (bytes, None)."""
+        S3 give no version with the bytes: (bytes, None). `if_match`: the bytes must be
+        of that version (S3: If-Match), else ObjectChangedError."""
         if not self.s3:
             from zarr.core.buffer import default_buffer_prototype
 
@@ -1387,11 +1396,17 @@ class RemoteObjects:
             extra["Range"] = http_range
         elif byte_range is not None:
             return b"", None  # an empty range
+        if if_match:
+            extra["IfMatch"] = if_match
         try:
             response = await self.fs._call_s3("get_object", Bucket=bucket, Key=name, **extra)
         except FileNotFoundError:
+            if if_match:
+                raise ObjectChangedError(key) from None  # (deleted since)
             return None, None
         except OSError as e:
+            if if_match and _precondition_failed(e):
+                raise ObjectChangedError(key) from e
             if "InvalidRange" in str(e) or "not satisfiable" in str(e):
                 return b"", None  # (what FsspecStore answers for a range past the end)
             raise
@@ -1400,7 +1415,10 @@ class RemoteObjects:
             data = await body.read()
         finally:
             body.close()
-        return data, response.get("ETag")
+        version = response.get("ETag")
+        if if_match and version and version != if_match:
+            raise ObjectChangedError(key)  # (a store that ignores If-Match on reads)
+        return data, version
 
     async def put(self, key: str, data: bytes, condition: str | None = None) -> str | None:
         """Store `data` as `key` (S3 PutObject); the new object's version. `condition`: the
@@ -1455,6 +1473,18 @@ class WriteConflictError(OSError):
     def __init__(self, key: str) -> None:
         super().__init__(errno.ESTALE, f"{key}: changed by another writer since it was read "
                          "(the store refused the conditional write)")
+
+
+class ObjectChangedError(OSError):
+    """A byte range of an object that changed (another writer) since this mount read
+    its version (and the shard index that gave the range): not read, since bytes of the
+    new version at the old offsets are no chunk. ESTALE until the mount is reloaded
+    (metadata_ttl, SIGHUP), which reads the new version's index."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(errno.ESTALE, f"{key}: changed on the store since this mount read it "
+                         "(another writer): reload the mount (SIGHUP, zfuse reload, metadata_ttl) "
+                         "to read the new version")
 
 
 class ConditionsIgnoredError(ValueError):
