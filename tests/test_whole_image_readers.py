@@ -209,3 +209,102 @@ def test_stripped_file_layout_and_lazy_reads(tmp_path: Path, mount) -> None:
         pages = np.stack([p.asarray() for p in tif.pages])  # each IFD on its own
     # ImageJ's order: c fastest, then z, then t
     np.testing.assert_array_equal(pages, values.transpose(0, 2, 1, 3, 4).reshape(24, 150, 130))
+
+
+# -- OpenSlide: slide.tif ----------------------------------------------------------------
+
+
+def slide_store(path: Path, lead=(3,), axes=("c",), size=(700, 600), chunks=128, levels=3, unit="micrometer",
+                dtype="uint8") -> list[np.ndarray]:
+    """An OME-Zarr 0.4 pyramid (leading `axes`, then y, x), y/x halved per level; 0.25 units per pixel."""
+    root = zarr.open_group(str(path), mode="w")
+    rng = np.random.default_rng(7)
+    out = []
+    for lv in range(levels):
+        shape = (*lead, max(1, size[0] >> lv), max(1, size[1] >> lv))
+        a = root.create_array(str(lv), shape=shape, chunks=(*([1] * len(lead)), chunks, chunks), dtype=dtype,
+                              fill_value=0, compressors=[BloscCodec()])
+        a[...] = values = rng.integers(0, 256, size=shape).astype(dtype)
+        out.append(values)
+    kinds = {"c": "channel", "z": "space", "t": "time"}
+    root.attrs["multiscales"] = [{
+        "version": "0.4", "name": "slide",
+        "axes": [*({"name": a, "type": kinds[a]} for a in axes),
+                 {"name": "y", "type": "space", **({"unit": unit} if unit else {})},
+                 {"name": "x", "type": "space", **({"unit": unit} if unit else {})}],
+        "datasets": [{"path": str(lv), "coordinateTransformations": [
+            {"type": "scale", "scale": [*([1.0] * len(lead)), 0.25 * 2**lv, 0.25 * 2**lv]}]} for lv in range(levels)],
+    }]
+    return out
+
+
+def _openslide():
+    try:
+        import openslide
+    except ImportError as e:  # openslide-python and openslide-bin: the test extra
+        requires(f"openslide-python ({e})")
+    return openslide
+
+
+def test_openslide_reads_the_rgb_pyramid(tmp_path: Path, mount) -> None:
+    """[image-9] OpenSlide opens slide.tif of a c=3 uint8 pyramid: its level count,
+    dimensions, downsamples and microns per pixel are the OME-Zarr pyramid's, and
+    read_region at every level equals the arrays (RGB interleaved from the c planes).
+    stat and OpenSlide's open decode nothing; a region decodes only the chunks it covers."""
+    openslide = _openslide()
+    levels = slide_store(tmp_path / "s.zarr")
+    m = mount(tmp_path / "s.zarr")
+    slide = m.path / "slide.tif"
+    subprocess.run(["ls", "-lR", str(m.path)], check=True, capture_output=True)
+    os.stat(slide)
+    assert stats_of(m.path).get("chunks_decoded", 0) == 0
+    with openslide.OpenSlide(slide) as osr:
+        # OpenSlide's open hashes the smallest level's tiles (openslide.quickhash-1): that
+        # level's chunks, no others (the kernel's read-around of libtiff's map of the
+        # file finds zeros after each tile, not its neighbours)
+        assert stats_of(m.path).get("chunks_decoded", 0) == 3 * 2 * 2  # 175 x 150: 2 x 2 chunks, 3 planes
+        assert osr.properties["openslide.vendor"] == "generic-tiff"
+        assert osr.level_count == 3
+        assert osr.level_dimensions == tuple((v.shape[2], v.shape[1]) for v in levels)
+        assert osr.level_downsamples == pytest.approx((1.0, 2.0, 4.0))
+        assert float(osr.properties["openslide.mpp-x"]) == pytest.approx(0.25)
+        assert float(osr.properties["openslide.mpp-y"]) == pytest.approx(0.25)
+        # one tile's region at level 0: the three planes' chunk of that tile
+        before = stats_of(m.path).get("chunks_decoded", 0)
+        region = np.asarray(osr.read_region((130, 260), 0, (100, 110)))
+        assert stats_of(m.path).get("chunks_decoded", 0) - before == 3
+        np.testing.assert_array_equal(region[..., :3], levels[0][:, 260:370, 130:230].transpose(1, 2, 0))
+        assert (region[..., 3] == 255).all()
+        for k, values in enumerate(levels):
+            h, w = values.shape[1:]
+            y, x, rh, rw = h // 5, w // 7, h // 2, w // 2
+            down = 2**k
+            region = np.asarray(osr.read_region((x * down, y * down), k, (rw, rh)))
+            np.testing.assert_array_equal(region[..., :3], values[:, y : y + rh, x : x + rw].transpose(1, 2, 0),
+                                          err_msg=f"level {k}")
+    with tifffile.TiffFile(slide) as tif:  # the layout OpenSlide's generic TIFF reader documents
+        assert [p.subfiletype for p in tif.pages] == [0, 1, 1] and all(p.is_tiled for p in tif.pages)
+        assert all(p.planarconfig == 1 and p.photometric == 2 for p in tif.pages)
+        assert not any(p.subifds for p in tif.pages)
+
+
+def test_openslide_grayscale_and_which_pyramids_have_a_slide(tmp_path: Path, mount) -> None:
+    """[image-9] a one-plane uint8 pyramid is a grayscale slide (no mpp without a length
+    unit); uint16 or two-channel pyramids have no slide.tif (pyramid.ome.tif only)."""
+    openslide = _openslide()
+    top = tmp_path / "top.zarr"
+    zarr.open_group(str(top), mode="w")
+    gray = slide_store(top / "g", lead=(1, 1, 1), axes=("t", "c", "z"), size=(300, 260), chunks=100,
+                       levels=2, unit=None)
+    slide_store(top / "w", lead=(3,), dtype="uint16", levels=2)
+    slide_store(top / "two", lead=(2,), levels=2)
+    m = mount(top)
+    assert sorted(p.name for p in m.path.glob("*/slide.tif")) == ["slide.tif"]
+    assert (m.path / "w" / "pyramid.ome.tif").exists() and (m.path / "two" / "pyramid.ome.tif").exists()
+    with openslide.OpenSlide(m.path / "g" / "slide.tif") as osr:
+        assert osr.level_count == 2 and osr.level_dimensions == ((260, 300), (130, 150))
+        assert "openslide.mpp-x" not in osr.properties
+        for k, values in enumerate(gray):
+            region = np.asarray(osr.read_region((0, 0), k, (values.shape[-1], values.shape[-2])))
+            for band in range(3):
+                np.testing.assert_array_equal(region[..., band], values[0, 0, 0])

@@ -12,6 +12,8 @@ The parts (each module's docstring says what it owns):
 - `push.py`: tiles pushed ahead of region readers, chunk files read ahead.
 - `strips.py`: `StrippedImage`, `image.tif`: the array as a stripped classic TIFF
   laid out as ImageJ 1.x writes stacks (plain ImageJ reads no tiles).
+- `slide.py`: whether a pyramid gets `slide.tif`, the OpenSlide layout (levels as
+  successive tiled IFDs, RGB interleaved), and what its IFDs say (`SlideLayout`).
 - `image.py`: `WholeImage` tying them, the threads it uses (`ImageWorkers`, owned
   by the view) and which files a directory shows (`plan_whole_images`).
 
@@ -23,6 +25,7 @@ from zfuse.view.whole_image.image import (
     IMAGE_NAME,
     NAMES,
     PYRAMID_NAME,
+    SLIDE_NAME,
     STRIPPED_NAME,
     ImageWorkers,
     WholeImage,
@@ -53,6 +56,7 @@ __all__ = [
     "MAX_FILE_SIZE",
     "NAMES",
     "PYRAMID_NAME",
+    "SLIDE_NAME",
     "STRIPPED_NAME",
     "ImageWorkers",
     "PlaneAxes",

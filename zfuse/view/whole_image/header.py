@@ -23,6 +23,7 @@ from zfuse.view.tiff_ifd import (
     ASCII,
     COMPRESSION_NONE,
     LONG,
+    RATIONAL,
     SHORT,
     IfdFormat,
     ifd_format,
@@ -130,27 +131,37 @@ def _block_bytes(layout: FileLayout, dtype: np.dtype, modes: Sequence[int | None
         return counts.slice(base + e0, e1 - e0).astype(uint).tobytes()
 
     # tag -> (type, count, bytes if small, or (length, maker of elements [e0, e1)) if not)
+    n = layout.samples
     values: Values = {
         254: (LONG, 1, struct.pack("<I", 0 if k == 0 else 1)),
         256: (LONG, 1, struct.pack("<I", lv.width)),
         257: (LONG, 1, struct.pack("<I", lv.height)),
-        258: (SHORT, 1, struct.pack("<H", 8 * dtype.itemsize)),
+        258: (SHORT, n, struct.pack(f"<{n}H", *[8 * dtype.itemsize] * n)),
         259: (SHORT, 1, struct.pack("<H", modes[k] or COMPRESSION_NONE)),
-        262: (SHORT, 1, struct.pack("<H", 1)),
-        277: (SHORT, 1, struct.pack("<H", 1)),
-        284: (SHORT, 1, struct.pack("<H", 1)),
+        262: (SHORT, 1, struct.pack("<H", 2 if n == 3 else 1)),  # RGB, or BlackIsZero
+        277: (SHORT, 1, struct.pack("<H", n)),
+        284: (SHORT, 1, struct.pack("<H", 1)),  # interleaved (chunky)
         322: (LONG, 1, struct.pack("<I", lv.tile_w)),
         323: (LONG, 1, struct.pack("<I", lv.tile_h)),
         324: (otype, lv.tiles, offsets),
         325: (otype, lv.tiles, byte_counts),
-        339: (SHORT, 1, struct.pack("<H", sample_format(dtype))),
+        339: (SHORT, n, struct.pack(f"<{n}H", *[sample_format(dtype)] * n)),
     }
-    if first:
+    if 270 in tags:
         values[270] = (ASCII, len(layout.description), layout.description)
+    resolution = layout.resolutions[k]
+    if resolution is not None:
+        xn, xd, yn, yd = resolution
+        values[282] = (RATIONAL, 1, struct.pack("<II", xn, xd))
+        values[283] = (RATIONAL, 1, struct.pack("<II", yn, yd))
+        values[296] = (SHORT, 1, struct.pack("<H", 3))  # centimetre
     if 330 in tags:
         subs = [layout.ifd_at(plane, j) for j in range(1, nlev)]
         values[330] = (otype, nlev - 1, np.array(subs, dtype=uint).tobytes())
-    nxt = layout.ifd_at(plane + 1, 0) if k == 0 and plane + 1 < layout.planes else 0
+    if layout.successive:  # the levels one after another in the main chain
+        nxt = layout.ifd_at(0, k + 1) if k + 1 < nlev else 0
+    else:
+        nxt = layout.ifd_at(plane + 1, 0) if k == 0 and plane + 1 < layout.planes else 0
     return ifd_block(fmt, at, values, tags, nxt, lo, hi)
 
 

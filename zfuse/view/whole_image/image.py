@@ -42,6 +42,7 @@ from zfuse.view.whole_image.layout import (
 )
 from zfuse.view.whole_image.ome import multiscale_name, multiscale_paths, ome_xml, omero_channels
 from zfuse.view.whole_image.push import Pusher, ReadAheadAdvisor
+from zfuse.view.whole_image.slide import SLIDE_NAME, SlideLayout, fit_tiles, plan_slide
 from zfuse.view.whole_image.strips import STRIPPED_NAME, StrippedImage
 from zfuse.view.whole_image.tiles import StaleImageError, TileDecoders, Tiles
 
@@ -52,7 +53,7 @@ log = logging.getLogger("zfuse.view.image")
 
 IMAGE_NAME = "image.ome.tif"  # in every array directory
 PYRAMID_NAME = "pyramid.ome.tif"  # in every OME-Zarr multiscale group directory
-NAMES = (IMAGE_NAME, STRIPPED_NAME, PYRAMID_NAME)
+NAMES = (IMAGE_NAME, STRIPPED_NAME, PYRAMID_NAME, SLIDE_NAME)
 
 # A header up to this size is built once and kept; a bigger one (an image of millions
 # of tiles: 16 bytes of offset and count per tile) is rendered per read, only the
@@ -60,6 +61,9 @@ NAMES = (IMAGE_NAME, STRIPPED_NAME, PYRAMID_NAME)
 _HEADER_KEPT = 4 * 1024**2
 
 _SERIALS = itertools.count(1)
+# zeros after each tile of slide.tif: half the default read-ahead window (zfuse's
+# read_ahead_kb=1024), what the kernel reads around a page fault on each side
+_SLIDE_PADDING = 512 * 1024
 
 
 class ImageWorkers:
@@ -94,9 +98,12 @@ class WholeImage:
         title: str = "",
         *,
         workers: ImageWorkers,
+        slide: SlideLayout | None = None,
     ) -> None:
         """`label`: the directory's path, for log lines; `title`: the OME Image Name (the
-        multiscale's name, else the directory's); `workers`: the owner's threads."""
+        multiscale's name, else the directory's); `workers`: the owner's threads;
+        `slide`: the OpenSlide layout (levels as successive IFDs, RGB interleaved where
+        there are 3 samples, no OME-XML) instead of the OME-TIFF one."""
         if not levels:
             raise ValueError("a whole-image file needs at least one array")
         self.name = name
@@ -110,19 +117,38 @@ class WholeImage:
             raise ValueError(reason)
         planned = [plan_level(a) for a in levels]
         self.shape = tuple(first.shape)
-        xml = ome_xml(title or label or name, self.shape, self.dtype, ome, channels)
-        # no OME pixel type: tifffile's "shaped" description keeps the array's shape
-        text = xml if xml is not None else json.dumps({"shape": list(self.shape)})
-        self.is_ome = xml is not None
-        self.layout = FileLayout(planned, text.encode("utf-8") + b"\0")
+        samples = 1
+        if slide is not None:
+            samples = slide.samples
+            fit_tiles(planned)
+            for lv in planned:
+                lv.tile_bytes = lv.slot = lv.tile_bytes * samples  # interleaved samples
+                # OpenSlide reads tiles through libtiff's map of the file, and the kernel
+                # reads a page fault's surroundings (up to half the read-ahead window on
+                # either side): zeros there, not the neighbouring tiles, so a region
+                # decodes only its own tiles' chunks
+                lv.slot = -(-lv.slot // 4096) * 4096 + _SLIDE_PADDING
+            self.is_ome = False
+            self.layout = FileLayout(planned, b"", successive=True, samples=samples, resolutions=slide.resolutions)
+            if self.layout.planes != 1:
+                raise ValueError("an OpenSlide file holds one plane")
+        else:
+            xml = ome_xml(title or label or name, self.shape, self.dtype, ome, channels)
+            # no OME pixel type: tifffile's "shaped" description keeps the array's shape
+            text = xml if xml is not None else json.dumps({"shape": list(self.shape)})
+            self.is_ome = xml is not None
+            self.layout = FileLayout(planned, text.encode("utf-8") + b"\0")
         self._header: bytes | None = None
         self._header_lock = threading.Lock()
         self._counts: list[Counts] | None = None  # byte counts per level (planes * tiles)
         self._modes: list[int | None] | None = None  # compression per level after the header
         self._changes: tuple[int, ...] = ()
         self._failed: str | None = None  # why this file is stale (reopen)
-        self._tiles = Tiles(planned, self.dtype, self.stats, self.label, workers.decoders, self.invalidate)
+        self._tiles = Tiles(planned, self.dtype, self.stats, self.label, workers.decoders, self.invalidate,
+                            samples)
         self._push = Pusher(self.layout, self._tile_byte_count, self._change_marks, workers.advisor)
+        # OpenSlide reads what a region covers, through a map of the file: nothing pushed
+        self._pushes = slide is None
 
     # -- where things are (the layout's) -------------------------------------------------
     @property
@@ -320,7 +346,7 @@ class WholeImage:
         """Byte ranges (offset, length) worth storing in the kernel's page cache ahead of
         the reader, nearest first, after the kernel asked for [offset, offset+size)
         (`Pusher.pushes_after`)."""
-        return self._push.pushes_after(offset, size)
+        return self._push.pushes_after(offset, size) if self._pushes else []
 
     def push_wanted(self, offset: int) -> bool:
         """Whether the tile at `offset` is still worth pushing (`Pusher.push_wanted`)."""
@@ -391,6 +417,14 @@ class WholeImage:
             if out is None and stop < end:
                 out = memoryview(bytearray(end - offset))
             target = out[pos - offset : stop - offset] if out is not None else None
+            count = self._tile_byte_count(level, plane, tile)
+            if count is not None and within >= count:  # the slot's zeros past the tile: nothing to decode
+                if target is None:
+                    single = bytes(stop - pos)
+                else:
+                    target[:] = bytes(stop - pos)
+                pos = stop
+                continue
             if self._modes is None and self.levels[level].passthrough is not None:
                 if not blocking:
                     return None  # the header decides whether this level passes through
@@ -433,7 +467,8 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
                       not_shown: dict[str, str] | None = None, *,
                       workers: ImageWorkers) -> dict[str, WholeImage | StrippedImage]:
     """`image.ome.tif` (and `image.tif`, the stripped file for ImageJ 1.x, where ImageJ
-    can hold the image) for an array, `pyramid.ome.tif` for an OME-Zarr multiscale group.
+    can hold the image) for an array, `pyramid.ome.tif` for an OME-Zarr multiscale group
+    (and `slide.tif`, the OpenSlide layout, where OpenSlide can show it).
 
     `node`/`parent` are the view tree's group/array nodes (kind, children, array,
     metadata). Planned from metadata alone. A file that cannot be planned (an image
@@ -470,6 +505,14 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
                                                omero_channels(attrs), label=label,
                                                title=multiscale_name(attrs) or (path[-1] if path else "image"),
                                                workers=workers)
+                if SLIDE_NAME not in node.children:
+                    try:
+                        slide = plan_slide(levels, paths, attrs, label)  # type: ignore[arg-type]
+                        if slide is not None:
+                            out[SLIDE_NAME] = WholeImage(SLIDE_NAME, levels, label=label, workers=workers,
+                                                         slide=slide)
+                    except Exception as e:  # never lose pyramid.ome.tif over it
+                        log.warning("%s: no %s: %s", label, SLIDE_NAME, e)
     except Exception as e:  # a whole-image file is an extra: never lose the directory over it
         log.warning("%s: no whole-image file: %s", label, e)
         if not_shown is not None:

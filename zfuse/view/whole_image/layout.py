@@ -234,10 +234,20 @@ class FileLayout:
     TIFF can express (wider or higher than a LONG, or a file past 2**63 - 1 bytes).
     """
 
-    def __init__(self, levels: list[Level], description: bytes) -> None:
-        """`description`: the ImageDescription of the first IFD (NUL included)."""
+    def __init__(self, levels: list[Level], description: bytes, *, successive: bool = False, samples: int = 1,
+                 resolutions: Sequence[tuple[int, int, int, int] | None] | None = None) -> None:
+        """`description`: the ImageDescription of the first IFD (NUL included; empty: none).
+
+        `successive`: the levels as successive top-level IFDs (NewSubfileType 1 after the
+        first), as OpenSlide's generic tiled TIFF reader wants them, instead of SubIFDs;
+        `samples`: 3 for RGB interleaved (the leading axes are then the 3 samples of one
+        plane); `resolutions`: per level, X/YResolution in pixels per centimetre (num,
+        den, num, den) or None."""
         self.levels = levels
-        self.planes = math.prod(levels[0].lead)
+        self.successive = successive
+        self.samples = samples
+        self.resolutions = list(resolutions) if resolutions is not None else [None] * len(levels)
+        self.planes = math.prod(levels[0].lead) // samples
         self.description = description
         self.bigtiff = False
         for lv in levels:
@@ -255,10 +265,16 @@ class FileLayout:
     def entries(self, level: int, first: bool) -> list[int]:
         """The tags of one IFD, in order."""
         tags = [254, 256, 257, 258, 259, 262]
-        if first:
+        if first and self.description:
             tags.append(270)
-        tags += [277, 284, 322, 323, 324, 325]
-        if level == 0 and len(self.levels) > 1:
+        tags.append(277)
+        if self.resolutions[level] is not None:
+            tags += [282, 283]
+        tags.append(284)
+        if self.resolutions[level] is not None:
+            tags.append(296)
+        tags += [322, 323, 324, 325]
+        if level == 0 and len(self.levels) > 1 and not self.successive:
             tags.append(330)
         tags.append(339)
         return tags
@@ -269,12 +285,16 @@ class FileLayout:
         off, inline = fmt.offset_size, fmt.inline
         size = fmt.ifd_size(len(self.entries(level, first)))
         arrays = [self.levels[level].tiles, self.levels[level].tiles]
-        if level == 0 and len(self.levels) > 1:
+        if level == 0 and len(self.levels) > 1 and not self.successive:
             arrays.append(len(self.levels) - 1)
         for count in arrays:
             if count * off > inline:
                 size += count * off
-        if first:
+        if 2 * self.samples > inline:  # BitsPerSample, SampleFormat: a SHORT per sample
+            size += 2 * even(2 * self.samples)
+        if self.resolutions[level] is not None and 8 > inline:  # two RATIONALs
+            size += 2 * 8
+        if first and self.description:
             size += even(len(self.description))
         return even(size, 8 if self.bigtiff else 2)
 

@@ -69,8 +69,11 @@ class Tiles:
     else None; tile byte counts) are the header's, once settled."""
 
     def __init__(self, levels: list[Level], dtype: np.dtype, stats: Stats, label: str,
-                 decoders: TileDecoders, invalidate: Callable[[str], None]) -> None:
+                 decoders: TileDecoders, invalidate: Callable[[str], None], samples: int = 1) -> None:
+        """`samples`: 3 for RGB interleaved tiles, put together from the 3 planes of the
+        array (the file's plane k is the array's planes 3k, 3k+1, 3k+2)."""
         self.levels = levels
+        self.samples = samples
         self.dtype = dtype
         self.stats = stats
         self.label = label
@@ -118,7 +121,7 @@ class Tiles:
 
     def _direct_chunk(self, lv: Level, plane: int, tile: int) -> tuple[int, ...] | None:
         """The chunk whose decoded bytes *are* this tile's pixels, if there is one."""
-        if not lv.chunk_per_tile:
+        if not lv.chunk_per_tile or self.samples > 1:
             return None
         if getattr(lv.array.options, "crop_edges", False):
             return None  # cropped edge chunks are shorter than a tile
@@ -162,6 +165,8 @@ class Tiles:
             try:
                 if mode is not None:
                     data = self._passthrough_tile(lv, level, plane, tile, mode, counts)
+                elif self.samples > 1:
+                    data = self.interleave(lv, plane, tile)
                 else:
                     data = self.assemble(lv, plane, tile)
                 self._keep(level, plane, tile, data)
@@ -272,6 +277,32 @@ class Tiles:
             raise self._stale(why)
         self.stats.count("tiles_passed_through")
         return data
+
+    def interleave(self, lv: Level, plane: int, tile: int) -> bytes:
+        """An RGB (chunky) tile: the tile of each sample's plane, interleaved. The chunks of
+        the three planes are decoded side by side (other threads), as a read of several
+        tiles does."""
+        n = self.samples
+        planes = [plane * n + s for s in range(n)]
+        for p in planes[1:]:
+            for coords in self._tile_chunks(lv, p, tile):
+                if not lv.array.is_cached(coords):
+                    self._decoders.submit(lv.array.pixel_bytes, coords)  # a failure: the read reports it
+        dtype = pixel_dtype(self.dtype)
+        parts = [np.frombuffer(self.assemble(lv, p, tile), dtype=dtype) for p in planes]
+        return np.stack(parts, axis=-1).tobytes()
+
+    def _tile_chunks(self, lv: Level, plane: int, tile: int) -> list[tuple[int, ...]]:
+        """The chunks a tile of a plane overlaps."""
+        ty, tx = divmod(tile, lv.tiles_across)
+        y0, x0 = ty * lv.tile_h, tx * lv.tile_w
+        y1, x1 = min(y0 + lv.tile_h, lv.height), min(x0 + lv.tile_w, lv.width)
+        lead = unravel(plane, lv.lead)
+        lead_chunk = tuple(i // c for i, c in zip(lead, lv.chunk_lead, strict=True))
+        ndim = len(lv.array.source.shape)
+        return [(*lead_chunk, cy, cx)[-ndim:] if ndim else ()
+                for cy in range(y0 // lv.chunk_h, (y1 - 1) // lv.chunk_h + 1)
+                for cx in range(x0 // lv.chunk_w, (x1 - 1) // lv.chunk_w + 1)]
 
     def assemble(self, lv: Level, plane: int, tile: int) -> bytes:
         """A decoded tile put together from the chunks it overlaps (fill value elsewhere)."""

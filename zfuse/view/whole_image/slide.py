@@ -1,0 +1,136 @@
+"""The OpenSlide form of an OME-Zarr pyramid: `slide.tif` in the multiscale group
+directory, beside `pyramid.ome.tif`.
+
+OpenSlide reads a pyramid as a "generic tiled TIFF": tiled top-level IFDs one
+after another, the first full size, each further one marked reduced-resolution
+(NewSubfileType 1); it does not follow SubIFDs. It shows 8-bit images, so
+`slide.tif` is made for pyramids of uint8 whose leading axes are one plane
+(grayscale) or exactly three channels (an OME-Zarr axis of type `channel` or
+named `c`, size 3: RGB, written interleaved, PlanarConfiguration 1, each tile
+put together from the three planes' chunks when read). Every tile is decoded,
+uncompressed, of one shape for all levels (`fit_tiles` says why). Its microns per pixel
+(`openslide.mpp-x`/`-y`) come from XResolution/YResolution in pixels per
+centimetre (ResolutionUnit 3), written from each level's OME-Zarr scale where
+the axes have a length unit.
+
+This module decides whether a pyramid gets one and what its IFDs say
+(`plan_slide`); `WholeImage` (with `FileLayout(successive=True)`) serves it. No
+FUSE, no reading.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from zfuse.view.tiff_meta import _rational, ome_datasets
+from zfuse.view.whole_image.layout import Level, image_dims
+
+if TYPE_CHECKING:
+    from zfuse.view.array_view import ArrayView
+
+log = logging.getLogger("zfuse.view.image")
+
+SLIDE_NAME = "slide.tif"  # in OME-Zarr multiscale groups of uint8 grayscale or RGB
+
+# OME-Zarr length units -> micrometres
+_MICRONS = {
+    "angstrom": 1e-4, "picometer": 1e-6, "nanometer": 1e-3, "micrometer": 1.0, "micron": 1.0,
+    "millimeter": 1e3, "centimeter": 1e4, "meter": 1e6,
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class SlideLayout:
+    """What an OpenSlide file's IFDs say beyond the levels: samples per pixel (1 or 3)
+    and, per level, X/YResolution in pixels per centimetre (num, den, num, den) or None."""
+
+    samples: int
+    resolutions: tuple[tuple[int, int, int, int] | None, ...]
+
+
+def fit_tiles(levels: Sequence[Level]) -> None:
+    """One tile shape for every level, its edges multiples of 32, every tile decoded
+    and uncompressed, so every tile of the file has the same byte count. The libtiff
+    of openslide-bin 4.0 reads a level's tiles with the byte counts of the level read
+    before it ("Invalid tile byte count ... Expected 20480, got 65536" reading level 1
+    after level 0, for files tifffile writes as well) and fails on 8-bit tiles 16 but
+    not 32 apart. The shape is level 0's, rounded down (at least 32): a tile overlaps
+    at most two of level 0's chunks per axis; smaller levels' edge tiles reach past
+    the image (TIFF allows it; OpenSlide reads only the image)."""
+    th, tw = max(32, levels[0].tile_h // 32 * 32), max(32, levels[0].tile_w // 32 * 32)
+    for lv in levels:
+        itemsize = np.dtype(lv.array.source.dtype).itemsize
+        lv.tile_h, lv.tile_w = th, tw
+        lv.tiles_down, lv.tiles_across = -(-lv.height // th), -(-lv.width // tw)
+        lv.tile_bytes = lv.slot = th * tw * itemsize
+        lv.passthrough = None
+
+
+def _channel_axis(ome: dict[str, Any] | None, ndim: int) -> int | None:
+    """The leading axis OME-Zarr names as channel, if one does."""
+    if not ome:
+        return None
+    names = ome.get("axes") or [None] * ndim
+    kinds = ome.get("axis_types") or [None] * ndim
+    if len(names) != ndim or len(kinds) != ndim:
+        return None
+    for i in range(max(ndim - 2, 0)):
+        if (kinds[i] or "").lower() == "channel" or str(names[i] or "").lower() in ("c", "channel"):
+            return i
+    return None
+
+
+def microns_per_pixel(ome: dict[str, Any] | None, ndim: int) -> tuple[float, float] | None:
+    """(x, y) microns per pixel from OME-Zarr scales and units, when both axes have them."""
+    if not ome or ndim < 2:
+        return None
+    scales, units = ome.get("scales"), ome.get("units")
+    if not isinstance(scales, list) or not isinstance(units, list) or len(scales) != ndim or len(units) != ndim:
+        return None
+    out = []
+    for axis in (ndim - 1, ndim - 2):
+        factor = _MICRONS.get(str(units[axis] or "").lower())
+        try:
+            value = float(scales[axis]) * factor if factor is not None else math.nan
+        except (TypeError, ValueError):
+            return None
+        if not math.isfinite(value) or value <= 0:
+            return None
+        out.append(value)
+    return out[0], out[1]
+
+
+def plan_slide(levels: Sequence[ArrayView], paths: Sequence[str], attrs: dict[str, Any],
+               label: str) -> SlideLayout | None:
+    """The OpenSlide layout of a pyramid (`levels`: the arrays of dataset `paths`, as
+    `pyramid_levels` kept them), or None when OpenSlide cannot show it (logged)."""
+    first = levels[0].source
+    if np.dtype(first.dtype) != np.uint8:
+        log.debug("%s: no %s: OpenSlide shows 8-bit images, this is %s", label, SLIDE_NAME, first.dtype)
+        return None
+    datasets = ome_datasets(attrs) or {}
+    ndim = len(first.shape)
+    lead, _, _ = image_dims(first.shape)
+    planes = math.prod(lead)
+    samples = 1
+    if planes == 3:
+        axis = _channel_axis(datasets.get(paths[0].strip("/")) or datasets.get(""), ndim)
+        if axis is None or lead[axis] != 3:
+            log.debug("%s: no %s: 3 planes, but not 3 channels", label, SLIDE_NAME)
+            return None
+        samples = 3
+    elif planes != 1:
+        log.debug("%s: no %s: %d planes (OpenSlide shows one grayscale or RGB plane)", label, SLIDE_NAME, planes)
+        return None
+    resolutions: list[tuple[int, int, int, int] | None] = []
+    for path in paths[: len(levels)]:
+        mpp = microns_per_pixel(datasets.get(path.strip("/")), ndim)
+        # pixels per centimetre: 10,000 microns / microns per pixel
+        resolutions.append(None if mpp is None else (*_rational(1e4 / mpp[0]), *_rational(1e4 / mpp[1])))
+    return SlideLayout(samples, tuple(resolutions))
