@@ -230,3 +230,88 @@ def test_a_store_that_ignores_conditions_refuses_rw_unless_accepted(s3, aws_env,
         assert not [k for k in keys if ".zfuse-conditions-probe" in k]  # probes cleaned up
     finally:
         proxy.close()
+
+
+# -- the store layer with plain calls against the server (no mount) -----------------------
+
+
+def metered(server, url: str, *, read_only: bool = False, endpoint: str | None = None, **options):
+    from zfuse.store import MeteredStore, open_store
+
+    storage = {"endpoint_url": endpoint or server.endpoint_url, "key": "test", "secret": "test",
+               "region": "us-east-1", "skip_instance_cache": True, **options}
+    return MeteredStore(open_store(url, read_only=read_only, storage_options=storage))
+
+
+def test_a_write_is_conditional_on_the_version_read(s3, aws_env) -> None:
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    from zfuse.store import WriteConflictError
+
+    bucket = s3_tests.new_bucket(s3)
+    client = s3_tests.make_bucket(s3, bucket)
+    client.put_object(Bucket=bucket, Key="a/c/0", Body=b"v1")
+    store = metered(s3, f"s3://{bucket}/a")
+    assert store.remote is not None and store.remote.conditional  # moto honours conditions
+    proto = default_buffer_prototype()
+    assert sync(store.get("c/0", proto)).to_bytes() == b"v1"
+    client.put_object(Bucket=bucket, Key="a/c/0", Body=b"another host's")
+    with pytest.raises(WriteConflictError):
+        sync(store.set("c/0", proto.buffer.from_bytes(b"v1 modified")))  # read v1, store holds another
+    assert client.get_object(Bucket=bucket, Key="a/c/0")["Body"].read() == b"another host's"
+    assert sync(store.get("c/0", proto)).to_bytes() == b"another host's"  # read again: its version
+    sync(store.set("c/0", proto.buffer.from_bytes(b"v3")))
+    # a new object: on condition that there is none
+    assert sync(store.get("c/1", proto)) is None
+    client.put_object(Bucket=bucket, Key="a/c/1", Body=b"made meanwhile")
+    with pytest.raises(WriteConflictError):
+        sync(store.set("c/1", proto.buffer.from_bytes(b"mine")))
+    assert store.stats.snapshot()["store_write_conflicts"] == 2
+    # no probe object left behind
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket)["Contents"]]
+    assert sorted(keys) == ["a/c/0", "a/c/1"]
+
+
+def test_a_range_is_read_from_the_version_its_index_came_from(s3, aws_env) -> None:
+    import errno
+
+    from zarr.abc.store import RangeByteRequest, SuffixByteRequest
+    from zarr.core.buffer import default_buffer_prototype
+    from zarr.core.sync import sync
+
+    from zfuse.store import ObjectChangedError
+
+    bucket = s3_tests.new_bucket(s3)
+    client = s3_tests.make_bucket(s3, bucket)
+    client.put_object(Bucket=bucket, Key="a/c/0", Body=b"AAAABBBBindex")
+    store = metered(s3, f"s3://{bucket}/a", read_only=True)
+    proto = default_buffer_prototype()
+    assert sync(store.get("c/0", proto, SuffixByteRequest(5))).to_bytes() == b"index"
+    assert sync(store.get("c/0", proto, RangeByteRequest(4, 8))).to_bytes() == b"BBBB"
+    client.put_object(Bucket=bucket, Key="a/c/0", Body=b"CCCCCCCCDDDDindex")
+    with pytest.raises(ObjectChangedError) as info:
+        sync(store.get("c/0", proto, RangeByteRequest(4, 8)))
+    assert info.value.errno == errno.ESTALE and "reload" in str(info.value)
+    # a reload (a new store) reads the new version
+    again = metered(s3, f"s3://{bucket}/a", read_only=True)
+    assert sync(again.get("c/0", proto, RangeByteRequest(8, 12))).to_bytes() == b"DDDD"
+
+
+def test_the_probe_finds_a_store_that_ignores_conditions(s3, aws_env) -> None:
+    from zfuse.store import ConditionsIgnoredError
+
+    from s3server import ConditionsIgnoredProxy
+
+    bucket = s3_tests.new_bucket(s3)
+    proxy = ConditionsIgnoredProxy(s3)
+    try:
+        with pytest.raises(ConditionsIgnoredError, match="ignores conditional writes"):
+            metered(s3, f"s3://{bucket}/a", endpoint=proxy.endpoint_url)
+        accepted = metered(s3, f"s3://{bucket}/a", endpoint=proxy.endpoint_url, zfuse_last_writer_wins=True)
+        assert accepted.remote is not None and not accepted.remote.conditional
+        assert metered(s3, f"s3://{bucket}/a", endpoint=proxy.endpoint_url, read_only=True).remote.can_put is False
+    finally:
+        proxy.close()
+    client = s3_tests.make_bucket(s3, bucket)
+    assert "Contents" not in client.list_objects_v2(Bucket=bucket)  # the probe objects removed

@@ -311,6 +311,38 @@ def test_an_object_changed_behind_the_mount_is_fetched_after_a_reload(s3, aws_en
     assert s3_tests.stats(m.path).get("store_get_chunk_ranged", 0) == before.get("store_get_chunk_ranged", 0)
 
 
+def test_after_metadata_ttl_the_new_object_is_served(s3, aws_env, mount, tmp_path: Path) -> None:
+    import io
+    import time
+
+    import tifffile
+    import zarr
+
+    import stores
+
+    local, arrays = make_data(tmp_path)
+    bucket = s3_tests.new_bucket(s3)
+    s3_tests.upload(s3, Path(local), bucket, "g.zarr")
+    cache = tmp_path / "cache"
+    m = cache_mount(mount, s3, bucket, cache, "m", options="metadata_ttl=0.5")
+    read_all(m.path, arrays)
+    stores.v3(tmp_path / "other.zarr", seed=7)
+    new = s3_tests.expected_chunk(zarr.open_array(str(tmp_path / "other.zarr")), (0, 1))
+    client = s3_tests.make_bucket(s3, bucket)
+    client.put_object(Bucket=bucket, Key="g.zarr/plain/c/0/1", Body=(tmp_path / "other.zarr/c/0/1").read_bytes())
+    deadline = time.monotonic() + 60
+    while True:  # each read asks the daemon (O_DIRECT); the ttl's reload is what changes its answer
+        got = tifffile.imread(io.BytesIO(s3_tests.read_direct(m.path / "plain" / "c" / "0" / "1.tiff")))
+        if (got == new).all():
+            break
+        assert time.monotonic() < deadline, "the new object was never served"
+    # and never the old bytes under the new version: the cache now holds the new one
+    m.unmount()
+    again = cache_mount(mount, s3, bucket, cache, "again")
+    got = tifffile.imread(io.BytesIO(s3_tests.read_direct(again.path / "plain" / "c" / "0" / "1.tiff")))
+    assert (got == new).all() and s3_tests.stats(again.path).get("store_get_chunk", 0) == 0
+
+
 def test_a_truncated_cache_file_costs_one_refetch(s3, aws_env, mount, tmp_path: Path) -> None:
     local, arrays = make_data(tmp_path)
     arrays.pop("sharded")

@@ -1551,17 +1551,15 @@ async def _probe(remote: RemoteObjects) -> bool:
     key = PROBE_PREFIX + "".join(random.choices(TEMP_CHARS[:36], k=12))
     try:
         etag = await remote.put(key, b"zfuse probe 1", ABSENT)
-        try:
-            await remote.put(key, b"zfuse probe 2", ABSENT)
-            return False  # written over an existing object: If-None-Match ignored
-        except WriteConflictError:
-            pass
-        try:
-            await remote.put(key, b"zfuse probe 3", '"00000000000000000000000000000000"')
-            return False  # written on a wrong ETag: If-Match ignored
-        except WriteConflictError:
-            pass
-        return etag is not None
+        # both must be refused: over an existing object (If-None-Match), on a wrong ETag
+        # (If-Match); asked at once (one round trip: a mount waits for the probe)
+        answers = await asyncio.gather(remote.put(key, b"zfuse probe 2", ABSENT),
+                                       remote.put(key, b"zfuse probe 3", '"00000000000000000000000000000000"'),
+                                       return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, WriteConflictError):
+                raise answer
+        return etag is not None and all(isinstance(a, WriteConflictError) for a in answers)
     finally:
         try:
             await remote.delete(key)
