@@ -308,3 +308,38 @@ def test_openslide_grayscale_and_which_pyramids_have_a_slide(tmp_path: Path, mou
             region = np.asarray(osr.read_region((0, 0), k, (values.shape[-1], values.shape[-2])))
             for band in range(3):
                 np.testing.assert_array_equal(region[..., band], values[0, 0, 0])
+
+
+# -- the Python OME-TIFF readers: image.ome.tif ------------------------------------------
+
+
+def test_bioio_reads_image_ome_tif(tmp_path: Path, mount) -> None:
+    """[image-2] bioio with bioio-ome-tiff reads image.ome.tif: dims, physical sizes,
+    channel names and a region of one plane are the OME-Zarr image's; bioio-tifffile
+    reads the same pixels from image.ome.tif and image.tif, and image.tif's ImageJ
+    calibration."""
+    try:
+        import bioio_ome_tiff
+        import bioio_tifffile
+        from bioio import BioImage
+    except ImportError as e:  # bioio, bioio-ome-tiff, bioio-tifffile: the test extra
+        requires(f"bioio ({e})")
+    values = tczyx_store(tmp_path / "g.zarr")
+    m = mount(tmp_path / "g.zarr")
+    ome = m.path / "0" / "image.ome.tif"
+    img = BioImage(ome, reader=bioio_ome_tiff.Reader)
+    assert (img.dims.T, img.dims.C, img.dims.Z, img.dims.Y, img.dims.X) == (2, 3, 4, 150, 130)
+    sizes = img.physical_pixel_sizes
+    assert (sizes.Z, sizes.Y, sizes.X) == pytest.approx((0.5, 0.25, 0.125))
+    assert img.channel_names == [c["label"] for c in CHANNELS]
+    region = img.get_image_dask_data("YX", T=1, C=2, Z=3)[40:100, 50:120].compute()
+    np.testing.assert_array_equal(region, values[1, 2, 3, 40:100, 50:120])
+    np.testing.assert_array_equal(img.get_image_data("TCZYX"), values)
+
+    for path in (ome, m.path / "0" / "image.tif"):
+        plain = BioImage(path, reader=bioio_tifffile.Reader)
+        assert (plain.dims.T, plain.dims.C, plain.dims.Z) == (2, 3, 4), path
+        np.testing.assert_array_equal(plain.get_image_data("TCZYX"), values, err_msg=str(path))
+    # the ImageJ calibration of image.tif, as bioio-tifffile reads it
+    sizes = BioImage(m.path / "0" / "image.tif", reader=bioio_tifffile.Reader).physical_pixel_sizes
+    assert (sizes.Z, sizes.Y, sizes.X) == pytest.approx((0.5, 0.25, 0.125))
