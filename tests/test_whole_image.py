@@ -495,19 +495,19 @@ def test_whole_image_is_read_only(tmp_path: Path, mount, ro: bool) -> None:
     stores.v3(tmp_path / "a.zarr")
     before = snapshot(tmp_path / "a.zarr")
     m = mount(tmp_path / "a.zarr", *(["-o", "ro"] if ro else []))
-    f = m.path / "image.ome.tif"
     code = errno.EROFS if ro else errno.EACCES
-    content = f.read_bytes()
     other = tmp_path / "x.tif"
     other.write_bytes(b"II*\0")
-    for action in (lambda: open(f, "r+b"), lambda: open(f, "wb"), lambda: os.truncate(f, 0),
-                   lambda: f.unlink(), lambda: os.rename(f, m.path / "moved.tif"),
-                   lambda: shutil.copyfile(other, f)):
-        with pytest.raises(OSError) as e:
-            action()
-        assert e.value.errno == code, action
-    assert os.stat(f).st_mode & 0o222 == 0
-    assert f.read_bytes() == content
+    for f in (m.path / "image.ome.tif", m.path / "image.tif"):
+        content = f.read_bytes()
+        for action in (lambda f=f: open(f, "r+b"), lambda f=f: open(f, "wb"), lambda f=f: os.truncate(f, 0),
+                       lambda f=f: f.unlink(), lambda f=f: os.rename(f, m.path / "moved.tif"),
+                       lambda f=f: shutil.copyfile(other, f)):
+            with pytest.raises(OSError) as e:
+                action()
+            assert e.value.errno == code, (f, action)
+        assert os.stat(f).st_mode & 0o222 == 0
+        assert f.read_bytes() == content
     assert snapshot(tmp_path / "a.zarr") == before
     if not ro:
         assert "read-only whole-image view" in m.log()
