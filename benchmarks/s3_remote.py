@@ -74,7 +74,13 @@ ARRAYS = {"zstd": ZSTD, "sharded": SHARDED, "pzstd": ZSTD, "psharded": SHARDED, 
 MANY = (100, 100)  # `many`: 10,000 chunks of 1x1 uint8
 REGION = (256, 256, 1024)  # y, x, size: rows/columns 256..1279 cover 3x3 chunks
 READERS = 8
-LS_REPS = 3  # `ls -lR` in the first 3 repetitions only: s3fs-fuse takes ~30 s for it (a HEAD per object)
+# `ls -lR` of 10,000 objects in the first 2 repetitions only, s3fs-fuse's in the first only: it
+# HEADs every object (~45 s at 20 ms); one full run stays near 15 minutes
+LS_REPS = {"s3fs": 1}
+LS_REPS_OTHERS = 2
+# the re-read after a remount where a cache could survive it (zfuse without a cache: the
+# reference); zarr-python, rclone-off and s3fs-fuse would read as cold again
+REMOUNT_SYSTEMS = ("zfuse", "zfuse-cache", "rclone-full")
 # zfuse: default options; zfuse-cache: with -o cache=DIR (when this zfuse has it)
 SYSTEMS = ("zfuse", "zfuse-cache", "zarr", "rclone-off", "rclone-full", "s3fs")
 FIGURES = ("mount", "seq_zstd", "warm_zstd", "seq_sharded", "par8_zstd", "par8_sharded",
@@ -89,7 +95,7 @@ WHAT = {
     "region_tifffile": "1024x1024 region of image.ome.tif, tifffile aszarr (zarr: slicing)",
     "region_gdal": "the same region with gdal_translate -srcwin (zarr: slicing)",
     "ls_lR": "ls -lR of 10,000 chunk objects (zarr: list_prefix)",
-    "remount_zstd": "read the zstd chunks again after a remount (zarr: a new store)",
+    "remount_zstd": "read the zstd chunks again after a remount (zfuse, zfuse-cache, rclone-full)",
     "remount_sharded": "read the sharded array again after a remount",
 }
 
@@ -348,6 +354,8 @@ class Runner:
         self.settle()
         reqs = self.lab.requests_since(offset)
         during = [r for r in reqs if r.start <= wall_end + 0.002]
+        with open(self.systems.workdir / "figures.tsv", "a") as f:
+            f.write(f"{self.rtt}\t{system}\t{figure}\t{wall_end - seconds:.3f}\t{wall_end:.3f}\t{len(during)}\n")
         self.table.add(self.rtt, figure, system, Sample(seconds, during, len(reqs) - len(during)))
         return out
 
@@ -396,10 +404,12 @@ class Runner:
                 else:
                     self.table.skipped[(self.rtt, "region_gdal", system)] = "gdal_translate not installed"
             many = root / "many" if zf else root / GROUP / "many"
-            if rep < LS_REPS:
+            if rep < LS_REPS.get(system, LS_REPS_OTHERS):
                 self.measure("ls_lR", system, lambda: ls_lR(many))
         finally:
             m.unmount()
+        if system not in REMOUNT_SYSTEMS:
+            return
         m = self.mount(system, cache, None)
         try:
             root = m.path
@@ -428,14 +438,8 @@ class Runner:
         async def list_many() -> int:
             return len([k async for k in store.list_prefix("many/")])
 
-        if rep < LS_REPS:
+        if rep < LS_REPS.get("zarr", LS_REPS_OTHERS):
             self.measure("ls_lR", "zarr", lambda: sync(list_many()))
-        close_store(store)
-        store = zarr_store(self.lab)
-        group = zarr.open_group(store, mode="r")
-        zstd, sharded = group["zstd"], group["sharded"]
-        self.measure("remount_zstd", "zarr", lambda: read_chunks(zstd, ZSTD))
-        self.measure("remount_sharded", "zarr", lambda: read_chunks(sharded, SHARDED))
         close_store(store)
 
     def run_rep(self, rep: int, order: Sequence[str]) -> None:
@@ -513,6 +517,39 @@ def cell(samples: list[Sample]) -> str:
     return ", ".join(parts)
 
 
+def waves(reqs: Sequence[Request], gap_s: float = 0.005) -> str:
+    """Requests grouped by when they reached the server (a pause of more than `gap_s` starts a
+    new wave): how many waves, their sizes, and the time from one to the next."""
+    starts = sorted(r.start for r in reqs)
+    if not starts:
+        return "no requests"
+    groups: list[list[float]] = [[starts[0]]]
+    for t in starts[1:]:
+        if t - groups[-1][-1] > gap_s:
+            groups.append([])
+        groups[-1].append(t)
+    sizes = [len(g) for g in groups]
+    steps = [b[0] - a[0] for a, b in zip(groups[:-1], groups[1:], strict=True)]
+    step = f", one every {statistics.median(steps) * 1000:.0f} ms (median)" if steps else ""
+    shown = " ".join(map(str, sizes[:24])) + (" ..." if len(sizes) > 24 else "")
+    return f"{len(groups)} waves over {(starts[-1] - starts[0]) * 1000:.0f} ms{step}: {shown}"
+
+
+def timelines(table: Table, rtts: Sequence[int], systems: Sequence[str]) -> str:
+    """The zfuse figures' requests in time (the last repetition's)."""
+    lines = ["", "zfuse's requests in time (last repetition; a wave = requests arriving within 5 ms of each other):"]
+    for rtt in rtts:
+        for system in systems:
+            if not system.startswith("zfuse"):
+                continue
+            for fig in FIGURES:
+                got = table.samples.get((rtt, fig, system))
+                if got:
+                    late = f", {got[-1].late} after the figure ended" if got[-1].late else ""
+                    lines.append(f"- RTT {rtt} ms {system} {fig}: {waves(got[-1].requests)}{late}")
+    return "\n".join(lines)
+
+
 def report(table: Table, rtts: Sequence[int], systems: Sequence[str]) -> str:
     lines = []
     for rtt in rtts:
@@ -540,6 +577,7 @@ def report(table: Table, rtts: Sequence[int], systems: Sequence[str]) -> str:
                 o = table.median_s(rtt, fig, s)
                 row.append(f"{o / z:.2f}x" if o is not None and z else "-")
             lines.append(f"| {fig} | " + " | ".join(row) + " |")
+    lines.append(timelines(table, rtts, systems))
     if table.skipped:
         lines.append("\nskipped:")
         for (rtt, fig, system), why in sorted(table.skipped.items()):
@@ -547,7 +585,10 @@ def report(table: Table, rtts: Sequence[int], systems: Sequence[str]) -> str:
     return "\n".join(lines)
 
 
-def run(reps: int, rtts: Sequence[int], systems_run: Sequence[str] = SYSTEMS, log: Callable[[str], None] = print) -> tuple[Table, dict[str, Any]]:
+def run(reps: int, rtts: Sequence[int], systems_run: Sequence[str] = SYSTEMS, log: Callable[[str], None] = print,
+        keep: Path | None = None) -> tuple[Table, dict[str, Any]]:
+    """Every figure of every system, `reps` times at each RTT. `keep`: a directory that gets
+    nginx's access log and figures.tsv (which figure ran when) for a closer look."""
     if os.geteuid() != 0:
         raise RuntimeError("s3remote needs root (network namespaces, iptables, dropping the page cache)")
     workdir = tmp_dir() / "s3remote"
@@ -580,6 +621,11 @@ def run(reps: int, rtts: Sequence[int], systems_run: Sequence[str] = SYSTEMS, lo
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        if keep is not None:
+            keep.mkdir(parents=True, exist_ok=True)
+            for name in ("access.log", "figures.tsv"):
+                if (workdir / name).exists():
+                    shutil.copy(workdir / name, keep / name)
         shutil.rmtree(workdir, ignore_errors=True)
     return table, info
 
@@ -592,7 +638,8 @@ def reps_default(quick: bool) -> int:
 def bench_s3remote(cfg: Config) -> list[Result]:
     """benchmarks.run's entry: 5 repetitions (--quick: 1; ZFUSE_BENCH_REMOTE_REPS=N), RTT 0 and 20 ms."""
     rtts = [0, 20]
-    table, info = run(reps_default(cfg.quick), rtts, SYSTEMS, cfg.log)
+    keep = os.environ.get("ZFUSE_BENCH_REMOTE_KEEP")
+    table, info = run(reps_default(cfg.quick), rtts, SYSTEMS, cfg.log, Path(keep) if keep else None)
     print(report(table, rtts, SYSTEMS))
     results = []
     for rtt in rtts:
@@ -617,6 +664,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="one repetition")
     p.add_argument("--rtt", type=int, nargs="+", default=[0, 20], help="round-trip times in ms (default 0 20)")
     p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--keep", type=Path, default=None,
+                   help="copy nginx's access log and figures.tsv (when each figure ran) here")
     args = p.parse_args(argv)
     systems = [s for s in SYSTEMS if s in args.systems]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -625,7 +674,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks.common import cleanup_tmp
 
     try:
-        table, info = run(args.reps or reps_default(args.quick), args.rtt, systems)
+        table, info = run(args.reps or reps_default(args.quick), args.rtt, systems, keep=args.keep)
     finally:
         cleanup_tmp()
     print(f"\ncommit {commit}, {time.perf_counter() - t0:.0f} s, {info}")
