@@ -13,6 +13,10 @@ STAMP_PY := $(VENV)/.py-installed
 # zarr 2.18 and iohub 0.2 resolve to, so the stores are made the same way everywhere
 VENV_ZARR2 := .venv-zarr2
 STAMP_ZARR2 := $(VENV_ZARR2)/.installed
+# aicsimageio 4.14 (reads image.ome.tif in the tests) pins zarr 2.15 and tifffile 2023 and
+# needs numpy 1 with the numcodecs, xarray and dask of its time: a venv of its own
+VENV_AICS := .venv-aics
+STAMP_AICS := $(VENV_AICS)/.installed
 
 .PHONY: all setup demo test lint bench clean bioformats install uninstall
 
@@ -38,6 +42,11 @@ $(STAMP_PY): pyproject.toml man/zfuse.1 $(STAMP_DEB)
 $(STAMP_ZARR2): $(STAMP_DEB)
 	@test -x $(VENV_ZARR2)/bin/python || $(PYTHON) -m venv $(VENV_ZARR2)
 	$(VENV_ZARR2)/bin/python -m pip install -q 'zarr==2.18.*' 'numcodecs==0.15.*' numpy pytest imagecodecs 'iohub==0.2.*'
+	@touch $@
+
+$(STAMP_AICS): $(STAMP_DEB)
+	@test -x $(VENV_AICS)/bin/python || $(PYTHON) -m venv $(VENV_AICS)
+	$(VENV_AICS)/bin/python -m pip install -q 'aicsimageio==4.14.*' 'numpy<2' 'numcodecs<0.13' 'xarray<2024' 'dask<2024'
 	@touch $@
 
 # Bytecode, as a regular (non-editable) install has it: with PYTHONDONTWRITEBYTECODE set
@@ -69,9 +78,10 @@ uninstall:
 bioformats: setup
 	$(PY) -m zfuse.testing fetch-bioformats
 
-test: setup $(STAMP_ZARR2) bioformats
+test: setup $(STAMP_ZARR2) $(STAMP_AICS) bioformats
 	$(PY) -m ruff check zfuse tests benchmarks
-	ZFUSE_ZARR2_PYTHON=$(CURDIR)/$(VENV_ZARR2)/bin/python ZFUSE_REQUIRE_FUSE=$${ZFUSE_REQUIRE_FUSE:-0} \
+	ZFUSE_ZARR2_PYTHON=$(CURDIR)/$(VENV_ZARR2)/bin/python ZFUSE_AICS_PYTHON=$(CURDIR)/$(VENV_AICS)/bin/python \
+		ZFUSE_REQUIRE_FUSE=$${ZFUSE_REQUIRE_FUSE:-0} \
 		$(PY) -m pytest -q $(PYTEST_ARGS)
 
 lint: setup
@@ -81,4 +91,4 @@ bench: setup
 	$(PY) -m benchmarks.run
 
 clean:
-	rm -rf $(VENV) $(VENV_ZARR2) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV_ZARR2) $(VENV_AICS) build *.egg-info .pytest_cache .hypothesis

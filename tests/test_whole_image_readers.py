@@ -27,6 +27,10 @@ from tools import _INIT, _check_paths, _run_macro, requires
 
 pytestmark = pytest.mark.mount
 
+# aicsimageio pins zarr 2.15 and tifffile 2023: it runs in a venv of its own (the Makefile's
+# .venv-aics), given here as its Python
+AICS = os.environ.get("ZFUSE_AICS_PYTHON")
+
 AXES = [
     {"name": "t", "type": "time", "unit": "second"},
     {"name": "c", "type": "channel"},
@@ -343,3 +347,33 @@ def test_bioio_reads_image_ome_tif(tmp_path: Path, mount) -> None:
     # the ImageJ calibration of image.tif, as bioio-tifffile reads it
     sizes = BioImage(m.path / "0" / "image.tif", reader=bioio_tifffile.Reader).physical_pixel_sizes
     assert (sizes.Z, sizes.Y, sizes.X) == pytest.approx((0.5, 0.25, 0.125))
+
+
+_AICS_SCRIPT = """
+import json, sys
+from aicsimageio import AICSImage
+from aicsimageio.readers import OmeTiffReader
+img = AICSImage(sys.argv[1], reader=OmeTiffReader)
+d, p = img.dims, img.physical_pixel_sizes
+region = img.get_image_dask_data("YX", T=1, C=2, Z=3)[40:100, 50:120].compute()
+print(json.dumps({"dims": [d.T, d.C, d.Z, d.Y, d.X], "sizes": [p.Z, p.Y, p.X], "channels": img.channel_names,
+                  "region": region.tolist(), "dtype": str(region.dtype)}))
+"""
+
+
+@pytest.mark.skipif(not AICS, reason="set ZFUSE_AICS_PYTHON to the Python of a venv with aicsimageio 4.14 "
+                                     "(make test sets up .venv-aics)")
+def test_aicsimageio_reads_image_ome_tif(tmp_path: Path, mount) -> None:
+    """[image-2] aicsimageio's OmeTiffReader (in its own venv: it pins zarr 2.15) reads
+    image.ome.tif: dims, physical sizes, channel names and a region."""
+    values = tczyx_store(tmp_path / "g.zarr")
+    m = mount(tmp_path / "g.zarr")
+    proc = subprocess.run([str(AICS), "-c", _AICS_SCRIPT, str(m.path / "0" / "image.ome.tif")],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert got["dims"] == [2, 3, 4, 150, 130]
+    assert got["sizes"] == pytest.approx([0.5, 0.25, 0.125])
+    assert got["channels"] == [c["label"] for c in CHANNELS]
+    assert got["dtype"] == "uint16"
+    np.testing.assert_array_equal(np.array(got["region"]), values[1, 2, 3, 40:100, 50:120])
