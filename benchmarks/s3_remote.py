@@ -30,7 +30,9 @@ rotates between repetitions), the page cache dropped before each cold figure:
   of the bucket, reading the stored objects (the chunks; for the sharded array the 4 shards).
 
 Figures: mount (until the mountpoint's first stat answers; zarr: open_group), sequential
-cold read of the zstd chunks (zarr: chunk by chunk), warm re-read on the same mount,
+cold read of the zstd chunks (the mounts: the chunk directory listed, as `find` or a shell
+glob would, then the files read one after another like `cat`; zarr: chunk by chunk),
+warm re-read on the same mount,
 sequential cold read of the sharded array, 8 reader processes (zarr: `arr[:]`), a 1024x1024
 region of `image.ome.tif` with tifffile and with gdal_translate (zarr: slicing), `ls -lR`
 of `many` (zarr: list_prefix), and a re-read after a remount (same cache directory for
@@ -57,7 +59,7 @@ from typing import Any
 import numpy as np
 import zarr
 
-from benchmarks.arrays import Spec, chunk_paths, create, read_block
+from benchmarks.arrays import Spec, create, read_block
 from benchmarks.common import CODE, Config, Result, image, read_files, tmp_dir
 from benchmarks.parallel import read_in_processes
 from benchmarks.remote_lab import Lab, Request, max_in_flight
@@ -140,12 +142,29 @@ def build_and_upload(lab: Lab, workdir: Path, log: Callable[[str], None]) -> Non
     shutil.rmtree(workdir / "data")
 
 
-def stored_paths(root: Path, name: str) -> list[str]:
-    """The stored objects of array `name` as seen on a mount of the bucket (c/i/j)."""
+def expected_files(name: str, zfuse: bool) -> int:
+    """Chunk files (zfuse: inner chunks) or stored objects (the peers: shards) of array `name`."""
     spec = ARRAYS[name]
-    step = (spec.shards or spec.chunks)[0] // spec.chunks[0]
-    grid = [(i, j) for i in range(0, spec.grid[0], step) for j in range(0, spec.grid[1], step)]
-    return [str(root / GROUP / name / "c" / str(i // step) / str(j // step)) for i, j in grid]
+    per_object = 1 if zfuse or not spec.shards else (spec.shards[0] // spec.chunks[0]) ** 2
+    return len(spec.coords()) // per_object
+
+
+def walk_files(top: Path) -> list[str]:
+    """Every file under `top` in chunk order (c/i/j numerically), listed as `find` or a shell
+    glob would: the sequential readers list the chunk directories first, as legacy tools do."""
+    found: list[tuple[tuple[int, ...], str]] = []
+
+    def walk(path: str, key: tuple[int, ...]) -> None:
+        with os.scandir(path) as it:
+            for entry in it:
+                sub = (*key, int(entry.name.partition(".")[0]))
+                if entry.is_dir():
+                    walk(entry.path, sub)
+                else:
+                    found.append((sub, entry.path))
+
+    walk(str(top), ())
+    return [p for _, p in sorted(found)]
 
 
 # -- systems --------------------------------------------------------------------------------
@@ -379,17 +398,28 @@ class Runner:
             root = m.path
 
             def files(name: str) -> list[str]:
-                if zf:
-                    return chunk_paths(root / name, ARRAYS[name].coords())
-                return stored_paths(root, name)
+                paths = walk_files(root / name / "c" if zf else root / GROUP / name / "c")
+                if len(paths) != expected_files(name, zf):
+                    raise AssertionError(f"{system}: {len(paths)} files listed in {name}, not "
+                                         f"{expected_files(name, zf)}")
+                return paths
 
-            self.measure("seq_zstd", system, lambda: read_files(files("zstd")))
-            self.measure("warm_zstd", system, lambda: read_files(files("zstd")), cold=False)
-            self.measure("seq_sharded", system, lambda: read_files(files("sharded")))
-            for name, figure in (("pzstd", "par8_zstd"), ("psharded", "par8_sharded")):
+            def listed_and_read(name: str) -> int:
+                return read_files(files(name))
+
+            def listed_and_read_by_8(name: str) -> Timed:
+                # the listing is timed; the readers' interpreters start outside the clock
+                t0 = time.perf_counter()
                 paths = files(name)
-                # the readers start before the clock (their interpreters' start is not the figure)
-                self.measure(figure, system, lambda paths=paths: Timed(*read_in_processes(paths, READERS)))
+                listing = time.perf_counter() - t0
+                seconds, nbytes = read_in_processes(paths, READERS)
+                return Timed(listing + seconds, nbytes)
+
+            self.measure("seq_zstd", system, lambda: listed_and_read("zstd"))
+            self.measure("warm_zstd", system, lambda: listed_and_read("zstd"), cold=False)
+            self.measure("seq_sharded", system, lambda: listed_and_read("sharded"))
+            self.measure("par8_zstd", system, lambda: listed_and_read_by_8("pzstd"))
+            self.measure("par8_sharded", system, lambda: listed_and_read_by_8("psharded"))
             if zf:
                 y, x, size = REGION
                 got = self.measure("region_tifffile", system,
@@ -413,8 +443,8 @@ class Runner:
         m = self.mount(system, cache, None)
         try:
             root = m.path
-            self.measure("remount_zstd", system, lambda: read_files(files("zstd")))
-            self.measure("remount_sharded", system, lambda: read_files(files("sharded")))
+            self.measure("remount_zstd", system, lambda: listed_and_read("zstd"))
+            self.measure("remount_sharded", system, lambda: listed_and_read("sharded"))
         finally:
             m.unmount()
 
