@@ -114,7 +114,9 @@ def test_whole_image_parts() -> None:
     """view/whole_image/ (the package README's layout table names): no FUSE, no event
     loop, no listing, no open files; ome.py is text (its only part: layout's image
     dimensions); layout.py and header.py plan and write bytes (no tiles, no reads ahead);
-    push.py decides, tiles.py reads; only image.py ties them."""
+    push.py decides, tiles.py reads; strips.py (image.tif) writes its own header with
+    header.py's IFD writer and reads with tiles.py's chunk planes; slide.py plans; only
+    image.py ties them."""
     pkg = PACKAGE / "view" / "whole_image"
     part = "zfuse.view.whole_image."
     for path in pkg.glob("*.py"):
@@ -129,8 +131,10 @@ def test_whole_image_parts() -> None:
     assert own["header"] <= {"layout"}
     assert own["tiles"] <= {"layout", "header"}
     assert own["push"] <= {"layout"}
-    assert own["image"] <= {"layout", "header", "ome", "tiles", "push"}
-    assert own["__init__"] <= {"image", "layout", "ome", "tiles"}
+    assert own["strips"] <= {"layout", "header", "tiles"}  # image.tif: its own header and strip reads
+    assert own["slide"] <= {"layout"}  # slide.tif's plan; image.py serves it
+    assert own["image"] <= {"layout", "header", "ome", "tiles", "push", "strips", "slide"}
+    assert own["__init__"] <= {"image", "layout", "ome", "tiles", "strips"}
 
 
 def test_whole_image_threads_are_owned_not_module_globals() -> None:

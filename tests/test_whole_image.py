@@ -298,8 +298,8 @@ def test_gdal_and_vips_read_random_regions(tmp_path: Path, mount) -> None:
 
 def test_every_dtype_and_rank(tmp_path: Path, mount) -> None:
     """[image-2] every dtype the chunk view shows, 0-d to 4-d, edge tiles included (with
-    --crop-edges): tifffile
-    reads the whole image equal to the array, GDAL a region."""
+    --crop-edges): tifffile reads the whole image equal to the array, GDAL a region;
+    image.tif's planes too, for the dtypes ImageJ has."""
     requires("gdal_translate")
     root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
     data = {}
@@ -316,6 +316,15 @@ def test_every_dtype_and_rank(tmp_path: Path, mount) -> None:
         got = tifffile.imread(f)
         np.testing.assert_array_equal(got.reshape(expect.shape), expect.astype(got.dtype) if expect.dtype == bool else expect,
                                       err_msg=name)
+        stripped = m.path / name / "image.tif"  # [image-8] where ImageJ has the dtype
+        assert stripped.exists() == (str(expect.dtype) not in ("uint64", "int64", "float16", "complex64",
+                                                                  "complex128")), name
+        if stripped.exists():
+            with tifffile.TiffFile(stripped) as tif:
+                got = np.stack([p.asarray() for p in tif.pages])  # every IFD on its own
+            np.testing.assert_array_equal(got.reshape(expect.shape),
+                                          expect.astype(got.dtype) if expect.dtype == bool else expect,
+                                          err_msg=f"{name}/image.tif")
     for dt in DTYPES:
         if dt in ("bool", "float16"):
             continue  # GDAL: no bool, float16 widened (values checked above with tifffile)

@@ -87,6 +87,8 @@ def stripped_unsupported_reason(shape: Sequence[int], dtype: np.dtype) -> str | 
     dt = np.dtype(dtype)
     if f"{dt.kind}{dt.itemsize}" not in _IMAGEJ_DTYPES:
         return f"ImageJ 1.x has no image type for {dt}"
+    if any(int(n) == 0 for n in shape):
+        return "the array is empty"
     _, height, width = image_dims(shape)
     if height * width > MAX_PLANE_PIXELS:
         return f"a plane of {height} x {width} pixels is past ImageJ 1.x's {MAX_PLANE_PIXELS}"
@@ -372,8 +374,8 @@ class StrippedImage:
         pieces: list[bytes] = []
         pos = offset
         if pos < self.header_size:
-            if self._header is None and not blocking and self.header_size <= _HEADER_KEPT:
-                return None  # built once, in a worker thread
+            if self._header is None and not blocking:
+                return None  # built (or, past _HEADER_KEPT, rendered per read) in a worker thread
             stop = min(end, self.header_size)
             pieces.append(self.header_bytes(pos, stop))
             pos = stop
