@@ -47,6 +47,19 @@ def test_served_only_for_the_version_it_was_stored_under(tmp_path: Path) -> None
     assert counts["disk_cache_hits"] == 2 and counts["disk_cache_misses"] == 4 and counts.get("disk_cache_corrupt", 0) == 0
 
 
+def test_an_entry_of_an_unknown_version_is_offered_for_revalidation(tmp_path: Path) -> None:
+    counts = Counts()
+    cache = DiskCache(str(tmp_path), 1 << 20, counts)
+    assert cache.get_any("id") is None
+    cache.put("id", '"e1"', b"bytes")
+    assert cache.get_any("id") == ('"e1"', b"bytes")
+    assert counts.get("disk_cache_hits", 0) == 0  # not served yet: the store is asked first
+    cache.served(5)
+    assert counts["disk_cache_hits"] == 1 and counts["disk_cache_bytes_read"] == 5
+    entry_path(cache, "id").write_bytes(b"garbage")
+    assert cache.get_any("id") is None and counts["disk_cache_corrupt"] == 1
+
+
 def test_survives_a_new_instance(tmp_path: Path) -> None:
     DiskCache(str(tmp_path), 1 << 20).put("id", "v", b"kept")
     assert DiskCache(str(tmp_path), 1 << 20).get("id", "v") == b"kept"

@@ -110,6 +110,21 @@ class DiskCache:
     def get(self, identity: str, etag: str) -> bytes | None:
         """The bytes stored for `identity` at version `etag`, or None (absent, another
         version, or a damaged entry, which is removed)."""
+        found = self._lookup(identity, etag)
+        return None if found is None else found[1]
+
+    def get_any(self, identity: str) -> tuple[str, bytes] | None:
+        """(version, bytes) of `identity`'s entry whatever its version, or None: what to
+        ask the store whether it is still current (If-None-Match) when the version is
+        not known yet. Counted as neither hit nor miss until `served` says."""
+        return self._lookup(identity, None)
+
+    def served(self, nbytes: int) -> None:
+        """A `get_any` entry was current after all: counted as a hit."""
+        self._count("disk_cache_hits", 1)
+        self._count("disk_cache_bytes_read", nbytes)
+
+    def _lookup(self, identity: str, etag: str | None) -> tuple[str, bytes] | None:
         sub, name = self.name_of(identity)
         try:
             fd = self._open_in(sub, name, os.O_RDONLY | os.O_NONBLOCK)
@@ -132,13 +147,15 @@ class DiskCache:
                 pass
         finally:
             os.close(fd)
-        self._count("disk_cache_hits", 1)
-        self._count("disk_cache_bytes_read", len(data))
+        assert isinstance(data, tuple)
+        if etag is not None:
+            self.served(len(data[1]))
         return data
 
-    def _read_entry(self, fd: int, st: os.stat_result, identity: str, etag: str) -> bytes | None | object:
-        """The payload, None for another version or identity (a valid entry, left), or
-        _DAMAGED. Reads no more than the file's size, which is bounded by the limit."""
+    def _read_entry(self, fd: int, st: os.stat_result, identity: str,
+                    etag: str | None) -> tuple[str, bytes] | None | object:
+        """(version, payload); None for another version (`etag`, unless None) or identity
+        (a valid entry, left); or _DAMAGED. Reads no more than the file's size, which is bounded by the limit."""
         if not stat.S_ISREG(st.st_mode) or st.st_size < _HEADER.size or st.st_size > max(self.limit, _HEADER.size):
             return _DAMAGED
         data = _read_all(fd, st.st_size)
@@ -155,9 +172,9 @@ class DiskCache:
             return _DAMAGED
         if bytes(stored_ident) != identity.encode("utf-8", "surrogateescape"):
             return None  # (a hash collision: not ours, not damaged)
-        if bytes(stored_etag) != etag.encode("utf-8", "surrogateescape"):
+        if etag is not None and bytes(stored_etag) != etag.encode("utf-8", "surrogateescape"):
             return None  # an older (or newer) version: replaced by the next put
-        return bytes(payload)
+        return bytes(stored_etag).decode("utf-8", "surrogateescape"), bytes(payload)
 
     def _drop_damaged(self, sub: str, name: str, st: os.stat_result) -> None:
         self._count("disk_cache_corrupt", 1)

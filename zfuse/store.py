@@ -848,7 +848,13 @@ class MeteredStore(WrapperStore[Store]):
             store.on_leftover = lambda key: stats_.count("leftovers_removed")
 
     def _with_store(self, store: Store) -> MeteredStore:
-        return type(self)(store, self.stats, self.timeout, self.source)
+        copy = type(self)(store, self.stats, self.timeout, self.source)
+        if self.remote is not None and copy.remote is None:
+            # (zarr's read-only copy of the store: the same objects, versions and cache;
+            # a version learnt by one, e.g. an exists() HEAD, serves the other's reads)
+            copy.remote, copy.cache = self.remote, self.cache
+            copy._versions, copy._write_versions = self._versions, self._write_versions
+        return copy
 
     @classmethod
     async def open(  # type: ignore[override]
@@ -987,15 +993,34 @@ class MeteredStore(WrapperStore[Store]):
         remote = self.remote
         assert remote is not None
         identity = remote.identity(key, byte_range)
+        revalidate = None
         if self.cache is not None:
-            version = await self._current_version(key)
-            if version is None:
-                self._read_for_write(key, byte_range, ABSENT)
-                return None
-            data = self.cache.get(identity, version)  # (a local file: on zarr's loop, not FUSE's)
-            if data is not None:
-                self._read_for_write(key, byte_range, version)
-                return data
+            if self._versions.get(key) is None and not remote.s3:
+                await self._current_version(key)  # (no conditional GET through fsspec: one HEAD)
+            version = self._versions.get(key)
+            if version is not None:
+                data = self.cache.get(identity, version)  # (a local file: on zarr's loop, not FUSE's)
+                if data is not None:
+                    self._read_for_write(key, byte_range, version)
+                    return data
+            else:
+                # the version is not known yet (no listing, no HEAD): the entry the cache
+                # holds, if any, is served if the store says it is current (If-None-Match:
+                # one request, no bytes sent), else the GET brings the new version
+                revalidate = self.cache.get_any(identity)
+                if revalidate is not None:
+                    cached_version, cached = revalidate
+                    try:
+                        self.stats.count("store_get_revalidate")
+                        current = await self._bounded(remote.not_modified(key, byte_range, cached_version),
+                                                      "get", key)
+                    except ObjectChangedError:
+                        current = False
+                    if current:
+                        self.cache.served(len(cached))
+                        self._remember(key, cached_version)
+                        self._read_for_write(key, byte_range, cached_version)
+                        return cached
         self.stats.count(f"store_get_chunk{'_ranged' if byte_range is not None else ''}")
         known = self._versions.get(key)
         # a byte range is read from the version the mount knows (whose shard index gave the
@@ -1118,6 +1143,15 @@ class MeteredStore(WrapperStore[Store]):
         return results
 
     async def exists(self, key: str) -> bool:
+        if self.remote is not None and self.cache is not None and _kind(key) == "chunk":
+            # one HEAD, as s3fs's exists makes, whose ETag the cache then serves by; none
+            # where this mount knows the object's version (a listing, a read ahead)
+            if self._versions.get(key):
+                return True
+            self.stats.count("store_exists")
+            version = await self._bounded(self.remote.head(key), "exists", key)
+            self._remember(key, version)
+            return version is not None
         self.stats.count("store_exists")
         return await self._bounded(self._store.exists(key), "exists", key)
 
@@ -1439,6 +1473,25 @@ class RemoteObjects:
             raise
         return response.get("ETag")
 
+    async def not_modified(self, key: str, byte_range: ByteRequest | None, version: str) -> bool:
+        """Whether `key` is still `version` (S3: a GET with If-None-Match answered 304 Not
+        Modified, no bytes sent). False: it is another version, or absent."""
+        bucket, name, _ = self.fs.split_path(self.path(key))
+        extra = {"IfNoneMatch": version}
+        http_range = _http_range(byte_range)
+        if http_range is not None:
+            extra["Range"] = http_range
+        try:
+            response = await self.fs._call_s3("get_object", Bucket=bucket, Key=name, **extra)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            if _status(e) == 304 or "Not Modified" in str(e):
+                return True
+            raise
+        response["Body"].close()  # (another version: its bytes are fetched by the GET that follows)
+        return False
+
     async def delete(self, key: str) -> None:
         bucket, name, _ = self.fs.split_path(self.path(key))
         await self.fs._call_s3("delete_object", Bucket=bucket, Key=name)
@@ -1490,6 +1543,18 @@ class ObjectChangedError(OSError):
 class ConditionsIgnoredError(ValueError):
     """A store that accepts conditional writes it does not check, mounted read-write
     without `-o last_writer_wins`."""
+
+
+def _status(exc: BaseException | None) -> int | None:
+    """The HTTP status of a failed S3 request (the botocore error s3fs translated)."""
+    for _ in range(8):
+        if exc is None:
+            return None
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict):
+            return (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        exc = exc.__cause__ or exc.__context__
+    return None
 
 
 def _precondition_failed(exc: BaseException) -> bool:
