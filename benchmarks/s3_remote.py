@@ -487,6 +487,11 @@ class Runner:
                 self.table.skipped[(self.rtt, "*", system)] = str(e)
                 self.log(f"    {system}: skipped: {e}")
                 continue
+            except Exception as e:  # one system failing is a finding, not the end of the run
+                why = f"failed in repetition {rep + 1}: {type(e).__name__}: {str(e)[:300]}"
+                self.table.skipped[(self.rtt, "*", system)] = why
+                self.log(f"    {system}: {why}")
+                continue
             self.log(f"    {system}: {time.perf_counter() - t0:.1f} s")
 
 
