@@ -49,7 +49,7 @@ import numpy as np
 from zfuse import defaults
 from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.stats import Stats
-from zfuse.view.caches import BoundedLRU, ViewCaches
+from zfuse.view.caches import BoundedLRU, SingleFlight, ViewCaches
 from zfuse.view.hierarchy import unsupported_metadata
 from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, DirPage
 from zfuse.view.tiff import (
@@ -371,7 +371,7 @@ class ArrayView:
         self._generation = 0
         self._changes = 0  # chunks added/removed: a listing that raced with one is not kept
         self._lock = threading.Lock()
-        self._inflight: dict[Coords, threading.Lock] = {}
+        self._decoding = SingleFlight()  # chunks being decoded
         self.changes = 0  # chunks written or deleted through the view
         # chunk files served from their stored files (`open_stored`); None while only the
         # first open can tell (whether there are storage transformers may need zarr.json)
@@ -651,18 +651,12 @@ class ArrayView:
             return memoryview(data).toreadonly()
         # Single flight: the kernel reads one file in several concurrent
         # requests; only the first decodes, the others wait for it.
-        with self._lock:
-            flight = self._inflight.setdefault(coords, threading.Lock())
-        with flight:
+        with self._decoding.turn(coords):
             data = self.cache.get(key)
             if data is not None:
                 return memoryview(data).toreadonly()
             changes = self.changes
-            try:
-                data = self._decode(coords)
-            finally:
-                with self._lock:
-                    self._inflight.pop(coords, None)
+            data = self._decode(coords)
             # a chunk written (forget) while this decode read the store may have
             # been read before the write: serve it to this caller, never cache it
             if self.changes == changes:

@@ -1,4 +1,6 @@
-"""A bounded, thread-safe LRU: what the view keeps of listings and shard indexes.
+"""A bounded, thread-safe LRU (what the view keeps of listings, shard indexes, decoded
+chunks and whole-image tiles), and single flight (`SingleFlight`: what is being
+decoded, decoded once however many readers want it at once).
 
 Memory for a big store must follow a setting, not the number of chunks in the
 array: directory listings, single-chunk existence answers and shard indexes
@@ -11,10 +13,34 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Hashable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from zfuse.stats import Stats
+
+
+class SingleFlight:
+    """One computation per key at a time. The kernel reads one file (or one tile) in
+    several concurrent requests: the first to take `turn(key)` computes it and caches
+    it; the others wait for that turn to end, then look in the cache again."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._flights: dict[Hashable, threading.Lock] = {}
+
+    @contextmanager
+    def turn(self, key: Hashable) -> Iterator[None]:
+        """Held while this caller computes `key` (after waiting for a caller doing so)."""
+        with self._lock:
+            flight = self._flights.setdefault(key, threading.Lock())
+        with flight:
+            try:
+                yield
+            finally:
+                with self._lock:
+                    if self._flights.get(key) is flight:
+                        del self._flights[key]
 
 
 class BoundedLRU:

@@ -16,7 +16,6 @@ import os
 import threading
 import time
 import zlib
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -25,6 +24,7 @@ import numpy as np
 
 from zfuse.errors import CorruptDataError, OutsideStoreError, ZfuseError
 from zfuse.stats import Stats
+from zfuse.view.caches import BoundedLRU, SingleFlight
 from zfuse.view.tiff_ifd import COMPRESSION_DEFLATE, COMPRESSION_NONE
 from zfuse.view.whole_image.header import Counts
 from zfuse.view.whole_image.layout import Level, unravel
@@ -79,11 +79,13 @@ class Tiles:
         self.label = label
         self._decoders = decoders
         self._invalidate = invalidate
-        self._tiles: OrderedDict[tuple[int, int, int], bytes] = OrderedDict()
-        self._tiles_used = 0
-        self._tiles_lock = threading.Lock()
+        # built tiles: the kernel reads one tile in several requests. Bounded by
+        # _TILE_CACHE_BYTES, or by the largest tile, so that a tile bigger than that
+        # is still built once for all the requests reading it
+        largest = max((max(lv.tile_bytes * samples, lv.slot) for lv in levels), default=0)
+        self._tiles = BoundedLRU(max(_TILE_CACHE_BYTES, largest))
         self._fills: dict[tuple[int, int], bytes] = {}
-        self._inflight: dict[tuple[int, int, int], threading.Lock] = {}
+        self._assembling = SingleFlight()  # tiles being fetched or assembled
 
     def _stale(self, why: str) -> StaleImageError:
         self._invalidate(why)
@@ -101,23 +103,11 @@ class Tiles:
         return np.full((lv.tile_h, lv.tile_w), fill_value_of(lv.array), dtype=pixel_dtype(self.dtype))
 
     def cached(self, level: int, plane: int, tile: int) -> bytes | None:
-        with self._tiles_lock:
-            data = self._tiles.get((level, plane, tile))
-            if data is not None:
-                self._tiles.move_to_end((level, plane, tile))
-            return data
+        return self._tiles.get((level, plane, tile))
 
     def _keep(self, level: int, plane: int, tile: int, data: bytes) -> None:
         """Keep a built tile: the kernel reads one tile in several requests."""
-        with self._tiles_lock:
-            key = (level, plane, tile)
-            if key in self._tiles:
-                return
-            self._tiles[key] = data
-            self._tiles_used += len(data)
-            while self._tiles_used > _TILE_CACHE_BYTES and len(self._tiles) > 1:
-                _, old = self._tiles.popitem(last=False)
-                self._tiles_used -= len(old)
+        self._tiles.put((level, plane, tile), data, len(data))
 
     def _direct_chunk(self, lv: Level, plane: int, tile: int) -> tuple[int, ...] | None:
         """The chunk whose decoded bytes *are* this tile's pixels, if there is one."""
@@ -155,24 +145,17 @@ class Tiles:
                     return data
         # Single flight: the kernel reads one tile in several concurrent requests;
         # only the first fetches or assembles it, the others wait for it.
-        key = (level, plane, tile)
-        with self._tiles_lock:
-            flight = self._inflight.setdefault(key, threading.Lock())
-        with flight:
+        with self._assembling.turn((level, plane, tile)):
             data = self.cached(level, plane, tile)
             if data is not None:
                 return data
-            try:
-                if mode is not None:
-                    data = self._passthrough_tile(lv, level, plane, tile, mode, counts)
-                elif self.samples > 1:
-                    data = self.interleave(lv, plane, tile)
-                else:
-                    data = self.assemble(lv, plane, tile)
-                self._keep(level, plane, tile, data)
-            finally:
-                with self._tiles_lock:
-                    self._inflight.pop(key, None)
+            if mode is not None:
+                data = self._passthrough_tile(lv, level, plane, tile, mode, counts)
+            elif self.samples > 1:
+                data = self.interleave(lv, plane, tile)
+            else:
+                data = self.assemble(lv, plane, tile)
+            self._keep(level, plane, tile, data)
             return data
 
     def decode_side_by_side(self, keys: list[tuple[int, int, int]], modes: Sequence[int | None]) -> None:
