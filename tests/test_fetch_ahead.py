@@ -39,8 +39,7 @@ class Store:
 
     async def fetch_many(self, wanted: list[Any]) -> dict[Any, Any]:
         self.batches.append(list(wanted))
-        while not self.release.is_set():
-            await asyncio.sleep(0.001)
+        await asyncio.to_thread(self.release.wait, 30)
         return {c: (None if c in self.missing else f"bytes of {c}".encode())
                 for c in wanted if c not in self.failing}
 

@@ -33,19 +33,36 @@ def open_source(
     request is bounded by `timeout` seconds (0: not bounded); by default a remote
     source's by DEFAULT_REMOTE_TIMEOUT, a local directory's not at all."""
     from zfuse.ext.api import open_array
-    from zfuse.store import MeteredStore, default_timeout, is_remote, open_store
+    from zfuse.store import (
+        MeteredStore,
+        default_timeout,
+        is_remote,
+        open_store,
+        settle_remote_conditions,
+    )
 
     mode = "r" if read_only else "r+"
+    opened: list[MeteredStore] = []
 
     def store_of(source: str) -> MeteredStore:
-        return MeteredStore(open_store(source, read_only=read_only, storage_options=storage_options,
-                                       durable=durable), stats, default_timeout(source, timeout), source)
+        store = MeteredStore(open_store(source, read_only=read_only, storage_options=storage_options,
+                                        durable=durable), stats, default_timeout(source, timeout), source)
+        opened.append(store)
+        return store
+
+    def settled(node: Any) -> Any:
+        """What was opened, once each remote store's probe of conditional writes (run
+        meanwhile, in the background) has answered: a store that ignores them is refused
+        here, at the mount, not at the first write."""
+        for store in opened:
+            settle_remote_conditions(store)
+        return node
 
     if concat_axis is not None:
         from zfuse.ext.concat import concat
 
-        return concat([open_array(store_of(s), mode=mode) for s in sources], axis=concat_axis,
-                      names=sources)
+        return settled(concat([open_array(store_of(s), mode=mode) for s in sources], axis=concat_axis,
+                              names=sources))
     (source,) = sources
     from zfuse.ext.concat import is_concat_description, load_concat
 
@@ -58,7 +75,7 @@ def open_source(
     # a remote root's zarr.json is read by four steps of opening: one round trip, not four
     memo = OpenMemo(store_of(source))
     try:
-        return _open_node(memo, source, mode)
+        return settled(_open_node(memo, source, mode))
     finally:
         memo.close_memo()
 

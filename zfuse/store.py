@@ -1282,7 +1282,8 @@ def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] 
         if cache_dir is not None or protocol in S3_PROTOCOLS:
             remote = RemoteObjects(store, protocol, cache_dir, int(cache_limit))
             if remote.can_put:
-                remote.conditional = conditions_honoured(remote, source, bool(last_writer_wins))
+                # the probe runs while the mount opens the metadata (settle_conditions)
+                remote.start_conditions_probe(source, bool(last_writer_wins))
             # (read by MeteredStore, which wraps every store a mount reads)
             store.zfuse_remote = remote  # type: ignore[attr-defined]
         return store
@@ -1387,14 +1388,64 @@ class RemoteObjects:
         self.root = str(store.path).rstrip("/")
         self.s3 = protocol in S3_PROTOCOLS
         self.can_put = self.s3 and not store.read_only
-        # writes carry conditions (If-Match/If-None-Match): the store was found to honour them
-        self.conditional = False
+        # writes carry conditions (If-Match/If-None-Match): the store was found to honour
+        # them (`settle_conditions`, after the probe `start_conditions_probe` started)
+        self._conditional = False
+        self._conditions_probe: Any = None  # the probe under way (a concurrent Future, ...), if any
+        self.probe_cleanup: Any = None  # the probe object's deletion (a concurrent Future)
         self.cache_dir = cache_dir
         self.cache_limit = cache_limit
         client_kwargs = getattr(self.fs, "client_kwargs", None) or {}
         endpoint = client_kwargs.get("endpoint_url") or getattr(self.fs, "endpoint_url", None) or ""
         # what a cache entry belongs to: the server and the object (never credentials)
         self._identity_base = f"{protocol}|{endpoint}|{self.root}/"
+
+    @property
+    def conditional(self) -> bool:
+        """Whether writes carry conditions. Asked before the probe has decided (not
+        settled yet): yes, the safe answer (a store that ignores them loses nothing)."""
+        return self._conditional or self._conditions_probe is not None
+
+    @conditional.setter
+    def conditional(self, value: bool) -> None:
+        self._conditional = value
+
+    def start_conditions_probe(self, source: str, last_writer_wins: bool) -> None:
+        """Find out, in the background on zarr's event loop, whether the store honours
+        conditional writes (`conditions_honoured`): a mount opens the source's metadata
+        meanwhile, and waits for both (`settle_conditions`), so the probe's round trips
+        are not added to the metadata's."""
+        from zfuse.ext.zarr_private import event_loop
+
+        place = self._probe_place()
+        if place in _probed:
+            self._conditional = _decide_conditions(_probed[place], source, last_writer_wins)
+            return
+        self._conditions_probe = (asyncio.run_coroutine_threadsafe(_probe(self), event_loop()),
+                                  place, source, last_writer_wins)
+
+    def settle_conditions(self) -> None:
+        """Wait for the probe `start_conditions_probe` started and apply its answer:
+        ConditionsIgnoredError for a store that ignores conditions (unless the mount
+        accepts that: `last_writer_wins`). A probe that failed decides nothing: writes
+        stay conditional, and fail as the store answers them."""
+        probe = self._conditions_probe
+        if probe is None:
+            return
+        future, place, source, last_writer_wins = probe
+        try:
+            honoured = future.result(timeout=defaults.REMOTE_TIMEOUT)
+        except Exception as e:  # noqa: BLE001 - any failure: undecided, logged
+            log.warning("%s: could not find whether the store honours conditional writes (%s): "
+                        "writes are made conditional", source_label(source), e)
+            self._conditions_probe, self._conditional = None, True
+            return
+        _probed[place] = honoured
+        self._conditions_probe = None
+        self._conditional = _decide_conditions(honoured, source, last_writer_wins)
+
+    def _probe_place(self) -> tuple[str, str]:
+        return (self._identity_base, self.fs.split_path(self.path(""))[0])
 
     def path(self, key: str) -> str:
         return f"{self.root}/{key}".rstrip("/") if self.root else key
@@ -1581,25 +1632,21 @@ PROBE_PREFIX = ".zfuse-conditions-probe-"
 
 
 def conditions_honoured(remote: RemoteObjects, source: str, last_writer_wins: bool) -> bool:
-    """Whether writes to `remote` carry conditions. Found by a probe the first time a
-    bucket is mounted read-write (a probe object written twice with If-None-Match: *,
-    once with If-Match of a wrong ETag, then deleted). A store that honours them: True.
-    One that ignores them: with `last_writer_wins` False and a warning logged (two
-    hosts writing one shard can lose an update); without it ConditionsIgnoredError.
-    A probe that fails outright (no permission to write, a hung server) decides
-    nothing: writes are then conditional, and fail as the store answers them."""
-    from zarr.core.sync import sync
+    """Whether writes to `remote` carry conditions, probed now (see
+    `RemoteObjects.start_conditions_probe`, which a mount uses instead: in the
+    background). Found by a probe the first time a bucket is mounted read-write (a
+    probe object written twice with If-None-Match: *, once with If-Match of a wrong
+    ETag, then deleted). A store that honours them: True. One that ignores them: with
+    `last_writer_wins` False and a warning logged (two hosts writing one shard can lose
+    an update); without it ConditionsIgnoredError. A probe that fails outright (no
+    permission to write, a hung server) decides nothing: writes are then conditional,
+    and fail as the store answers them."""
+    remote.start_conditions_probe(source, last_writer_wins)
+    remote.settle_conditions()
+    return remote.conditional
 
-    place = (remote._identity_base, remote.fs.split_path(remote.path(""))[0])
-    honoured = _probed.get(place)
-    if honoured is None:
-        try:
-            honoured = sync(asyncio.wait_for(_probe(remote), defaults.REMOTE_TIMEOUT))
-        except Exception as e:  # noqa: BLE001 - any failure: undecided, logged
-            log.warning("%s: could not find whether the store honours conditional writes (%s): "
-                        "writes are made conditional", source_label(source), e)
-            return True
-        _probed[place] = honoured
+
+def _decide_conditions(honoured: bool, source: str, last_writer_wins: bool) -> bool:
     if honoured:
         return True
     if not last_writer_wins:
@@ -1610,6 +1657,19 @@ def conditions_honoured(remote: RemoteObjects, source: str, last_writer_wins: bo
     log.warning("%s: the store ignores conditional writes: mounted with last_writer_wins, two hosts "
                 "writing one shard or part can lose an update", source_label(source))
     return False
+
+
+def settle_remote_conditions(store: Any) -> None:
+    """`RemoteObjects.settle_conditions` of the remote store under `store`'s wrappers, if any."""
+    inner = store
+    for _ in range(16):
+        remote = getattr(inner, "zfuse_remote", None)
+        if remote is not None:
+            remote.settle_conditions()
+            return
+        if not isinstance(inner, WrapperStore):
+            return
+        inner = inner._store
 
 
 async def _probe(remote: RemoteObjects) -> bool:
@@ -1626,7 +1686,13 @@ async def _probe(remote: RemoteObjects) -> bool:
                 raise answer
         return etag is not None and all(isinstance(a, WriteConflictError) for a in answers)
     finally:
-        try:
-            await remote.delete(key)
-        except Exception as e:  # noqa: BLE001 - logged: a probe object left behind
-            log.warning("%s: could not remove the probe object: %s", remote.path(key), e)
+        # deleted after the answer, not before it: the mount does not wait for this
+        remote.probe_cleanup = asyncio.run_coroutine_threadsafe(_remove_probe(remote, key),
+                                                                asyncio.get_running_loop())
+
+
+async def _remove_probe(remote: RemoteObjects, key: str) -> None:
+    try:
+        await remote.delete(key)
+    except Exception as e:  # noqa: BLE001 - logged: a probe object left behind
+        log.warning("%s: could not remove the probe object: %s", remote.path(key), e)
