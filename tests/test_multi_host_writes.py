@@ -99,6 +99,7 @@ def chunk_values(value: int) -> np.ndarray:
 
 
 def test_two_hosts_writing_inner_chunks_of_one_shard_lose_no_update(s3, aws_env, mount, tmp_path: Path) -> None:
+    """[remote-2] each shard PUT is conditional on the version read; a lost race is redone."""
     bucket, original = one_shard(tmp_path, s3)
     a = rw_mount(mount, s3, bucket, "a")
     b = rw_mount(mount, s3, bucket, "b")
@@ -205,7 +206,26 @@ def test_two_hosts_writing_the_same_chunk_leave_whole_versions(s3, aws_env, moun
     print(f"versions read: {len(seen)}, ESTALE then reloaded: {len(stale)}")
 
 
+def test_a_reader_of_a_shard_another_host_rewrote_reads_the_new_version(s3, aws_env, mount, tmp_path: Path) -> None:
+    """[remote-4] Host A rewrites the shard; host B, holding the old shard index, reads another
+    inner chunk of it: the new version's bytes, with no ESTALE and no reload (its range
+    read is refused as of another version, and the index is read afresh once)."""
+    bucket, original = one_shard(tmp_path, s3)
+    a = rw_mount(mount, s3, bucket, "a")
+    b = mount(f"s3://{bucket}/s.zarr", "-o", f"endpoint_url={s3.endpoint_url},timeout=10,ro",
+              "--cache-size", "0", name="b")
+    first = tifffile.imread(io.BytesIO(s3_tests.read_direct(b.path / "c" / "0" / "0.tiff")))
+    np.testing.assert_array_equal(first, original[0:8, 0:16])  # b holds the shard's index now
+    (a.path / "c" / "1" / "1.tiff").write_bytes(tiff_of(chunk_values(4321)))  # a new shard version
+    for _ in range(2):
+        got = tifffile.imread(io.BytesIO(s3_tests.read_direct(b.path / "c" / "1" / "1.tiff")))
+        np.testing.assert_array_equal(got, chunk_values(4321))
+        np.testing.assert_array_equal(
+            tifffile.imread(io.BytesIO(s3_tests.read_direct(b.path / "c" / "0" / "1.tiff"))), original[0:8, 16:32])
+
+
 def test_a_store_that_ignores_conditions_refuses_rw_unless_accepted(s3, aws_env, mount, tmp_path: Path) -> None:
+    """[remote-3] refused read-write unless -o last_writer_wins; ro works."""
     from zfuse.testing import MountError, Mounts
 
     from s3server import ConditionsIgnoredProxy

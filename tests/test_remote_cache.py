@@ -270,6 +270,7 @@ def entries(cache: Path) -> list[Path]:
 
 
 def test_remount_reads_unchanged_chunks_from_the_cache(s3, aws_env, mount, tmp_path: Path) -> None:
+    """[remote-1] a remount with -o cache= reads unchanged chunks with no GET."""
     local, arrays = make_data(tmp_path)
     bucket = s3_tests.new_bucket(s3)
     s3_tests.upload(s3, Path(local), bucket, "g.zarr")

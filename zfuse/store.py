@@ -971,6 +971,12 @@ class MeteredStore(WrapperStore[Store]):
             self._versions.clear()  # (bounded: later reads ask the store again)
         self._versions[key] = version
 
+    def forget_version(self, key: str) -> None:
+        """Read `key` afresh: its next read is pinned to no version and learns the
+        store's current one (a reader recovering from ObjectChangedError: the object
+        changed, and what gave it its byte ranges is read again)."""
+        self._remember(key, None)
+
     def version_of(self, key: str) -> str | None:
         """The version (ETag) this mount last saw `key` at, or None (unknown or absent)."""
         return self._versions.get(key)

@@ -94,13 +94,17 @@ class StoreAccess:
     - `files`: zfuse's own local store under every wrapper, whose `open_key` and
       `stat_key` open stored files inside the store only;
     - `remote`: the store under every wrapper is a remote one (fsspec: S3, HTTP, GCS),
-      whose requests each wait a round trip: chunks are fetched ahead of readers.
+      whose requests each wait a round trip: chunks are fetched ahead of readers;
+    - `metered`: zfuse's metered store of a remote source (`forget_version`: a shard
+      another host rewrote is read afresh), reached through nothing but transformer
+      stores.
     """
 
     local: Any = None
     root: str | None = None
     files: Any = None
     remote: bool = False
+    metered: Any = None
 
 
 def store_access(store: Any) -> StoreAccess:
@@ -115,11 +119,15 @@ def store_access(store: Any) -> StoreAccess:
     while isinstance(inner, TransformerStore):  # passes keys through unless transformers
         inner = zarr_private.wrapped_store(inner)
     local = inner if isinstance(inner, MeteredStore) and inner.local_root is not None else None
+    metered = inner
+    while isinstance(metered, OpenMemo):
+        metered = zarr_private.wrapped_store(metered)
+    metered = metered if isinstance(metered, MeteredStore) and metered.remote is not None else None
     while isinstance(inner, (TransformerStore, MeteredStore, OpenMemo)):
         inner = zarr_private.wrapped_store(inner)
     root = str(inner.root) if type(inner) in (LocalStore, AtomicLocalStore) else None
     return StoreAccess(local=local, root=root, files=inner if type(inner) is AtomicLocalStore else None,
-                       remote=isinstance(inner, FsspecStore))
+                       remote=isinstance(inner, FsspecStore), metered=metered)
 
 
 class ChunkSource(ABC):
@@ -1324,7 +1332,24 @@ class ZarrChunkSource(ChunkSource):
         return buf, self._chunk_spec
 
     async def _fetch_inner_chunk(self, coords: Coords, must_exist: bool) -> tuple[Any, Any] | None:
-        """One inner chunk's bytes and spec: the shard index (cached) and one ranged read."""
+        """One inner chunk's bytes and spec: the shard index (cached) and one ranged read.
+        A shard another host rewrote since its index was read (ObjectChangedError: its
+        ranges are pinned to the version the index came from) is read afresh once: its
+        new index, then the chunk's range in the new version."""
+        from zfuse.store import ObjectChangedError
+
+        try:
+            return await self._fetch_inner_chunk_once(coords, must_exist)
+        except ObjectChangedError:
+            metered = self._store_access.metered
+            if metered is None:
+                raise
+            key = self.prefix + self._encode_storage_key(self._storage_coords(coords))
+            self._index_cache.pop((id(self), key))
+            metered.forget_version(key)
+            return await self._fetch_inner_chunk_once(coords, must_exist)
+
+    async def _fetch_inner_chunk_once(self, coords: Coords, must_exist: bool) -> tuple[Any, Any] | None:
         assert self.sharding is not None
         shard = self._storage_coords(coords)
         key = self.prefix + self._encode_storage_key(shard)
