@@ -98,6 +98,31 @@ def test_region_reader_gets_the_rest_of_its_regions_then_the_rings_around(tmp_pa
     assert asked(img, (4, 6)) == []  # asked before (evicted, say): nothing new
 
 
+def test_over_a_remote_store_only_the_rest_of_a_rows_region_is_pushed(tmp_path: Path) -> None:
+    """[image-3] over a remote store each pushed tile is a request: nothing is pushed until
+    a reader, having read a row of a region left to right, starts the next row at the
+    same column; then the rest of that row, as wide, and never a tile past the region."""
+    from zfuse.view.whole_image.push import Pusher, ReadAheadAdvisor
+
+    tile_array(tmp_path / "b.zarr", 16)
+    img = planned(tmp_path / "b.zarr")
+    lv = img.levels[0]
+    remote = Pusher(img.layout, img._tile_byte_count, img._change_marks, ReadAheadAdvisor(), remote=True)
+
+    def read(ty: int, tx: int, n: int = 1) -> list[tuple[int, int]]:
+        out = remote.pushes_after(img.slot_offset(0, 0, ty * lv.tiles_across + tx), lv.slot * n)
+        return [divmod((start - lv.data_start) // lv.slot, lv.tiles_across) for start, _ in out]
+
+    # a region of 3 x 3 tiles at (4, 5), read row by row (tifffile, GDAL)
+    assert [read(4, 5), read(4, 6), read(4, 7)] == [[], [], []]  # the first row: its width unknown
+    assert read(5, 5) == [(5, 6), (5, 7)]  # the next row: the rest of it, together
+    assert [read(5, 6), read(5, 7)] == [[], []]  # (pushed: the reader finds them)
+    assert read(6, 5) == [(6, 6), (6, 7)]
+    assert read(6, 6, 2) == []  # the kernel's read-ahead of the row: nothing more
+    # a reader jumping about, or going down a column: nothing
+    assert [read(12, 0), read(0, 12), read(1, 12), read(2, 12)] == [[], [], [], []]
+
+
 def test_ring_is_at_most_16_mib_per_read(tmp_path: Path) -> None:
     """[image-3] big tiles: a read brings its region's tiles and at most 16 MiB of the ring,
     nearest first."""

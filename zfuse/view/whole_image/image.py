@@ -146,7 +146,9 @@ class WholeImage:
         self._failed: str | None = None  # why this file is stale (reopen)
         self._tiles = Tiles(planned, self.dtype, self.stats, self.label, workers.decoders, self.invalidate,
                             samples)
-        self._push = Pusher(self.layout, self._tile_byte_count, self._change_marks, workers.advisor)
+        # over a remote store a pushed tile is a request: only what the reader's pattern shows
+        remote = any(getattr(lv.array, "fetches_remotely", False) for lv in planned)
+        self._push = Pusher(self.layout, self._tile_byte_count, self._change_marks, workers.advisor, remote)
         # OpenSlide reads what a region covers, through a map of the file: nothing pushed
         self._pushes = slide is None
 

@@ -6,6 +6,13 @@ of the next tiles read ahead by the OS (`Pusher.read_ahead`, through the
 Reading a tile that is one local chunk file asks the OS to read ahead the files
 of the tiles right, below and below right (a region reader's next).
 
+Over a remote store every pushed tile is a request and its bytes: there only
+what the reader's pattern shows is pushed (`Pusher(remote=True)`): once a reader
+has read one row of a region left to right and starts the next row at the same
+column, the rest of that row, as wide as the one before, is pushed at once (its
+tiles are fetched side by side instead of one round trip each). Nothing is
+guessed beyond the region: no ring, no tile below.
+
 Heuristics only: which bytes, never the bytes themselves (no decoding here).
 """
 
@@ -99,8 +106,13 @@ class Pusher:
     the file's bytes may have (then everything remembered is forgotten)."""
 
     def __init__(self, layout: FileLayout, byte_count: Callable[[int, int, int], int | None],
-                 change_marks: Callable[[], tuple[int, ...]], advisor: ReadAheadAdvisor) -> None:
+                 change_marks: Callable[[], tuple[int, ...]], advisor: ReadAheadAdvisor,
+                 remote: bool = False) -> None:
         self.layout = layout
+        self.remote = remote
+        # remote: the row of tiles the reader is going through, (level, plane, row,
+        # first column, last column), and the width of the row before it
+        self._row: tuple[int, int, int, int, int] | None = None
         self.levels = layout.levels
         self._byte_count = byte_count
         self._change_marks = change_marks
@@ -141,6 +153,8 @@ class Pusher:
             tiles = self.layout.tiles_in(offset, size)
             if not tiles:
                 return []
+            if self.remote:
+                return self._rest_of_row(tiles)
             first = tiles[0]
             fresh = first not in self._asked and first not in self._pushed
             if not self._region_reader:
@@ -181,6 +195,32 @@ class Pusher:
                 self._pushed.add(key)
                 out.append(span)
             return out
+
+    def _rest_of_row(self, tiles: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
+        """(Under the lock.) A remote store's push: the rest of a row of a region, once
+        the row before it showed the region's width (see the module's docstring)."""
+        self._asked.update(tiles)
+        level, plane, tile = tiles[0]
+        lv = self.levels[level]
+        ty, tx = divmod(tile, lv.tiles_across)
+        row = self._row
+        out: list[tuple[int, int]] = []
+        if row is not None and row[:2] == (level, plane) and row[2] == ty and row[3] <= tx <= row[4] + 1:
+            self._row = (level, plane, ty, row[3], max(row[4], tx))  # along the row
+        elif row is not None and row[:2] == (level, plane) and row[2] == ty - 1 and row[3] == tx < row[4]:
+            # the next row of the region, from the same column: the rest of it, as wide
+            self._row = (level, plane, ty, tx, row[4])
+            for nx in range(tx + 1, min(row[4], lv.tiles_across - 1) + 1):
+                key = (level, plane, ty * lv.tiles_across + nx)
+                if key in self._asked or key in self._pushed:
+                    continue
+                span = self._push_span(*key)
+                if span is not None:
+                    self._pushed.add(key)
+                    out.append(span)
+        else:
+            self._row = (level, plane, ty, tx, tx)
+        return out
 
     def push_wanted(self, offset: int) -> bool:
         """Whether the tile at `offset` is still worth pushing: the kernel has not asked
