@@ -19,12 +19,12 @@ Heuristics only: which bytes, never the bytes themselves (no decoding here).
 from __future__ import annotations
 
 import threading
-import weakref
 from collections import deque
 from collections.abc import Callable
 
 from zfuse.view.array_view import advise_willneed
 from zfuse.view.whole_image.layout import FileLayout
+from zfuse.workers import WorkerThreads
 
 # Chunk files of tiles up to this size are read ahead (three neighbours): bigger
 # tiles would make the disk read more than a small region needs.
@@ -41,31 +41,10 @@ _PUSH_RING_BYTES = 16 * 1024**2  # at most this much of the ring per read (big t
 _PUSH_RECENT = 8  # the reader's last reads of new tiles: whether it works in an area
 
 
-class _AdvisorQueue:
-    """What the advisor's thread shares with it (the thread holds no reference to the
-    advisor: an advisor nobody holds is collected, and its thread ends)."""
-
-    def __init__(self, keep: int) -> None:
-        self.pending: deque[list[str]] = deque(maxlen=keep)
-        self.wake = threading.Condition()
-        self.closed = False
-
-    def close(self) -> None:
-        with self.wake:
-            self.closed = True
-            self.wake.notify_all()
-
-    def run(self) -> None:
-        while True:
-            with self.wake:
-                while not self.pending and not self.closed:
-                    self.wake.wait()
-                if self.closed:
-                    return
-                paths = self.pending.popleft()
-            for path in paths:
-                # not stored (fill value) or unreadable: nothing to advise, the read will say
-                advise_willneed(path)
+def _advise_all(paths: list[str]) -> None:
+    for path in paths:
+        # not stored (fill value) or unreadable: nothing to advise, the read will say
+        advise_willneed(path)
 
 
 class ReadAheadAdvisor:
@@ -76,25 +55,14 @@ class ReadAheadAdvisor:
     whole-image files (the view); `close` (or dropping it) ends the thread."""
 
     def __init__(self, keep: int = 64) -> None:
-        self._queue = _AdvisorQueue(keep)
-        self._thread: threading.Thread | None = None
-        self._finalizer = weakref.finalize(self, self._queue.close)
+        self._thread = WorkerThreads(1, "zfuse-read-ahead", keep=keep)
 
     def will_need(self, paths: list[str]) -> None:
-        if not paths:
-            return
-        queue = self._queue
-        with queue.wake:
-            if queue.closed:
-                return
-            queue.pending.append(paths)
-            if self._thread is None or not self._thread.is_alive():  # started on first use (after any fork)
-                self._thread = threading.Thread(target=queue.run, name="zfuse-read-ahead", daemon=True)
-                self._thread.start()
-            queue.wake.notify()
+        if paths:
+            self._thread.submit(_advise_all, paths)
 
     def close(self) -> None:
-        self._finalizer()
+        self._thread.close()
 
 
 class Pusher:

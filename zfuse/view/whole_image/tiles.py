@@ -13,11 +13,9 @@ file stale (`StaleImageError`: reopen it).
 from __future__ import annotations
 
 import os
-import threading
 import time
 import zlib
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,6 +26,7 @@ from zfuse.view.caches import BoundedLRU, SingleFlight
 from zfuse.view.tiff_ifd import COMPRESSION_DEFLATE, COMPRESSION_NONE
 from zfuse.view.whole_image.header import Counts
 from zfuse.view.whole_image.layout import Level, unravel
+from zfuse.workers import WorkerThreads
 
 if TYPE_CHECKING:
     from zfuse.view.array_view import ArrayView
@@ -40,27 +39,23 @@ class StaleImageError(CorruptDataError):
 
 
 class TileDecoders:
-    """Threads decoding the further tiles of one read (two; created on first use: after
+    """Threads decoding the further tiles of one read (two; started on first use: after
     any fork). Owned by whoever owns the whole-image files (the view)."""
 
     def __init__(self, workers: int = 2) -> None:
-        self._workers = workers
-        self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
+        self._threads = WorkerThreads(workers, "zfuse-tile-decode")
 
     def submit(self, fn: Callable[..., Any], *args: Any) -> None:
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(max_workers=self._workers, thread_name_prefix="zfuse-tile-decode")
-            pool = self._pool
-        pool.submit(fn, *args)
+        self._threads.submit(_call, (fn, args))
 
     def close(self) -> None:
         """Stop the threads (decodes under way finish; queued ones are dropped)."""
-        with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=False, cancel_futures=True)
+        self._threads.close()
+
+
+def _call(job: tuple[Callable[..., Any], tuple[Any, ...]]) -> None:
+    fn, args = job
+    fn(*args)
 
 
 class Tiles:
