@@ -381,19 +381,22 @@ def test_aicsimageio_reads_image_ome_tif(tmp_path: Path, mount) -> None:
 
 def test_ome_names_and_colours_from_omero(tmp_path: Path, mount) -> None:
     """[image-2] the OME-XML of image.ome.tif and pyramid.ome.tif names each channel and
-    gives its colour from OME-Zarr `omero` (OME's signed RGBA), and the pyramid's Image
-    Name is the multiscale's name."""
+    gives its colour from OME-Zarr `omero` (OME's signed RGBA); the pyramid's Image
+    Name is the multiscale's name, a level's image.ome.tif names the level too."""
     import xml.etree.ElementTree as ET
 
     ome_ns = "{http://www.openmicroscopy.org/Schemas/OME/2016-06}"
     tczyx_store(tmp_path / "g.zarr", name="cells")
     m = mount(tmp_path / "g.zarr")
+    names = {}
     for f in (m.path / "0" / "image.ome.tif", m.path / "pyramid.ome.tif"):
         with tifffile.TiffFile(f) as tif:
             image = ET.fromstring(tif.pages[0].description).find(f"{ome_ns}Image")
         assert image is not None
+        names[f.name] = image.get("Name")
         channels = image.findall(f"{ome_ns}Pixels/{ome_ns}Channel")
         assert [c.get("Name") for c in channels] == ["DAPI", "GFP", "RFP"], f
         rgba = [int(c.get("Color")) % 2**32 for c in channels]
         assert rgba == [int(c["color"] + "FF", 16) for c in CHANNELS], f
-    assert image.get("Name") == "cells"
+    # the pyramid is the multiscale; one level's image.ome.tif says which level of it
+    assert names == {"pyramid.ome.tif": "cells", "image.ome.tif": "cells, level 0"}

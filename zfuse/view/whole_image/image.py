@@ -465,6 +465,18 @@ class WholeImage:
 # -- which files a directory shows --------------------------------------------------
 
 
+def _image_title(path: tuple[str, ...], parent_attrs: dict[str, Any]) -> str:
+    """The OME Image Name of an array's image.ome.tif: a level of a named multiscale is
+    the multiscale's name and the level ("cells, level 0"), else the array's name."""
+    if not path:
+        return "image"
+    name = multiscale_name(parent_attrs)
+    paths = multiscale_paths(parent_attrs) or []
+    if name and path[-1] in paths:
+        return f"{name}, level {path[-1]}"
+    return path[-1]
+
+
 def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
                       not_shown: dict[str, str] | None = None, *,
                       workers: ImageWorkers) -> dict[str, WholeImage | StrippedImage]:
@@ -489,7 +501,7 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
                 names = node.array.source.v3_metadata().get("dimension_names")
                 ome = {"axes": list(names)} if names and all(names) else None
             out[IMAGE_NAME] = WholeImage(IMAGE_NAME, [node.array], ome, omero_channels(attrs), label=label,
-                                         title=path[-1] if path else "image", workers=workers)
+                                         title=_image_title(path, attrs), workers=workers)
             try:
                 out[STRIPPED_NAME] = StrippedImage(STRIPPED_NAME, node.array, ome, omero_channels(attrs),
                                                    label=label)
