@@ -85,10 +85,11 @@ LS_REPS_OTHERS = 2
 REMOUNT_SYSTEMS = ("zfuse", "zfuse-cache", "rclone-full")
 # zfuse: default options; zfuse-cache: with -o cache=DIR (when this zfuse has it)
 SYSTEMS = ("zfuse", "zfuse-cache", "zarr", "rclone-off", "rclone-full", "s3fs")
-FIGURES = ("mount", "seq_zstd", "warm_zstd", "seq_sharded", "par8_zstd", "par8_sharded",
+FIGURES = ("mount", "mount_local", "seq_zstd", "warm_zstd", "seq_sharded", "par8_zstd", "par8_sharded",
            "region_tifffile", "region_gdal", "ls_lR", "remount_zstd", "remount_sharded")
 WHAT = {
     "mount": "mount until the mountpoint's first stat answers (zarr: open_group)",
+    "mount_local": "zfuse only: mount of a local copy of the same group (the goal's reference)",
     "seq_zstd": "sequential cold read, 64 zstd chunks (peers: the 64 objects)",
     "warm_zstd": "warm re-read of the same on the same mount (zarr: read again)",
     "seq_sharded": "sequential cold read, sharded (zfuse 64 inner-chunk files; peers 4 shard objects)",
@@ -139,7 +140,7 @@ def build_and_upload(lab: Lab, workdir: Path, log: Callable[[str], None]) -> Non
         list(pool.map(put, files))
     log(f"  uploaded {len(files)} objects ({sum(f.stat().st_size for f in files) / 1e6:.0f} MB) "
         f"in {time.perf_counter() - t0:.1f} s")
-    shutil.rmtree(workdir / "data")
+    # kept: zfuse's mount of this local copy is the mount figure's reference
 
 
 def expected_files(name: str, zfuse: bool) -> int:
@@ -245,6 +246,9 @@ class Systems:
 
     def command(self, name: str, mnt: Path, cache: Path) -> tuple[list[str], dict[str, str], Path | None]:
         env = {**os.environ, **_aws_env()}
+        if name == "zfuse-local":
+            return ([sys.executable, "-m", "zfuse.cli", "mount", str(self.workdir / "data" / GROUP), str(mnt),
+                     "-f"], env, CODE)
         if name.startswith("zfuse"):
             opts = f"endpoint_url={self.lab.endpoint}" + (f",cache={cache}" if name == "zfuse-cache" else "")
             return ([sys.executable, "-m", "zfuse.cli", "mount", f"s3://{BUCKET}/{GROUP}", str(mnt), "-f",
@@ -378,7 +382,7 @@ class Runner:
         self.table.add(self.rtt, figure, system, Sample(seconds, during, len(reqs) - len(during)))
         return out
 
-    def mount(self, system: str, cache: Path, figure: str | None) -> MountedSystem:
+    def mount(self, system: str, cache: Path, figure: str | None, record_as: str | None = None) -> MountedSystem:
         offset = self.lab.log_offset()
         mounted, seconds = self.systems.mount(system, cache)
         wall_live = time.time()
@@ -386,13 +390,17 @@ class Runner:
         if figure:
             reqs = self.lab.requests_since(offset)
             during = [r for r in reqs if r.start <= wall_live + 0.002]
-            self.table.add(self.rtt, figure, system, Sample(seconds, during, len(reqs) - len(during)))
+            with open(self.systems.workdir / "figures.tsv", "a") as f:
+                f.write(f"{self.rtt}\t{system}\t{figure}\t{wall_live - seconds:.3f}\t{wall_live:.3f}\t{len(during)}\n")
+            self.table.add(self.rtt, figure, record_as or system, Sample(seconds, during, len(reqs) - len(during)))
         return mounted
 
     # -- one system's figures in one repetition --------------------------------------
     def run_mounted(self, system: str, rep: int) -> None:
         cache = self.systems.workdir / "cache" / f"{system}-{self.rtt}-{rep}"
         zf = system.startswith("zfuse")
+        if system == "zfuse":
+            self.mount("zfuse-local", cache, "mount_local", record_as="zfuse").unmount()
         m = self.mount(system, cache, "mount")
         try:
             root = m.path
