@@ -542,22 +542,23 @@ def ls_lR(path: Path) -> int:
 
 
 # -- report --------------------------------------------------------------------------------
-def cell(samples: list[Sample]) -> str:
+def requests_cell(samples: list[Sample]) -> str:
+    """The server's requests (median per repetition), bytes of GET bodies, most in flight at once."""
     med = statistics.median
-    parts = [f"{med(s.seconds for s in samples):.3f} s"]
-    gets = med(s.count("GET") for s in samples)
-    ranged = med(s.ranged for s in samples)
+    gets, ranged = med(s.count("GET") for s in samples), med(s.ranged for s in samples)
     heads, lists = med(s.count("HEAD") for s in samples), med(s.count("LIST") for s in samples)
-    req = f"{gets:g} GET" + (f" ({ranged:g} ranged)" if ranged else "")
+    parts = [f"{gets:g} GET" + (f" ({ranged:g} ranged)" if ranged else "")]
     if heads:
-        req += f", {heads:g} HEAD"
+        parts.append(f"{heads:g} HEAD")
     if lists:
-        req += f", {lists:g} LIST"
-    parts.append(req)
-    mb = med(s.get_bytes for s in samples) / 1e6
-    parts.append(f"{mb:.1f} MB")
-    parts.append(f"≤{max(s.in_flight for s in samples)} at once")
+        parts.append(f"{lists:g} LIST")
+    parts.append(f"{med(s.get_bytes for s in samples) / 1e6:.1f} MB")
+    parts.append(f"≤{max(s.in_flight for s in samples)}")
     return ", ".join(parts)
+
+
+def cell(samples: list[Sample]) -> str:
+    return f"{statistics.median(s.seconds for s in samples):.3f} s, {requests_cell(samples)}"
 
 
 def waves(reqs: Sequence[Request], gap_s: float = 0.005) -> str:
@@ -594,31 +595,24 @@ def timelines(table: Table, rtts: Sequence[int], systems: Sequence[str]) -> str:
 
 
 def report(table: Table, rtts: Sequence[int], systems: Sequence[str]) -> str:
+    """Per RTT: median times with the ratio other/zfuse, then the requests behind them."""
     lines = []
     for rtt in rtts:
-        lines.append(f"\nRTT {rtt} ms: median time, then the server's requests (median per repetition), "
-                     "bytes of GET bodies, most requests in flight at once")
-        lines.append("")
-        lines.append("| figure | " + " | ".join(systems) + " |")
-        lines.append("|---|" + "---|" * len(systems))
-        for fig in FIGURES:
-            row = []
-            for system in systems:
-                got = table.samples.get((rtt, fig, system))
-                row.append(cell(got) if got else "-")
-            lines.append(f"| {fig} | " + " | ".join(row) + " |")
-        lines.append("")
-        lines.append(f"RTT {rtt} ms: ratio = other system's time / zfuse's time")
-        lines.append("")
-        others = [s for s in systems if s != "zfuse"]
-        lines.append("| figure | " + " | ".join(others) + " |")
-        lines.append("|---|" + "---|" * len(others))
+        head = ["| figure | " + " | ".join(systems) + " |", "|---|" + "---|" * len(systems)]
+        lines += ["", f"RTT {rtt} ms: median time (ratio = that system's time / zfuse's)", "", *head]
         for fig in FIGURES:
             z = table.median_s(rtt, fig, "zfuse")
             row = []
-            for s in others:
-                o = table.median_s(rtt, fig, s)
-                row.append(f"{o / z:.2f}x" if o is not None and z else "-")
+            for system in systems:
+                t = table.median_s(rtt, fig, system)
+                ratio = f" ({t / z:.2f}x)" if t is not None and z and system != "zfuse" else ""
+                row.append("-" if t is None else f"{t:.3f} s{ratio}")
+            lines.append(f"| {fig} | " + " | ".join(row) + " |")
+        lines += ["", f"RTT {rtt} ms: the server's requests (median per repetition), MB of GET bodies, "
+                  "most requests in flight at once", "", *head]
+        for fig in FIGURES:
+            row = [requests_cell(got) if (got := table.samples.get((rtt, fig, system))) else "-"
+                   for system in systems]
             lines.append(f"| {fig} | " + " | ".join(row) + " |")
     lines.append(timelines(table, rtts, systems))
     if table.skipped:
