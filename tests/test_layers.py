@@ -115,8 +115,8 @@ def test_whole_image_parts() -> None:
     loop, no listing, no open files; ome.py is text (its only part: layout's image
     dimensions); layout.py and header.py plan and write bytes (no tiles, no reads ahead);
     push.py decides, tiles.py reads; strips.py (image.tif) writes its own header with
-    header.py's IFD writer and reads with tiles.py's chunk planes; slide.py plans; only
-    image.py ties them."""
+    header.py's IFD writer and reads with tiles.py's chunk planes; slide.py plans; file.py
+    is the reads every file answers; only image.py ties them."""
     pkg = PACKAGE / "view" / "whole_image"
     part = "zfuse.view.whole_image."
     for path in pkg.glob("*.py"):
@@ -131,9 +131,10 @@ def test_whole_image_parts() -> None:
     assert own["header"] <= {"layout"}
     assert own["tiles"] <= {"layout", "header"}
     assert own["push"] <= {"layout"}
-    assert own["strips"] <= {"layout", "header", "tiles"}  # image.tif: its own header and strip reads
+    assert own["file"] <= {"tiles"}  # the reads every whole-image file answers
+    assert own["strips"] <= {"layout", "header", "tiles", "file"}  # image.tif: its own header and strip reads
     assert own["slide"] <= {"layout"}  # slide.tif's plan; image.py serves it
-    assert own["image"] <= {"layout", "header", "ome", "tiles", "push", "strips", "slide"}
+    assert own["image"] <= {"layout", "header", "ome", "tiles", "push", "strips", "slide", "file"}
     assert own["__init__"] <= {"image", "layout", "ome", "tiles", "strips"}
 
 

@@ -14,6 +14,8 @@ The parts (each module's docstring says what it owns):
   laid out as ImageJ 1.x writes stacks (plain ImageJ reads no tiles).
 - `slide.py`: whether a pyramid gets `slide.tif`, the OpenSlide layout (levels as
   successive tiled IFDs, RGB interleaved), and what its IFDs say (`SlideLayout`).
+- `file.py`: `ImageFile`, the reads every whole-image file answers (from memory
+  only, blocking, failing once the store changed under it).
 - `image.py`: `WholeImage` tying them, the threads it uses (`ImageWorkers`, owned
   by the view) and which files a directory shows (`plan_whole_images`).
 

@@ -32,6 +32,7 @@ from zfuse.stats import Stats
 from zfuse.view.tiff import tiff_unsupported_reason
 from zfuse.view.tiff_ifd import COMPRESSION_NONE
 from zfuse.view.tiff_meta import ome_axes  # the chunk files' reading of OME-Zarr axes
+from zfuse.view.whole_image.file import ImageFile
 from zfuse.view.whole_image.header import Counts, render
 from zfuse.view.whole_image.layout import (
     COMPRESSION_NAMES,
@@ -44,7 +45,7 @@ from zfuse.view.whole_image.ome import multiscale_name, multiscale_paths, ome_xm
 from zfuse.view.whole_image.push import Pusher, ReadAheadAdvisor
 from zfuse.view.whole_image.slide import SLIDE_NAME, SlideLayout, fit_tiles, plan_slide
 from zfuse.view.whole_image.strips import STRIPPED_NAME, StrippedImage
-from zfuse.view.whole_image.tiles import StaleImageError, TileDecoders, Tiles
+from zfuse.view.whole_image.tiles import TileDecoders, Tiles
 
 if TYPE_CHECKING:
     from zfuse.view.array_view import ArrayView
@@ -80,7 +81,7 @@ class ImageWorkers:
         self.decoders.close()
 
 
-class WholeImage:
+class WholeImage(ImageFile):
     """A virtual tiled (Big)TIFF of one array, or of a pyramid of arrays (SubIFDs).
 
     `size` and the tile slots come from metadata alone. `read_cached` answers
@@ -234,10 +235,6 @@ class WholeImage:
             return False
         return self._change_marks() != self._changes
 
-    def invalidate(self, why: str) -> None:
-        """Reads fail from now on (the store changed under an open file)."""
-        self._failed = why
-
     def same_layout(self, other: WholeImage) -> bool:
         """Whether `other` has byte-for-byte the same header (blocking: may look up the
         stored sizes of both). Compared by what the header is made of, not its bytes:
@@ -366,21 +363,6 @@ class WholeImage:
         return count
 
     # -- bytes -------------------------------------------------------------------------
-    def _check(self) -> None:
-        if self._failed is not None:
-            raise StaleImageError(self._failed)
-
-    def read_cached(self, offset: int, size: int) -> bytes | None:
-        """Bytes [offset, offset+size) from memory only; None when a read must decode."""
-        self._check()
-        return self._read(offset, size, blocking=False)
-
-    def read(self, offset: int, size: int) -> bytes:
-        """Bytes [offset, offset+size) (blocking: may look up sizes and decode chunks)."""
-        self._check()
-        data = self._read(offset, size, blocking=True)
-        assert data is not None
-        return data
 
     def _read(self, offset: int, size: int, *, blocking: bool) -> bytes | bytearray | memoryview | None:
         end = min(offset + size, self.size)

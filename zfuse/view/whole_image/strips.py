@@ -54,10 +54,10 @@ from zfuse.view.tiff_ifd import (
     sample_format,
 )
 from zfuse.view.tiff_meta import imagej_description, plan_meta
+from zfuse.view.whole_image.file import ImageFile
 from zfuse.view.whole_image.header import Values, ifd_block, ifd_block_size
 from zfuse.view.whole_image.layout import image_dims, unravel
 from zfuse.view.whole_image.tiles import (
-    StaleImageError,
     chunk_plane,
     crop_edges,
     fill_value_of,
@@ -144,7 +144,7 @@ def imagej_display(channels: list[dict[str, Any]] | None, size_c: int) -> tuple[
     return lines, header + b"".join(payloads), [len(header), *map(len, payloads)]
 
 
-class StrippedImage:
+class StrippedImage(ImageFile):
     """A virtual stripped classic TIFF of one array, as ImageJ 1.x writes stacks.
 
     Raises ValueError when the array gets none (`stripped_unsupported_reason`, or a
@@ -322,9 +322,6 @@ class StrippedImage:
     def stale(self) -> bool:
         return self._failed is not None
 
-    def invalidate(self, why: str) -> None:
-        self._failed = why
-
     def same_layout(self, other: Any) -> bool:
         """Whether `other` has byte-for-byte the same header (no data-dependent number in it)."""
         return isinstance(other, StrippedImage) and self._layout_key() == other._layout_key()
@@ -351,21 +348,6 @@ class StrippedImage:
         }  # fmt: skip
 
     # -- bytes ----------------------------------------------------------------------------
-    def read_cached(self, offset: int, size: int) -> bytes | None:
-        """Bytes [offset, offset+size) from memory only; None when a read must decode."""
-        self._check()
-        return self._read(offset, size, blocking=False)
-
-    def read(self, offset: int, size: int) -> bytes:
-        """Bytes [offset, offset+size) (blocking: decodes the chunks the bytes cover)."""
-        self._check()
-        data = self._read(offset, size, blocking=True)
-        assert data is not None
-        return data
-
-    def _check(self) -> None:
-        if self._failed is not None:
-            raise StaleImageError(self._failed)
 
     def _read(self, offset: int, size: int, *, blocking: bool) -> bytes | None:
         end = min(offset + size, self.size)
