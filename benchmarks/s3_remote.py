@@ -552,6 +552,9 @@ def requests_cell(samples: list[Sample]) -> str:
         parts.append(f"{heads:g} HEAD")
     if lists:
         parts.append(f"{lists:g} LIST")
+    # writes too: a read-write zfuse mount probes the store's conditional PUTs
+    for kind in sorted({r.kind for s in samples for r in s.requests} - {"GET", "HEAD", "LIST"}):
+        parts.append(f"{med(s.count(kind) for s in samples):g} {kind}")
     parts.append(f"{med(s.get_bytes for s in samples) / 1e6:.1f} MB")
     parts.append(f"≤{max(s.in_flight for s in samples)}")
     return ", ".join(parts)
