@@ -59,6 +59,11 @@ def test_coalesce_merges_ranges_close_together_up_to_a_span() -> None:
     assert [r[:2] for r in coalesce(ranges, gap=20_000)] == [(0, 10_100)]
     assert [r[:2] for r in coalesce(ranges, gap=20_000, span=200)] == [(0, 200), (200, 250), (10_000, 10_100)]
     assert coalesce([]) == []
+    # farther apart, while at least half of the request is wanted (a shard's inner chunks
+    # a reader wants next, spread over the shard's Morton order)
+    spread = [(0, 100, "a"), (200, 300, "b"), (400, 500, "c")]
+    assert [r[:2] for r in coalesce(spread, gap=0)] == [(0, 500)]
+    assert [r[:2] for r in coalesce([(0, 100, "a"), (1000, 1100, "b")], gap=0)] == [(0, 100), (1000, 1100)]
 
 
 def test_a_chunk_fetched_ahead_is_taken_once_without_a_request_of_its_own(loop: asyncio.AbstractEventLoop) -> None:

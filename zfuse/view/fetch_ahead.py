@@ -42,16 +42,24 @@ MISSED = object()  # `take`'s answer when nothing usable was fetched ahead
 def coalesce(ranges: Sequence[tuple[int, int, Any]], gap: int = MERGE_GAP,
              span: int = MERGE_SPAN) -> list[tuple[int, int, list[tuple[int, int, Any]]]]:
     """Byte ranges `(start, end, what)` merged into the fewest requests: ranges no
-    more than `gap` bytes apart go in one, up to `span` bytes each. Each request is
-    `(start, end, its ranges)`, in order of offset."""
+    more than `gap` bytes apart go in one, and so do farther ones as long as at least
+    half of the request's bytes are wanted (a shard's inner chunks lie in Morton order,
+    so the chunks a reader wants next in C order are apart), up to `span` bytes each.
+    Each request is `(start, end, its ranges)`, in order of offset."""
     merged: list[tuple[int, int, list[tuple[int, int, Any]]]] = []
+    wanted = 0  # bytes wanted in the last request
     for start, end, what in sorted(ranges, key=lambda r: r[0]):
-        if merged and start - merged[-1][1] <= gap and max(end, merged[-1][1]) - merged[-1][0] <= span:
+        if merged:
             first, last, members = merged[-1]
-            members.append((start, end, what))
-            merged[-1] = (first, max(last, end), members)
-        else:
-            merged.append((start, end, [(start, end, what)]))
+            stop = max(end, last)
+            mostly_wanted = 2 * (wanted + end - start) >= stop - first
+            if (start - last <= gap or mostly_wanted) and stop - first <= span:
+                members.append((start, end, what))
+                merged[-1] = (first, stop, members)
+                wanted += end - start
+                continue
+        merged.append((start, end, [(start, end, what)]))
+        wanted = end - start
     return merged
 
 
