@@ -23,20 +23,22 @@ Per repetition every system runs every figure, the systems one after another (th
 rotates between repetitions), the page cache dropped before each cold figure:
 
 - zfuse: `zfuse mount s3://BUCKET/bench.zarr MNT -o endpoint_url=...` (credentials in the
-  environment; `-o cache=DIR` too when `zfuse mount -h` lists it), reading chunk files.
+  environment), reading chunk files; zfuse-cache: the same with `-o cache=DIR` (skipped when
+  `zfuse mount -h` lists no `cache=`).
 - zarr-python in-process: FsspecStore with zfuse's own s3fs options (store.fsspec_options),
   a new S3FileSystem per repetition (no connections kept from the one before).
-- rclone mount (`--vfs-cache-mode off` and `full`) and s3fs-fuse (`use_path_request_style`)
-  of the bucket, reading the stored objects (the chunks; for the sharded array the 4 shards).
+- rclone mount (`--vfs-cache-mode off` and `full`, `--use-server-modtime`) and s3fs-fuse
+  (`use_path_request_style`) of the bucket, reading the stored objects (the chunks; for the
+  sharded array the 4 shards).
 
-Figures: mount (until the mountpoint's first stat answers; zarr: open_group), sequential
-cold read of the zstd chunks (the mounts: the chunk directory listed, as `find` or a shell
-glob would, then the files read one after another like `cat`; zarr: chunk by chunk),
-warm re-read on the same mount,
-sequential cold read of the sharded array, 8 reader processes (zarr: `arr[:]`), a 1024x1024
-region of `image.ome.tif` with tifffile and with gdal_translate (zarr: slicing), `ls -lR`
-of `many` (zarr: list_prefix), and a re-read after a remount (same cache directory for
-rclone full and zfuse with `-o cache=`; zarr: a new store). Ratios are the other system's
+Figures: mount (until the mountpoint's first stat answers; zarr: open_group) and zfuse's
+mount of a local copy; sequential cold read of the zstd chunks (the mounts: the chunk
+directory listed, as `find` or a shell glob would, then the files read one after another
+like `cat`; zarr: chunk by chunk); warm re-read on the same mount; sequential cold read of
+the sharded array; 8 reader processes (zarr: `arr[:]`); a 1024x1024 region of
+`image.ome.tif` with tifffile and with gdal_translate (zarr: slicing); `ls -lR` of `many`
+(zarr: list_prefix; first 2 repetitions, s3fs-fuse the first only); a re-read after a
+remount (zfuse, zfuse-cache and rclone-full, same cache directory). Ratios are the other system's
 time over zfuse's. Timings never decide a pass/fail test; this is where they live.
 """
 
