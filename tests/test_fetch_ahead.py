@@ -141,3 +141,13 @@ def test_a_fetch_that_fails_or_leaves_a_chunk_out_is_the_readers_to_do(loop: asy
     failing = FetchAhead(broken, lambda: loop)
     failing.ahead([0])
     assert failing.take(0) is MISSED
+
+
+def test_peek_answers_an_existence_check_and_leaves_the_chunk_for_its_read(loop: asyncio.AbstractEventLoop) -> None:
+    store = Store(missing={1})
+    ahead = FetchAhead(store.fetch_many, lambda: loop)
+    ahead.ahead([0, 1])
+    assert ahead.peek(0) == b"bytes of 0" and ahead.peek(1) is None  # exists / not stored
+    assert ahead.take(0) == b"bytes of 0"  # still there for the read
+    assert ahead.peek(0) is MISSED and ahead.peek(7) is MISSED
+    assert store.batches == [[0, 1]]

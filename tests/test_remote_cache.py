@@ -425,3 +425,38 @@ def test_two_mounts_share_one_cache_at_once(s3, aws_env, mount, tmp_path: Path) 
     assert read_all(c.path, arrays) == 12
     assert sum(s3_tests.stats(c.path).get(k, 0) for k in CHUNKS) == 0
     assert chunk_gets(s3, since, bucket) == []
+
+
+def test_a_shard_read_ahead_in_spans_is_found_chunk_by_chunk_after_a_remount(s3, aws_env, mount, tmp_path: Path) -> None:
+    """[remote-1] a sequential reader has a shard's inner chunks fetched ahead; with
+    -o cache= each is asked for (and kept) as its own range, never a span of several,
+    so a remount reading them in another order makes no chunk GET."""
+    import io
+
+    import numpy as np
+    import tifffile
+    import zarr
+
+    import stores
+
+    local = tmp_path / "g.zarr"
+    zarr.open_group(str(local), mode="w")
+    stores.sharded(local / "sharded", shape=(64, 64), shards=(32, 64), chunks=(8, 16))
+    arr = zarr.open_array(str(local / "sharded"))
+    bucket = s3_tests.new_bucket(s3)
+    s3_tests.upload(s3, local, bucket, "g.zarr")
+    cache = tmp_path / "cache"
+    opts = f"endpoint_url={s3.endpoint_url},timeout=5,cache={cache}"
+    files = [(i, j) for i in range(8) for j in range(4)]
+    first = mount(f"s3://{bucket}/g.zarr", "-o", opts, name="first")  # read-ahead on (a chunk cache)
+    for i, j in files:
+        tifffile.imread(first.path / "sharded" / "c" / str(i) / f"{j}.tiff")
+    assert s3_tests.stats(first.path).get("store_get_chunk_ranged", 0) == len(files) + 2  # and 2 indexes
+    first.unmount()
+    since = len(s3.requests())
+    again = mount(f"s3://{bucket}/g.zarr", "-o", opts, "--cache-size", "0", name="again")
+    for i, j in reversed(files):
+        got = tifffile.imread(io.BytesIO(s3_tests.read_direct(again.path / "sharded" / "c" / str(i) / f"{j}.tiff")))
+        np.testing.assert_array_equal(got, s3_tests.expected_chunk(arr, (i, j)))
+    # (opened by name, not listed: each shard's version is asked once, a 304 with no body)
+    assert [r for r in chunk_gets(s3, since, bucket) if r.status != 304] == []

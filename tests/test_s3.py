@@ -513,3 +513,24 @@ def test_ls_lr_of_a_sharded_array_lists_each_store_directory_once(
     assert os.listdir(m.path / "c" / "5") == ["1.tiff"]
     np.testing.assert_array_equal(tifffile.imread(m.path / "c" / "5" / "1.tiff"), new)
     assert sorted(os.listdir(m.path / "c" / "4")) == []  # the new shard holds no other inner chunk
+
+
+def test_chunk_files_opened_by_name_ask_no_existence_check_of_chunks_fetched_ahead(
+    s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
+) -> None:
+    """A reader opening chunk files by name, with no listing first: each chunk is one GET;
+    the lookups of the chunks fetched ahead ask no HEAD of their own."""
+    stores.v3(tmp_path / "a.zarr", shape=(64, 64), chunks=(8, 16))
+    arr = zarr.open_array(str(tmp_path / "a.zarr"))
+    bucket = new_bucket(s3)
+    upload(s3, tmp_path / "a.zarr", bucket, "a.zarr")
+    m = s3_mount(mount, s3, f"s3://{bucket}/a.zarr")
+    before = stats(m.path)
+    for f in chunk_files_in_order(m.path, (8, 4)):
+        coords = tuple(int(p) for p in f.relative_to(m.path / "c").with_suffix("").parts)
+        np.testing.assert_array_equal(tifffile.imread(f), expected_chunk(arr, coords), err_msg=str(f))
+    d = delta(before, stats(m.path))
+    assert d["store_get_chunk"] == 32
+    # the first file's lookup asks (nothing is fetched ahead yet), and a few whose
+    # lookup comes before the window reaches them; never one per chunk
+    assert d.get("store_exists", 0) + d.get("store_head", 0) <= 8, d

@@ -28,10 +28,15 @@ def open_source(
     stats: Stats | None = None,
     timeout: float | None = None,
     durable: bool = True,
+    unsettled: list[Any] | None = None,
 ) -> Any:
     """The zarr group/array (or concatenation) a mount shows, on metered stores. Each
     request is bounded by `timeout` seconds (0: not bounded); by default a remote
-    source's by DEFAULT_REMOTE_TIMEOUT, a local directory's not at all."""
+    source's by DEFAULT_REMOTE_TIMEOUT, a local directory's not at all.
+
+    A read-write S3 store's probe of conditional writes runs in the background; it is
+    waited for here, or, with `unsettled`, left to the caller (`settle_remote_conditions`
+    of each store put there), which builds the view meanwhile."""
     from zfuse.ext.api import open_array
     from zfuse.store import (
         MeteredStore,
@@ -54,6 +59,9 @@ def open_source(
         """What was opened, once each remote store's probe of conditional writes (run
         meanwhile, in the background) has answered: a store that ignores them is refused
         here, at the mount, not at the first write."""
+        if unsettled is not None:
+            unsettled.extend(opened)
+            return node
         for store in opened:
             settle_remote_conditions(store)
         return node
@@ -142,12 +150,21 @@ def make_view(config: MountConfig, stats: Stats | None = None) -> View:
         listing_cache_names=config.listing_cache_names,
         shard_index_cache_bytes=config.index_cache_bytes,
     )
+    unsettled: list[Any] = []
     obj = open_source(config.sources, config.concat_axis, read_only=config.read_only,
-                      storage_options=config.storage_options, stats=stats, timeout=config.timeout, durable=config.durable)
+                      storage_options=config.storage_options, stats=stats, timeout=config.timeout,
+                      durable=config.durable, unsettled=unsettled)
     from zfuse.ext.concat import ConcatArray
 
     if isinstance(obj, ConcatArray):
         from zfuse.view.concat_source import ConcatChunkSource
 
         obj = ConcatChunkSource(obj)
-    return build_view(obj, options, stats)
+    view = build_view(obj, options, stats)
+    # the conditional-writes probe ran while the members were listed and opened: a store
+    # that ignores conditions is refused now, before the mount is served
+    from zfuse.store import settle_remote_conditions
+
+    for store in unsettled:
+        settle_remote_conditions(store)
+    return view

@@ -146,6 +146,22 @@ class FetchAhead:
         except Exception:
             return MISSED
 
+    def peek(self, coords: Hashable) -> Any:
+        """What `take` would answer, leaving it for the read (an existence check of a
+        chunk being fetched: no request of its own). MISSED when nothing was fetched
+        ahead, or it was taken already."""
+        with self._lock:
+            entry = self._entries.get(coords)
+        if entry is None or entry[0] is None:
+            return MISSED
+        future, asked = entry
+        if self.clock() - asked > self.ttl and future.done():
+            return MISSED
+        try:
+            return future.result(timeout=WAIT)
+        except Exception:
+            return MISSED
+
     def forget(self) -> None:
         """Drop every chunk fetched or being fetched (the store changed through the mount,
         or the view is reloaded): what a fetch under way brings is not kept."""

@@ -856,6 +856,11 @@ class ZarrChunkSource(ChunkSource):
             local = self._local_store
             if local is not None:  # in this worker thread, as `_fetch_local` reads
                 return local.exists_local(key)
+            fetches = self._fetches
+            if fetches is not None:  # being fetched ahead: that GET answers, no HEAD of its own
+                fetched = fetches.peek(coords)
+                if fetched is not MISSED:
+                    return fetched is not None
             return bool(sync(self.store.exists(key)))
         shard = self._storage_coords(coords)
         index = self._index_cache.get((id(self), self.prefix + self._encode_storage_key(shard)))
@@ -1225,6 +1230,12 @@ class ZarrChunkSource(ChunkSource):
     def fetches_remotely(self) -> bool:
         return self._fetches is not None
 
+    @functools.cached_property
+    def _caches_ranges(self) -> bool:
+        """Whether the remote store keeps what it fetched on disk (`-o cache=DIR`)."""
+        metered = self._store_access.metered
+        return metered is not None and getattr(metered, "cache", None) is not None
+
     def fetch_ahead(self, coords: Sequence[Coords]) -> None:
         if self._fetches is not None:
             self._fetches.ahead(coords)
@@ -1264,7 +1275,10 @@ class ZarrChunkSource(ChunkSource):
                     out[coords] = None
                 else:
                     ranges.append((*byte_slice, coords))
-            await asyncio.gather(*(span(key, *request) for request in coalesce(ranges)), return_exceptions=True)
+            # a disk cache (-o cache=DIR) keeps byte ranges as requested: one per inner chunk,
+            # found again after a remount whatever was read together before
+            requests = coalesce(ranges) if not self._caches_ranges else [(a, b, [(a, b, c)]) for a, b, c in ranges]
+            await asyncio.gather(*(span(key, *request) for request in requests), return_exceptions=True)
 
         await asyncio.gather(*(shard(s, inner) for s, inner in by_shard.items()), return_exceptions=True)
         return out
