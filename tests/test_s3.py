@@ -534,3 +534,22 @@ def test_chunk_files_opened_by_name_ask_no_existence_check_of_chunks_fetched_ahe
     # the first file's lookup asks (nothing is fetched ahead yet), and a few whose
     # lookup comes before the window reaches them; never one per chunk
     assert d.get("store_exists", 0) + d.get("store_head", 0) <= 8, d
+
+
+def test_a_conditions_probe_object_is_never_taken_for_a_member(
+    s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
+) -> None:
+    """The probe object a read-write mount writes at the store's root (here: one left
+    behind, so the root's listing surely sees it) is no member: not opened, not shown."""
+    local = tmp_path / "g.zarr"
+    zarr.open_group(str(local), mode="w")
+    stores.v3(local / "a")
+    bucket = new_bucket(s3)
+    upload(s3, local, bucket, "g.zarr")
+    client = make_bucket(s3, bucket)
+    client.put_object(Bucket=bucket, Key="g.zarr/.zfuse-conditions-probe-leftover12", Body=b"zfuse probe 1")
+    since = len(s3.requests())
+    m = s3_mount(mount, s3, f"s3://{bucket}/g.zarr")  # read-write: it probes too
+    assert sorted(os.listdir(m.path)) == ["a", "zarr.json"]
+    asked = [r.path + "?" + r.query for r in s3.requests()[since:] if "probe-leftover12" in r.path + r.query]
+    assert asked == [], asked

@@ -23,3 +23,7 @@ READ_AHEAD_KB = 1024  # the kernel's read-ahead window for the mount
 #: seconds one request to a remote store (s3://, gs://, https://) may take by default:
 #: a read waits about this long at most when the server hangs (local stores: none)
 REMOTE_TIMEOUT = 20.0
+# the object a read-write mount of an S3 store writes, once, to learn whether the store
+# honours conditional writes (removed after): never a member of the hierarchy, even
+# when a listing made meanwhile sees it
+CONDITIONS_PROBE_PREFIX = ".zfuse-conditions-probe-"

@@ -1634,7 +1634,7 @@ def _precondition_failed(exc: BaseException) -> bool:
 
 # (endpoint, bucket) -> whether it honours conditions: each is probed once per process
 _probed: dict[tuple[str, str], bool] = {}
-PROBE_PREFIX = ".zfuse-conditions-probe-"
+PROBE_PREFIX = defaults.CONDITIONS_PROBE_PREFIX
 
 
 def conditions_honoured(remote: RemoteObjects, source: str, last_writer_wins: bool) -> bool:

@@ -30,6 +30,7 @@ import zarr
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
+from zfuse import defaults
 from zfuse.ext import zarr_private
 from zfuse.ext.metadata_json import metadata_problem
 from zfuse.view.codec_packages import register_imagecodecs
@@ -132,7 +133,9 @@ async def _members(group: Any) -> list[tuple[str, Member]]:
     else:
         store_path = group.store_path
         listed = [name async for name in store_path.store.list_dir(store_path.path)]
-        names = sorted(n for n in listed if n not in _METADATA_OBJECTS)
+        # (a read-write mount's probe object, listed if the listing was made meanwhile)
+        names = sorted(n for n in listed if n not in _METADATA_OBJECTS
+                       and not n.startswith(defaults.CONDITIONS_PROBE_PREFIX))
     limit = asyncio.Semaphore(_OPEN_CONCURRENCY)
 
     async def one(name: str) -> tuple[str, Member | None]:
