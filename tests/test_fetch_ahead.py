@@ -151,3 +151,22 @@ def test_peek_answers_an_existence_check_and_leaves_the_chunk_for_its_read(loop:
     assert ahead.take(0) == b"bytes of 0"  # still there for the read
     assert ahead.peek(0) is MISSED and ahead.peek(7) is MISSED
     assert store.batches == [[0, 1]]
+
+
+def test_a_window_covering_half_a_shard_or_more_is_widened_to_the_whole_shard() -> None:
+    """What a sharded array fetches ahead: the whole of each shard the window covers at
+    least half of (parallel readers then ask for a shard once); shards it only grazes
+    as they are."""
+    import zarr
+    from zarr.storage import MemoryStore
+
+    from zfuse.view.source import ZarrChunkSource
+
+    arr = zarr.create_array(MemoryStore(), shape=(64, 64), shards=(32, 32), chunks=(8, 16), dtype="uint8")
+    source = ZarrChunkSource(arr)  # inner grid 8 x 4, shards of 4 x 2 inner chunks
+    shard0 = [(i, j) for i in range(4) for j in range(2)]
+    half = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert source._whole_shards(half) == [(0, 0), *[c for c in shard0 if c != (0, 0)]]
+    grazing = [(0, 1), (0, 2)]  # one chunk of each of two shards
+    assert source._whole_shards(grazing) == grazing
+    assert source._whole_shards([]) == []

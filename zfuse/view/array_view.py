@@ -603,7 +603,7 @@ class ArrayView:
         """Start fetching the stored bytes of these chunks (those not decoded and cached
         already) for the reads to come; returns at once (the fetches run on zarr's
         event loop, not on a thread each)."""
-        self.source.fetch_ahead([c for c in coords if not self.is_cached(c)])
+        self.source.fetch_ahead(coords, skip=self.is_cached)
 
     def is_key_prefix(self, parts: tuple[str, ...]) -> bool:
         """Whether `parts` is a directory some chunk key of the grid would live in."""

@@ -26,7 +26,7 @@ import threading
 import warnings
 import weakref
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,6 +57,7 @@ DirPage = list[tuple[str, Coords | None]]  # (key name, chunk coords) or (direct
 DIR_COORDS_KEPT = 16384  # chunk-key directories whose coordinates are remembered
 CHUNK_MAPS_KEPT = 64  # shards whose chunk map is kept as bytes for listings (one byte per inner chunk)
 CHUNK_MAPS_BYTES = 16 * 1024 * 1024  # and at most this many bytes of them
+SHARD_AHEAD_CHUNKS = 64  # shards of at most this many inner chunks are fetched ahead whole
 SHARD_DIRS_KEPT = 64  # remote store directories of shards kept listed (`_shard_dir_names`)
 SHARD_DIR_NAMES = 100_000  # at most, names kept per such directory
 LIST_WAIT = 60.0  # seconds a listing waits for the same directory's listing under way
@@ -274,9 +275,9 @@ class ChunkSource(ABC):
         fetches ahead of a reader; here: no."""
         return False
 
-    def fetch_ahead(self, coords: Sequence[Coords]) -> None:  # noqa: B027 - optional hook
+    def fetch_ahead(self, coords: Sequence[Coords], skip: Callable[[Coords], bool] | None = None) -> None:  # noqa: B027
         """Start fetching these chunks' stored bytes for reads to come (remote stores;
-        returns at once). Here: nothing."""
+        returns at once), leaving out those `skip` says are at hand. Here: nothing."""
 
     def raw_chunk_path(self, coords: Coords) -> str | None:
         """A local file holding chunk `coords`'s values exactly as its chunk file's data,
@@ -1236,9 +1237,42 @@ class ZarrChunkSource(ChunkSource):
         metered = self._store_access.metered
         return metered is not None and getattr(metered, "cache", None) is not None
 
-    def fetch_ahead(self, coords: Sequence[Coords]) -> None:
-        if self._fetches is not None:
-            self._fetches.ahead(coords)
+    def fetch_ahead(self, coords: Sequence[Coords], skip: Callable[[Coords], bool] | None = None) -> None:
+        """A sharded array's window is widened to the whole of each shard it covers at
+        least half of (small shards: SHARD_AHEAD_CHUNKS inner chunks at most): readers
+        going through one shard from several places (parallel readers, each its own
+        window) then ask for it once, in one request, as zarr's `arr[:]` does."""
+        if self._fetches is None:
+            return
+        if self.sharding is not None and math.prod(self.chunks_per_shard) <= SHARD_AHEAD_CHUNKS:
+            coords = self._whole_shards(coords)
+        self._fetches.ahead([c for c in coords if not skip(c)] if skip is not None else coords)
+
+    def _whole_shards(self, coords: Sequence[Coords]) -> list[Coords]:
+        """`coords` in their order, each followed by the rest of its shard's inner chunks
+        (C order, in the grid) when at least half of that shard is among them already,
+        every chunk once. (A shard the window only grazes is left as it is: a reader
+        going along a row of square shards reads their other rows much later.)"""
+        per_shard = self.chunks_per_shard
+        in_shard: dict[Coords, int] = {}
+        for c in coords:
+            shard = self._storage_coords(c)
+            in_shard[shard] = in_shard.get(shard, 0) + 1
+        size = math.prod(per_shard)
+        out: dict[Coords, None] = {}
+        widened: set[Coords] = set()
+        for c in coords:
+            out.setdefault(c, None)
+            shard = self._storage_coords(c)
+            if shard in widened or 2 * in_shard[shard] < size:
+                continue
+            widened.add(shard)
+            base = [s * n for s, n in zip(shard, per_shard, strict=True)]
+            for local in itertools.product(*(range(n) for n in per_shard)):
+                inner = tuple(b + i for b, i in zip(base, local, strict=True))
+                if self.in_grid(inner):
+                    out.setdefault(inner, None)
+        return list(out)
 
     async def _fetch_many(self, wanted: list[Coords]) -> dict[Coords, Any]:
         """Stored bytes of the chunks `wanted` (None: not stored; left out: not fetched).
