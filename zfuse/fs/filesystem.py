@@ -410,8 +410,7 @@ class FileSystem:
             raise FsError(errno.ENOTDIR if entry else errno.ENOENT)
         view = self.view
         if entry.node is Node.ZFUSE_DIR:
-            specials = [(name, self.special.entry((SPECIAL_DIR, name))) for name in self.special.names()]
-            reader = DirReader(view, path, specials)
+            reader = DirReader(view, path, self.special.listing())
             reader.fetch(0)
             fh = self._allocate_fh()
             self._dirs[fh] = _DirHandle(path, reader)

@@ -67,9 +67,11 @@ class SpecialFiles:
         self.live_stats = live_stats
         self.mount_info = mount_info
 
-    def names(self) -> list[str]:
-        """What `ls .zfuse` shows, sorted."""
-        return [name for name in (ERRORS_FILE, MOUNT_FILE, STATS_FILE) if self.entry((SPECIAL_DIR, name))]
+    def listing(self) -> list[tuple[str, Entry]]:
+        """What `ls .zfuse` shows, sorted: each file with its entry (made once: an entry's
+        size is its content's)."""
+        found = ((name, self.entry((SPECIAL_DIR, name))) for name in (ERRORS_FILE, MOUNT_FILE, STATS_FILE))
+        return [(name, entry) for name, entry in found if entry is not None]
 
     def entry(self, path: Path) -> Entry | None:
         """`.zfuse/` and its files; None for every other path."""
