@@ -170,3 +170,37 @@ def test_a_window_covering_half_a_shard_or_more_is_widened_to_the_whole_shard() 
     grazing = [(0, 1), (0, 2)]  # one chunk of each of two shards
     assert source._whole_shards(grazing) == grazing
     assert source._whole_shards([]) == []
+
+
+def test_a_shard_directory_is_listed_once_for_its_view_directories_unless_too_big(monkeypatch) -> None:
+    """A store directory of shards is listed once and kept for the view directories its
+    shard row covers; one with more names than SHARD_DIR_NAMES is not kept, and is still
+    listed only once for the view directory that asked."""
+    import zarr
+    from zarr.storage import MemoryStore, WrapperStore
+
+    from zfuse.view import source as source_module
+    from zfuse.view.source import ZarrChunkSource
+
+    class Counting(WrapperStore[MemoryStore]):
+        def __init__(self, store: MemoryStore) -> None:
+            super().__init__(store)
+            self.listed: list[str] = []
+
+        async def list_dir(self, prefix: str):  # type: ignore[override]
+            self.listed.append(prefix)
+            async for name in self._store.list_dir(prefix):
+                yield name
+
+    store = Counting(MemoryStore())
+    arr = zarr.create_array(store, shape=(64, 64), shards=(8, 32), chunks=(8, 16), dtype="uint8")
+    arr[...] = 1  # shards c/0/0 and c/0/1 in store directory c/0/
+    source = ZarrChunkSource(arr)
+    names = lambda: sorted(n for page in source._shard_dir_names("c/0/") for n in page)  # noqa: E731
+    assert names() == names() == ["0", "1"]
+    assert store.listed.count("c/0/") == 1  # kept for the next view directory
+    store.listed.clear()
+    source._forget_shard_dirs()
+    monkeypatch.setattr(source_module, "SHARD_DIR_NAMES", 1)
+    assert names() == ["0", "1"] and store.listed.count("c/0/") == 1  # too big: listed once all the same
+    assert names() == ["0", "1"] and store.listed.count("c/0/") == 2  # and not kept

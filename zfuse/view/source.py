@@ -64,10 +64,6 @@ LIST_WAIT = 60.0  # seconds a listing waits for the same directory's listing und
 _UNKNOWN = object()
 
 
-class _TooMany(Exception):
-    """A store directory too big to keep listed."""
-
-
 class _SharedListing:
     """One store directory's listing, made by the first view directory to ask for it."""
 
@@ -117,13 +113,11 @@ def store_access(store: Any) -> StoreAccess:
     from zfuse.store import AtomicLocalStore, MeteredStore
 
     inner = store
-    while isinstance(inner, TransformerStore):  # passes keys through unless transformers
+    # transformer stores pass keys through unless transformers; OpenMemo passes all
+    while isinstance(inner, (TransformerStore, OpenMemo)):
         inner = zarr_private.wrapped_store(inner)
     local = inner if isinstance(inner, MeteredStore) and inner.local_root is not None else None
-    metered = inner
-    while isinstance(metered, OpenMemo):
-        metered = zarr_private.wrapped_store(metered)
-    metered = metered if isinstance(metered, MeteredStore) and metered.remote is not None else None
+    metered = inner if isinstance(inner, MeteredStore) and inner.remote is not None else None
     while isinstance(inner, (TransformerStore, MeteredStore, OpenMemo)):
         inner = zarr_private.wrapped_store(inner)
     root = str(inner.root) if type(inner) in (LocalStore, AtomicLocalStore) else None
@@ -691,19 +685,20 @@ class ZarrChunkSource(ChunkSource):
         assert shared is not None
         if mine:
             names: list[str] = []
+            pages = _pages(self.store.list_dir(self.prefix + head))
             try:
-                for page in _pages(self.store.list_dir(self.prefix + head)):
+                for page in pages:
                     names += page
                     if len(names) > SHARD_DIR_NAMES:
-                        raise _TooMany
+                        break
             except BaseException:
-                with self._shard_dirs_guard:
-                    if self._shard_dirs.get(head) is shared:
-                        del self._shard_dirs[head]
-                shared.done.set()  # (the others list it themselves)
-                if not names or len(names) <= SHARD_DIR_NAMES:
-                    raise
-                yield from _pages(self.store.list_dir(self.prefix + head))
+                self._unshare(head, shared)
+                raise
+            if len(names) > SHARD_DIR_NAMES:  # too big to keep: the rest of this one listing
+                self._unshare(head, shared)
+                for at in range(0, len(names), LIST_PAGE):
+                    yield names[at : at + LIST_PAGE]
+                yield from pages
                 return
             shared.names = names
             shared.done.set()
@@ -715,6 +710,14 @@ class ZarrChunkSource(ChunkSource):
             yield names[at : at + LIST_PAGE]
         if not names:
             yield []
+
+    def _unshare(self, head: str, shared: _SharedListing) -> None:
+        """The listing `shared` is not kept: the view directories waiting for it list
+        the store directory themselves."""
+        with self._shard_dirs_guard:
+            if self._shard_dirs.get(head) is shared:
+                del self._shard_dirs[head]
+        shared.done.set()
 
     def _forget_shard_dirs(self) -> None:
         with self._shard_dirs_guard:
