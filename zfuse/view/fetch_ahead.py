@@ -133,30 +133,24 @@ class FetchAhead:
         """What was fetched ahead for `coords` (waiting for a fetch under way): the
         stored chunk, None for a chunk not stored, or MISSED (nothing fetched ahead, or
         the fetch failed or was forgotten): then the caller fetches it itself."""
-        with self._lock:
-            entry = self._entries.get(coords)
-            if entry is None or entry[0] is None:
-                return MISSED
-            future, asked = entry
-            self._entries[coords] = (None, asked)
-        if self.clock() - asked > self.ttl and future.done():
-            return MISSED  # held too long: what the store holds now may differ
-        try:
-            return future.result(timeout=WAIT)
-        except Exception:
-            return MISSED
+        return self._answer(coords, take=True)
 
     def peek(self, coords: Hashable) -> Any:
         """What `take` would answer, leaving it for the read (an existence check of a
         chunk being fetched: no request of its own). MISSED when nothing was fetched
         ahead, or it was taken already."""
+        return self._answer(coords, take=False)
+
+    def _answer(self, coords: Hashable, *, take: bool) -> Any:
         with self._lock:
             entry = self._entries.get(coords)
-        if entry is None or entry[0] is None:
-            return MISSED
-        future, asked = entry
+            if entry is None or entry[0] is None:
+                return MISSED
+            future, asked = entry
+            if take:
+                self._entries[coords] = (None, asked)
         if self.clock() - asked > self.ttl and future.done():
-            return MISSED
+            return MISSED  # held too long: what the store holds now may differ
         try:
             return future.result(timeout=WAIT)
         except Exception:

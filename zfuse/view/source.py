@@ -1238,7 +1238,7 @@ class ZarrChunkSource(ChunkSource):
     def _caches_ranges(self) -> bool:
         """Whether the remote store keeps what it fetched on disk (`-o cache=DIR`)."""
         metered = self._store_access.metered
-        return metered is not None and getattr(metered, "cache", None) is not None
+        return metered is not None and metered.cache is not None
 
     def fetch_ahead(self, coords: Sequence[Coords], skip: Callable[[Coords], bool] | None = None) -> None:
         """A sharded array's window is widened to the whole of each shard it covers at
