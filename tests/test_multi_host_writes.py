@@ -256,12 +256,12 @@ def test_a_store_that_ignores_conditions_refuses_rw_unless_accepted(s3, aws_env,
 
 
 def metered(server, url: str, *, read_only: bool = False, endpoint: str | None = None, **options):
-    from zfuse.store import MeteredStore, open_store, settle_remote_conditions
+    from zfuse.store import MeteredStore, open_store
 
     storage = {"endpoint_url": endpoint or server.endpoint_url, "key": "test", "secret": "test",
                "region": "us-east-1", "skip_instance_cache": True, **options}
     store = MeteredStore(open_store(url, read_only=read_only, storage_options=storage))
-    settle_remote_conditions(store)  # (what a mount does once the metadata is open)
+    store.settle_conditions()  # (what a mount does once the metadata is open)
     if store.remote is not None and store.remote.probe_cleanup is not None:
         store.remote.probe_cleanup.result(timeout=30)  # the probe object is gone (tests list the bucket)
     return store

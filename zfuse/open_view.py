@@ -35,16 +35,10 @@ def open_source(
     source's by DEFAULT_REMOTE_TIMEOUT, a local directory's not at all.
 
     A read-write S3 store's probe of conditional writes runs in the background; it is
-    waited for here, or, with `unsettled`, left to the caller (`settle_remote_conditions`
+    waited for here, or, with `unsettled`, left to the caller (`MeteredStore.settle_conditions`
     of each store put there), which builds the view meanwhile."""
     from zfuse.ext.api import open_array
-    from zfuse.store import (
-        MeteredStore,
-        default_timeout,
-        is_remote,
-        open_store,
-        settle_remote_conditions,
-    )
+    from zfuse.store import MeteredStore, default_timeout, is_remote, open_store
 
     mode = "r" if read_only else "r+"
     opened: list[MeteredStore] = []
@@ -63,7 +57,7 @@ def open_source(
             unsettled.extend(opened)
             return node
         for store in opened:
-            settle_remote_conditions(store)
+            store.settle_conditions()
         return node
 
     if concat_axis is not None:
@@ -150,7 +144,7 @@ def make_view(config: MountConfig, stats: Stats | None = None) -> View:
         listing_cache_names=config.listing_cache_names,
         shard_index_cache_bytes=config.index_cache_bytes,
     )
-    unsettled: list[Any] = []
+    unsettled: list[MeteredStore] = []
     obj = open_source(config.sources, config.concat_axis, read_only=config.read_only,
                       storage_options=config.storage_options, stats=stats, timeout=config.timeout,
                       durable=config.durable, unsettled=unsettled)
@@ -163,8 +157,6 @@ def make_view(config: MountConfig, stats: Stats | None = None) -> View:
     view = build_view(obj, options, stats)
     # the conditional-writes probe ran while the members were listed and opened: a store
     # that ignores conditions is refused now, before the mount is served
-    from zfuse.store import settle_remote_conditions
-
     for store in unsettled:
-        settle_remote_conditions(store)
+        store.settle_conditions()
     return view

@@ -971,6 +971,11 @@ class MeteredStore(WrapperStore[Store]):
             self._versions.clear()  # (bounded: later reads ask the store again)
         self._versions[key] = version
 
+    def settle_conditions(self) -> None:
+        """`RemoteObjects.settle_conditions` of the remote store this wraps, if any."""
+        if self.remote is not None:
+            self.remote.settle_conditions()
+
     def forget_version(self, key: str) -> None:
         """Read `key` afresh: its next read is pinned to no version and learns the
         store's current one (a reader recovering from ObjectChangedError: the object
@@ -1663,19 +1668,6 @@ def _decide_conditions(honoured: bool, source: str, last_writer_wins: bool) -> b
     log.warning("%s: the store ignores conditional writes: mounted with last_writer_wins, two hosts "
                 "writing one shard or part can lose an update", source_label(source))
     return False
-
-
-def settle_remote_conditions(store: Any) -> None:
-    """`RemoteObjects.settle_conditions` of the remote store under `store`'s wrappers, if any."""
-    inner = store
-    for _ in range(16):
-        remote = getattr(inner, "zfuse_remote", None)
-        if remote is not None:
-            remote.settle_conditions()
-            return
-        if not isinstance(inner, WrapperStore):
-            return
-        inner = inner._store
 
 
 async def _probe(remote: RemoteObjects) -> bool:
