@@ -9,6 +9,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import pytest
 
 from zfuse.view.fetch_ahead import MISSED, FetchAhead, coalesce
@@ -200,7 +201,88 @@ def test_a_shard_directory_is_listed_once_for_its_view_directories_unless_too_bi
     assert names() == names() == ["0", "1"]
     assert store.listed.count("c/0/") == 1  # kept for the next view directory
     store.listed.clear()
-    source._forget_shard_dirs()
+    source._forget_store_dirs()
     monkeypatch.setattr(source_module, "SHARD_DIR_NAMES", 1)
     assert names() == ["0", "1"] and store.listed.count("c/0/") == 1  # too big: listed once all the same
     assert names() == ["0", "1"] and store.listed.count("c/0/") == 2  # and not kept
+
+
+def counting_store() -> Any:
+    """A MemoryStore that records its listings: `dirs` (list_dir) and `flat` (list_prefix)."""
+    from zarr.storage import MemoryStore, WrapperStore
+
+    class Counting(WrapperStore[MemoryStore]):
+        def __init__(self, store: MemoryStore) -> None:
+            super().__init__(store)
+            self.dirs: list[str] = []
+            self.flat: list[str] = []
+
+        async def list_dir(self, prefix: str):  # type: ignore[override]
+            self.dirs.append(prefix)
+            async for name in self._store.list_dir(prefix):
+                yield name
+
+        async def list_prefix(self, prefix: str):  # type: ignore[override]
+            self.flat.append(prefix)
+            async for key in self._store.list_prefix(prefix):
+                yield key
+
+    return Counting(MemoryStore())
+
+
+def _remote_source(arr):  # a source whose store counts as remote (what `store_access` finds for S3)
+    from zfuse.view.source import StoreAccess, ZarrChunkSource
+
+    source = ZarrChunkSource(arr, name=arr.path)
+    source.__dict__["_store_access"] = StoreAccess(remote=True)
+    return source
+
+
+def _listed(source, parts: tuple[str, ...]) -> list[tuple[str, object]]:
+    return sorted(entry for page in source.iter_chunk_dir(parts) for entry in page)
+
+
+def test_a_small_remote_array_walked_from_the_top_is_listed_whole_in_one_listing(monkeypatch) -> None:
+    """A walker listing `c/` of a remote array of at most FLAT_LISTING_OBJECTS objects makes
+    one listing of the array's prefix, which answers every directory below until a write;
+    `ls` of one chunk directory first stays one listing of that directory alone."""
+    import zarr
+
+    from zfuse.view import source as source_module
+
+    store = counting_store()
+    arr = zarr.create_array(store, name="a", shape=(24, 32), chunks=(8, 16), dtype="uint8", fill_value=0)
+    arr[:16, :] = 1  # chunks c/0/0, c/0/1, c/1/0, c/1/1 of a 3 x 2 grid
+    source = _remote_source(arr)
+    assert _listed(source, ("c", "0")) == [("0", (0, 0)), ("1", (0, 1))]
+    assert (store.dirs, store.flat) == (["a/c/0/"], [])  # a chunk directory first: itself only
+    store.dirs.clear()
+    assert _listed(source, ("c",)) == [("0", None), ("1", None)]
+    assert _listed(source, ("c", "1")) == [("0", (1, 0)), ("1", (1, 1))]
+    assert _listed(source, ("c", "2")) == []
+    assert (store.dirs, store.flat) == ([], ["a/"])  # one listing, of the whole array
+    source.write_chunk((2, 1), np.full((8, 16), 5, "uint8"))  # a new object: listed again
+    assert _listed(source, ("c", "2")) == [("1", (2, 1))]
+    assert store.dirs == ["a/c/2/"]
+    assert _listed(source, ("c",)) == [("0", None), ("1", None), ("2", None)] and store.flat == ["a/", "a/"]
+    # a bigger array, or one with too many strays, is listed directory by directory
+    store.dirs.clear(), store.flat.clear()
+    monkeypatch.setattr(source_module, "FLAT_LISTING_OBJECTS", 5)
+    source.invalidate()
+    assert _listed(source, ("c",)) == [("0", None), ("1", None), ("2", None)]
+    assert (store.dirs, store.flat) == (["a/c/"], [])
+    monkeypatch.setattr(source_module, "FLAT_LISTING_OBJECTS", 1000)
+    monkeypatch.setattr(source_module, "FLAT_LISTING_KEYS", 3)
+    source.invalidate()
+    store.dirs.clear()
+    assert _listed(source, ("c",)) == [("0", None), ("1", None), ("2", None)]
+    assert _listed(source, ("c",)) == [("0", None), ("1", None), ("2", None)]
+    assert store.flat == ["a/"] and store.dirs == ["a/c/", "a/c/"]  # tried once, then each directory itself
+
+
+def test_directories_of_a_flat_listing() -> None:
+    from zfuse.view.source import _directories_of
+
+    assert _directories_of(["zarr.json", "c/0/1", "c/0/0", "c/10/0"]) == {
+        "": ["c", "zarr.json"], "c/": ["0", "10"], "c/0/": ["0", "1"], "c/10/": ["0"]}
+    assert _directories_of([]) == {}

@@ -11,6 +11,8 @@ import errno
 import io
 import json
 import os
+import subprocess
+import urllib.parse
 import shutil
 import time
 from collections.abc import Iterator
@@ -273,6 +275,25 @@ def test_ls_of_one_directory_is_one_delimited_list_and_stat_lists_nothing(
     os.stat(m.path / "c" / "3" / "4.tiff")
     reqs = [(r.method, r.path) for r in s3.requests()[since:] if r.path.startswith(f"/{bucket}")]
     assert reqs == [("HEAD", f"/{bucket}/r.zarr/c/3/4")], reqs
+
+
+def test_a_walk_of_a_small_array_is_one_list_of_its_prefix(
+    s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
+) -> None:
+    """`find` (or `ls -R`, a glob) of a remote array of at most FLAT_LISTING_OBJECTS objects:
+    one LIST of the whole array, not one per directory (SEMANTICS [remote-5])."""
+    stores.raw_chunks(tmp_path / "r.zarr", (12, 50))
+    bucket = new_bucket(s3)
+    upload(s3, tmp_path / "r.zarr", bucket, "r.zarr")
+    m = s3_mount(mount, s3, f"s3://{bucket}/r.zarr")
+    since = len(s3.requests())
+    found = subprocess.run(["find", str(m.path / "c"), "-name", "*.tiff"], capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert len(found) == 12 * 50
+    reqs = [r for r in s3.requests()[since:] if r.path.startswith(f"/{bucket}")]
+    assert [(r.method, r.path) for r in reqs] == [("GET", f"/{bucket}")], reqs
+    query = urllib.parse.parse_qs(reqs[0].query, keep_blank_values=True)
+    assert query["prefix"] == ["r.zarr/"] and query.get("delimiter", [""]) == [""], query  # flat
 
 
 def test_concat_parts_array_reads_from_s3(s3: S3Server, aws_env: None, mount: Any, tmp_path: Path) -> None:

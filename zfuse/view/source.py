@@ -61,17 +61,40 @@ SHARD_AHEAD_CHUNKS = 64  # shards of at most this many inner chunks are fetched 
 SHARD_DIRS_KEPT = 64  # remote store directories of shards kept listed (`_shard_dir_names`)
 SHARD_DIR_NAMES = 100_000  # at most, names kept per such directory
 LIST_WAIT = 60.0  # seconds a listing waits for the same directory's listing under way
+# a remote array of at most this many storage objects (one LIST page of S3) is listed
+# whole, in one request, when a walker lists a directory above its chunks
+FLAT_LISTING_OBJECTS = 1000
+FLAT_LISTING_KEYS = 2 * FLAT_LISTING_OBJECTS  # keys read at most (strays too) before giving up
+_FLAT = "\0flat"  # `_store_dirs` key of the whole array's listing (no store directory's name)
 _UNKNOWN = object()
 
 
 class _SharedListing:
-    """One store directory's listing, made by the first view directory to ask for it."""
+    """One store directory's listing (or with `children`, the whole array's), made by
+    the first view directory to ask for it."""
 
-    __slots__ = ("done", "names")
+    __slots__ = ("children", "done", "names")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.names: list[str] | None = None
+        # the whole array's listing: store directory ("c/0/") -> the names it holds
+        self.children: dict[str, list[str]] | None = None
+
+
+def _directories_of(keys: list[str]) -> dict[str, list[str]]:
+    """What a flat listing's keys (relative to the array) make of each directory above
+    them: ``{"": ["c", "zarr.json"], "c/": ["0"], "c/0/": ["0", "1"]}``, names sorted."""
+    held: dict[str, set[str]] = {}
+    for key in keys:
+        start = 0
+        while True:
+            cut = key.find("/", start)
+            held.setdefault(key[:start], set()).add(key[start:] if cut < 0 else key[start:cut])
+            if cut < 0:
+                break
+            start = cut + 1
+    return {head: sorted(names) for head, names in held.items()}
 
 
 def _canonical_int(name: str) -> bool:
@@ -478,10 +501,10 @@ class ZarrChunkSource(ChunkSource):
         self._chunk_maps: dict[int, tuple[weakref.ref[Any], bytes]] = {}
         self._chunk_maps_bytes = 0
         self._index_loading: dict[str, asyncio.Future[Any]] = {}  # index reads in flight
-        # sharded arrays on a remote store: the store directories listed, shared by the
-        # view directories one shard row covers (`_shard_dir_names`)
-        self._shard_dirs: collections.OrderedDict[str, _SharedListing] = collections.OrderedDict()
-        self._shard_dirs_guard = threading.Lock()
+        # a remote store's directories listed, shared by the view directories that lie in
+        # one (`_shard_dir_names`: a shard row's), or the whole array's (`_flat_listing`)
+        self._store_dirs: collections.OrderedDict[str, _SharedListing] = collections.OrderedDict()
+        self._store_dirs_guard = threading.Lock()
         # Chunks are read and written directly with the codec pipeline, except for
         # v2 arrays in F order, whose chunk memory order only zarr's indexing handles
         self._direct = not (self.zarr_format == 2 and getattr(meta, "order", "C") == "F")
@@ -650,8 +673,11 @@ class ZarrChunkSource(ChunkSource):
         depth = len(parts)
         leaf = depth == len(origin) - 1
         local = self._listing_store()
+        flat = None if local is not None else self._flat_listing(first=not leaf)
         if local is not None:
             pages = local.list_dir_local(self.prefix + head, LIST_PAGE)
+        elif flat is not None:
+            pages = iter([flat.get(head, [])])
         elif self.sharding is not None:
             pages = self._shard_dir_names(head)
         else:
@@ -673,15 +699,15 @@ class ZarrChunkSource(ChunkSource):
         through the mount (a new shard object), for the SHARD_DIRS_KEPT directories
         listed last, each of at most SHARD_DIR_NAMES names (a bigger one is listed per
         view directory, as before)."""
-        with self._shard_dirs_guard:
-            shared = self._shard_dirs.get(head)
+        with self._store_dirs_guard:
+            shared = self._store_dirs.get(head)
             mine = shared is None
             if mine:
-                shared = self._shard_dirs[head] = _SharedListing()
-                while len(self._shard_dirs) > SHARD_DIRS_KEPT:
-                    self._shard_dirs.popitem(last=False)
+                shared = self._store_dirs[head] = _SharedListing()
+                while len(self._store_dirs) > SHARD_DIRS_KEPT:
+                    self._store_dirs.popitem(last=False)
             else:
-                self._shard_dirs.move_to_end(head)
+                self._store_dirs.move_to_end(head)
         assert shared is not None
         if mine:
             names: list[str] = []
@@ -711,17 +737,53 @@ class ZarrChunkSource(ChunkSource):
         if not names:
             yield []
 
+    def _flat_listing(self, first: bool) -> dict[str, list[str]] | None:
+        """The whole array's store directories from one listing of its prefix, for a
+        remote array of at most FLAT_LISTING_OBJECTS storage objects (one LIST page, where
+        each directory would cost one: a walk of 8 chunk rows made 9 LISTs in 6 round
+        trips). Made when `first` (a directory above the chunks: a walker, who lists
+        those below next), used by every directory listed after it until `invalidate` or
+        a write through the mount; None: list the directory itself (a big or other
+        array, or no flat listing and not `first`: `ls` of one chunk directory stays one
+        delimited LIST of that directory)."""
+        if not self._store_access.remote or math.prod(self.storage_grid) > FLAT_LISTING_OBJECTS:
+            return None
+        with self._store_dirs_guard:
+            shared = self._store_dirs.get(_FLAT)
+            mine = shared is None and first
+            if mine:
+                shared = self._store_dirs[_FLAT] = _SharedListing()
+        if shared is None:
+            return None
+        if mine:
+            keys: list[str] = []
+            n = len(self.prefix)
+            try:
+                for page in _pages(self.store.list_prefix(self.prefix)):
+                    keys += (key[n:] for key in page)
+                    if len(keys) > FLAT_LISTING_KEYS:
+                        break  # (stray objects: each directory is listed by itself)
+            except BaseException:
+                self._unshare(_FLAT, shared)
+                raise
+            if len(keys) <= FLAT_LISTING_KEYS:
+                shared.children = _directories_of(keys)
+            shared.done.set()  # (too many keys: kept as None, each directory lists itself)
+        elif not shared.done.wait(LIST_WAIT):
+            return None
+        return shared.children
+
     def _unshare(self, head: str, shared: _SharedListing) -> None:
         """The listing `shared` is not kept: the view directories waiting for it list
         the store directory themselves."""
-        with self._shard_dirs_guard:
-            if self._shard_dirs.get(head) is shared:
-                del self._shard_dirs[head]
+        with self._store_dirs_guard:
+            if self._store_dirs.get(head) is shared:
+                del self._store_dirs[head]
         shared.done.set()
 
-    def _forget_shard_dirs(self) -> None:
-        with self._shard_dirs_guard:
-            self._shard_dirs.clear()
+    def _forget_store_dirs(self) -> None:
+        with self._store_dirs_guard:
+            self._store_dirs.clear()
 
     @functools.cached_property
     def _leaf_index(self) -> dict[str, int] | None:
@@ -1431,7 +1493,7 @@ class ZarrChunkSource(ChunkSource):
             return self._locks.setdefault(key, threading.Lock())
 
     def _forget_index(self, coords: Coords) -> None:
-        self._forget_shard_dirs()  # (a write may have made a new shard object)
+        self._forget_store_dirs()  # (a write may have made a new shard object)
         fetches = self.__dict__.get("_fetches")  # (what a write makes stale, if any was fetched ahead)
         if fetches is not None:
             fetches.forget()
@@ -1595,7 +1657,7 @@ class ZarrChunkSource(ChunkSource):
 
     def invalidate(self) -> None:
         super().invalidate()
-        self._forget_shard_dirs()
+        self._forget_store_dirs()
         fetches = self.__dict__.get("_fetches")
         if fetches is not None:
             fetches.forget()
