@@ -221,3 +221,33 @@ def test_pushed_tiles_are_in_the_page_cache_before_they_are_read(tmp_path: Path,
             np.testing.assert_array_equal(tile(fd, ty, tx), data[ty * 128 : ty * 128 + 128, tx * 128 : tx * 128 + 128])
     finally:
         os.close(fd)
+
+
+def test_over_a_remote_store_each_tile_is_followed_by_a_read_ahead_window_of_zeros(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[image-3] over a remote store each tile slot of image.ome.tif ends in zeros as long
+    as the mount's read-ahead window: the kernel reading ahead past a region's last tile
+    of a row reads them (nothing decoded, nothing fetched), not the tiles after it; the
+    image reads the same."""
+    import io
+
+    import tifffile
+
+    from zfuse import defaults
+    from zfuse.view.source import ZarrChunkSource
+
+    data = tile_array(tmp_path / "a.zarr", 4, compressors=[ZstdCodec()])  # 4 x 4 tiles of 32 KiB
+    local = planned(tmp_path / "a.zarr")
+    monkeypatch.setattr(ZarrChunkSource, "fetches_remotely", property(lambda self: True))
+    img = planned(tmp_path / "a.zarr")
+    lv, window = img.levels[0], defaults.READ_AHEAD_KB * 1024
+    assert local.levels[0].slot == lv.tile_bytes == 128 * 128 * 2
+    assert lv.slot == lv.tile_bytes + window
+    tile = img.slot_offset(0, 0, 1)
+    assert img.layout.tiles_in(tile, lv.slot) == [(0, 0, 1)]  # the tile and the window after it
+    fetched = lambda: img.stats.snapshot().get("store_get_chunk", 0)  # noqa: E731
+    assert img.read(tile + lv.tile_bytes, window) == bytes(window) and fetched() == 0
+    assert img.read(tile, 100) and fetched() == 1  # (what the counter counts: the tile's chunk)
+    whole = img.read(0, img.size)
+    np.testing.assert_array_equal(tifffile.imread(io.BytesIO(whole)), data)

@@ -143,6 +143,7 @@ def make_view(config: MountConfig, stats: Stats | None = None) -> View:
         read_only=config.read_only,
         listing_cache_names=config.listing_cache_names,
         shard_index_cache_bytes=config.index_cache_bytes,
+        read_ahead_bytes=config.read_ahead_kb * 1024,
     )
     unsettled: list[MeteredStore] = []
     obj = open_source(config.sources, config.concat_axis, read_only=config.read_only,

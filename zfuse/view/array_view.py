@@ -74,6 +74,8 @@ class ViewOptions:
     # directory listings and existence answers kept, in names (~190 bytes each)
     listing_cache_names: int = defaults.LISTING_CACHE_NAMES
     shard_index_cache_bytes: int = defaults.INDEX_CACHE_BYTES
+    # the kernel's read-ahead window of the mount: how far past a read it may ask
+    read_ahead_bytes: int = defaults.READ_AHEAD_KB * 1024
 
 
 # preadv2(RWF_NOWAIT): a read that only takes what the OS page cache holds (Linux)

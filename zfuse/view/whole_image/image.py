@@ -119,6 +119,8 @@ class WholeImage(ImageFile):
         planned = [plan_level(a) for a in levels]
         self.shape = tuple(first.shape)
         samples = 1
+        # over a remote store any byte of a tile costs fetching its whole chunk
+        remote = any(getattr(lv.array, "fetches_remotely", False) for lv in planned)
         if slide is not None:
             samples = slide.samples
             fit_tiles(planned)
@@ -138,6 +140,13 @@ class WholeImage(ImageFile):
             # no OME pixel type: tifffile's "shaped" description keeps the array's shape
             text = xml if xml is not None else json.dumps({"shape": list(self.shape)})
             self.is_ome = xml is not None
+            if remote:
+                # the kernel's read-ahead past a region's last tile in a row (up to its
+                # whole window) reads zeros, not the next tiles: each of those would be
+                # a chunk fetched that the region does not cover
+                pad = max(levels[0].options.read_ahead_bytes, 0)
+                for lv in planned:
+                    lv.slot = -(-lv.slot // 4096) * 4096 + -(-pad // 4096) * 4096
             self.layout = FileLayout(planned, text.encode("utf-8") + b"\0")
         self._header: bytes | None = None
         self._header_lock = threading.Lock()
@@ -148,7 +157,6 @@ class WholeImage(ImageFile):
         self._tiles = Tiles(planned, self.dtype, self.stats, self.label, workers.decoders, self.invalidate,
                             samples)
         # over a remote store a pushed tile is a request: only what the reader's pattern shows
-        remote = any(getattr(lv.array, "fetches_remotely", False) for lv in planned)
         self._push = Pusher(self.layout, self._tile_byte_count, self._change_marks, workers.advisor, remote)
         # OpenSlide reads what a region covers, through a map of the file: nothing pushed
         self._pushes = slide is None
