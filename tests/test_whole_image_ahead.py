@@ -251,3 +251,22 @@ def test_over_a_remote_store_each_tile_is_followed_by_a_read_ahead_window_of_zer
     assert img.read(tile, 100) and fetched() == 1  # (what the counter counts: the tile's chunk)
     whole = img.read(0, img.size)
     np.testing.assert_array_equal(tifffile.imread(io.BytesIO(whole)), data)
+
+
+def test_over_a_remote_store_the_tiles_pushed_are_fetched_side_by_side(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[image-3] the rest of a row pushed over a remote store: its chunks' fetches start
+    together when the push is decided (the push then stores them one after another)."""
+    from zfuse.view.array_view import ArrayView
+    from zfuse.view.source import ZarrChunkSource
+
+    tile_array(tmp_path / "a.zarr", 8)
+    monkeypatch.setattr(ZarrChunkSource, "fetches_remotely", property(lambda self: True))
+    fetched: list[list[tuple[int, ...]]] = []
+    monkeypatch.setattr(ArrayView, "fetch_ahead", lambda self, coords: fetched.append(list(coords)))
+    img = planned(tmp_path / "a.zarr")
+    assert [asked(img, (2, 3)), asked(img, (2, 4)), asked(img, (2, 5))] == [[], [], []]
+    assert fetched == []
+    assert asked(img, (3, 3)) == [(3, 4), (3, 5)]
+    assert fetched == [[(3, 4), (3, 5)]]

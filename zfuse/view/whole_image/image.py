@@ -353,7 +353,15 @@ class WholeImage(ImageFile):
         """Byte ranges (offset, length) worth storing in the kernel's page cache ahead of
         the reader, nearest first, after the kernel asked for [offset, offset+size)
         (`Pusher.pushes_after`)."""
-        return self._push.pushes_after(offset, size) if self._pushes else []
+        if not self._pushes:
+            return []
+        spans = self._push.pushes_after(offset, size)
+        if spans and self._push.remote:
+            # pushed one after another (see `ImagePages`): over a remote store their
+            # chunks are fetched side by side first, not one round trip each
+            found = (self.layout.locate(start) for start, _ in spans)
+            self._tiles.fetch_ahead([f[:3] for f in found if f is not None])
+        return spans
 
     def push_wanted(self, offset: int) -> bool:
         """Whether the tile at `offset` is still worth pushing (`Pusher.push_wanted`)."""

@@ -270,6 +270,15 @@ class Tiles:
         parts = [np.frombuffer(self.assemble(lv, p, tile), dtype=dtype) for p in planes]
         return np.stack(parts, axis=-1).tobytes()
 
+    def fetch_ahead(self, keys: list[tuple[int, int, int]]) -> None:
+        """Start fetching the chunks of these tiles (level, plane, tile) from a remote
+        store all at once, for the reads to come; returns at once."""
+        wanted: dict[int, list[tuple[int, ...]]] = {}
+        for level, plane, tile in keys:
+            wanted.setdefault(level, []).extend(self._tile_chunks(self.levels[level], plane, tile))
+        for level, coords in wanted.items():
+            self.levels[level].array.fetch_ahead(coords)
+
     def _tile_chunks(self, lv: Level, plane: int, tile: int) -> list[tuple[int, ...]]:
         """The chunks a tile of a plane overlaps."""
         ty, tx = divmod(tile, lv.tiles_across)
