@@ -170,3 +170,65 @@ def test_nested_dataset_paths_carry_their_axes_and_scales(tmp_path: Path, versio
             assert tif.series[0].axes == "CYX"
             x_resolution = tif.pages[0].tags["XResolution"].value
             assert x_resolution[1] / x_resolution[0] == pytest.approx(0.65 * 2**level)
+
+
+def _lazy_view(monkeypatch: pytest.MonkeyPatch, src: Path):
+    """The view of `src` built as for a remote store (groups open their members when first
+    looked at), with the list of store directories its listings asked for."""
+    from zfuse.view import tree
+    from zfuse.view.source import StoreAccess
+
+    monkeypatch.setattr(tree, "store_access", lambda store: StoreAccess(remote=True))
+    listed: list[str] = []
+    group = zarr.open_group(str(src), mode="r")
+    real = type(group.store_path.store).list_dir
+
+    def list_dir(self, prefix: str):  # type: ignore[no-untyped-def]
+        listed.append(prefix)
+        return real(self, prefix)
+
+    monkeypatch.setattr(type(group.store_path.store), "list_dir", list_dir)
+    return build_view(group, ViewOptions()), listed
+
+
+def test_a_remote_groups_members_are_opened_when_first_looked_at(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A remote store's view is built from the root alone: a group lists and opens its
+    members the first time a path goes through it (store I/O: memory-only callers get
+    NEEDS_IO), once; problems are found then, and watchers hear of them."""
+    from zfuse.view.tree import NEEDS_IO
+
+    src = _group_with_bad_members(tmp_path)
+    view, listed = _lazy_view(monkeypatch, src)
+    assert listed == [] and view.problems == [] and list(view.arrays()) == []
+    heard: list[str] = []
+    view.watch_problems(lambda problem: heard.append(problem.path))
+    assert view.entry(("good",), memory_only=True) is NEEDS_IO
+    assert view.needs_io((), listing=True) and view.needs_io(("good",))
+    assert view.chunk_at(("good", "c", "0.tiff"), memory_only=True) == (None, None)
+    assert view.entry(("zarr.json",), memory_only=True) is not NEEDS_IO  # the root's own document
+    assert view.entry(("good", "c", "0.tiff")) is not None  # opens the root's members
+    assert listed == [""]
+    assert sorted(p.path for p in view.problems) == sorted(heard) == ["codec", "dtype", "fill"]
+    assert [path for path, _ in view.arrays()] == [("good",)]
+    assert not view.needs_io((), listing=True) and view.entry(("good",), memory_only=True) is not NEEDS_IO
+    assert view.entry(("sub", "broken"), memory_only=True) is NEEDS_IO  # sub: not yet
+    assert [name for name, _ in view.list_dir(("sub",))] == ["broken", "zarr.json"]
+    assert listed == ["", "sub"] and heard[-1] == "sub/broken"
+    view.open_all()  # (nothing left to open: no listing more)
+    assert listed == ["", "sub"]
+
+
+def test_a_remote_multiscale_opens_the_groups_its_datasets_lie_in_with_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """ngff-zarr's `scale0/image`: opening the multiscale group opens scale0 and scale1
+    too, so its pyramid.ome.tif is planned from memory."""
+    src = tmp_path / "n.zarr"
+    stores.ngff_nested(src, "0.5")
+    view, listed = _lazy_view(monkeypatch, src)
+    assert view.needs_io((), listing=True)
+    names = [name for name, _ in view.list_dir(())]
+    assert "pyramid.ome.tif" in names and sorted(listed) == ["", "scale0", "scale1"]
+    assert not view.needs_io(("pyramid.ome.tif",)) and not view.needs_io(("scale0",), listing=True)

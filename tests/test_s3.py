@@ -319,6 +319,28 @@ def test_a_region_of_the_whole_image_fetches_only_the_chunks_it_covers(
     assert gets == [f"/{bucket}/w.zarr/c/{y}/{x}" for y in range(3) for x in range(3)], gets
 
 
+def test_a_member_not_shown_is_journaled_when_its_group_is_opened(
+    s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
+) -> None:
+    """A remote group opens its members when first listed: a member zfuse cannot show is
+    then in `.zfuse/errors` with its reason, as a local one is at mount (SEMANTICS [remote-6])."""
+    local = tmp_path / "g.zarr"
+    root = zarr.open_group(str(local), mode="w")
+    root.create_array("good", shape=(4,), chunks=(2,), dtype="u1")[...] = 5
+    root.create_array("codec", shape=(4,), chunks=(2,), dtype="u1")
+    doc = json.loads((local / "codec" / "zarr.json").read_text())
+    doc["codecs"] = [{"name": "bytes"}, {"name": "no-such-codec"}]
+    (local / "codec" / "zarr.json").write_text(json.dumps(doc))
+    bucket = new_bucket(s3)
+    upload(s3, local, bucket, "g.zarr")
+    m = s3_mount(mount, s3, f"s3://{bucket}/g.zarr", options="ro")
+    assert b"codec" not in (m.path / ".zfuse" / "errors").read_bytes()  # not opened yet
+    assert sorted(os.listdir(m.path)) == ["codec", "good", "zarr.json"]
+    errors = (m.path / ".zfuse" / "errors").read_text()
+    assert "not shown: array 'codec': codec 'no-such-codec' is not known" in errors, errors
+    assert sorted(os.listdir(m.path / "codec")) == ["README", "zarr.json"]
+
+
 def test_concat_parts_array_reads_from_s3(s3: S3Server, aws_env: None, mount: Any, tmp_path: Path) -> None:
     stores.concat_parts(tmp_path / "cp.zarr")
     local = stores.open_any(tmp_path / "cp.zarr")
@@ -528,9 +550,17 @@ def test_mount_reads_the_root_metadata_once_and_probes_no_other_format(
     if kind == "v2 group":  # zarr.json first (not there), then v2's documents at once
         assert at_root[0] == "zarr.json" and {".zarray", ".zgroup", ".zattrs"} <= set(at_root), reads
         assert at_root.count(".zgroup") == at_root.count(".zattrs") == 1, reads
-    else:  # the root's zarr.json, once; no v2 probe; members are opened lazily
+    else:  # the root's zarr.json, once; no v2 probe
         assert at_root == ["zarr.json"], reads
-    os.listdir(m.path)
+    if kind != "array":  # a group's members are opened when first looked at: no LIST, no member read
+        listings = [r for r in s3.requests()[since:] if "list-type=2" in r.query]
+        assert [r for r in reads if r.startswith("a/")] == [] and listings == [], (reads, listings)
+        since = len(s3.requests())
+    assert "a" in os.listdir(m.path) or kind == "array"
+    if kind != "array":
+        reads = [r.path.removeprefix(f"/{bucket}/r.zarr/") for r in s3.requests()[since:] if r.method == "GET"]
+        assert any(r.startswith("a/") for r in reads), reads  # opened now
+        assert sorted(os.listdir(m.path / "a")) and (m.path / "a" / "image.ome.tif").stat().st_size
 
 
 def test_ls_lr_of_a_sharded_array_lists_each_store_directory_once(

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
 
 def describe_source(config: MountConfig) -> dict[str, Any]:
     view = make_view(config)
+    view.open_all()  # (a remote store's groups open lazily on a mount; info shows them all)
     reasons = {problem.path: problem.reason for problem in view.problems}
     arrays = []
     for path, arr in view.arrays():

@@ -264,13 +264,20 @@ class FileSystem:
         self.journal_lines.add(path, reason)
 
     def _journal_problems(self, view: View) -> None:
-        """Arrays the view shows without chunk files, and why: in `.zfuse/errors` too."""
-        for problem in getattr(view, "problems", ()):
+        """Arrays the view shows without chunk files, and why: in `.zfuse/errors` too (also
+        those found later, as a remote store's groups are opened)."""
+        def journal(problem: Any) -> None:
             self.journal(tuple(problem.path.split("/")) if problem.path else (), f"not shown: {problem.reason}")
+
+        for problem in getattr(view, "problems", ()):
+            journal(problem)
+        watch = getattr(view, "watch_problems", None)
+        if watch is not None:
+            watch(journal)
 
     def store_key(self, path: Path) -> str:
         """The store key behind a path, for log lines (the chunk's key, or the path)."""
-        arr, coords = self.view.chunk_at(path)
+        arr, coords = self.view.chunk_at(path, memory_only=True)
         if arr is None or coords is None:
             return "/".join(path) or "/"
         return arr.key_name(coords)
@@ -828,6 +835,9 @@ class FileSystem:
         if self.reload is not None:
             try:
                 view = await self.run(self.reload)
+                # what is rebound below (open files, pending writes) found from memory
+                await self.run(view.open_paths, [h.path for h in self.handles.values()]
+                               + self.writes.paths_held())
             except Exception as e:  # keep serving the old view rather than nothing
                 log.error("reload failed, keeping the previous view: %s", e)
                 self.journal((), f"reload failed, keeping the previous view: {e}")
@@ -849,7 +859,7 @@ class FileSystem:
                     continue
                 if not isinstance(handle, ChunkHandle):
                     continue
-                arr, coords = view.chunk_at(handle.path)
+                arr, coords = view.chunk_at(handle.path, memory_only=True)  # (opened above)
                 if arr is not None and arr.layout is not None and coords is not None:
                     handle.array, handle.coords = arr, coords
                     if isinstance(handle, StoredChunkHandle):  # the store as it is now: reopened
@@ -880,8 +890,8 @@ class FileSystem:
     async def _rebind_image(self, handle: WholeImageHandle) -> None:
         """An open whole-image file follows a reload if its byte layout is unchanged;
         otherwise its reads fail (EIO, logged): the reader must reopen it."""
-        entry = self.view.entry(handle.path)
-        new = entry.reader if entry is not None and entry.node is Node.IMAGE else None
+        entry = self.view.entry(handle.path, memory_only=True)  # (its groups opened by the reload)
+        new = entry.reader if isinstance(entry, Entry) and entry.node is Node.IMAGE else None
         try:
             same = new is not None and await self.run(handle.reader.same_layout, new)
         except Exception as e:

@@ -20,13 +20,13 @@ Invariants:
 
 from __future__ import annotations
 
+import bisect
 import enum
 import json
 import logging
 import operator
 import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
 import zarr
@@ -44,7 +44,7 @@ from zfuse.view.hierarchy import (
     unsupported_metadata,
     unsupported_reason,
 )
-from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, ZarrChunkSource
+from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, ZarrChunkSource, store_access
 from zfuse.view.tiff_meta import ome_axes, ome_datasets
 from zfuse.view.whole_image import NAMES as IMAGE_NAMES
 from zfuse.view.whole_image import ImageWorkers, WholeImage, plan_whole_images
@@ -63,15 +63,47 @@ class NeedsIO(enum.Enum):
 NEEDS_IO = NeedsIO.NEEDS_IO
 CHUNK_ENTRIES_KEPT = 16384  # chunk files remembered as existing (View.entry)
 
-@dataclass
 class _Node:
-    """A group or array of the hierarchy."""
+    """A group or array of the hierarchy.
 
-    kind: str  # "group" | "array"
-    children: dict[str, _Node] = field(default_factory=dict)
-    array: ArrayView | None = None
-    metadata: bytes = b""
-    readme: bytes = b""  # why the node is shown without chunk files (empty: it is not)
+    A group of a remote store opens its members the first time they are asked for
+    (`children`: a listing and a metadata read per member), not at mount; `loaded`
+    says whether that is done, for callers on an event loop that must not wait."""
+
+    __slots__ = ("_children", "_lock", "_open_members", "array", "kind", "metadata", "readme")
+
+    def __init__(self, kind: str, *, array: ArrayView | None = None, metadata: bytes = b"", readme: bytes = b"",
+                 open_members: Callable[[], dict[str, _Node]] | None = None) -> None:
+        self.kind = kind  # "group" | "array"
+        self.array = array
+        self.metadata = metadata
+        self.readme = readme  # why the node is shown without chunk files (empty: it is not)
+        self._open_members = open_members
+        self._children: dict[str, _Node] | None = {} if open_members is None else None
+        self._lock = threading.Lock()
+
+    @property
+    def loaded(self) -> bool:
+        """Whether the members are open (`children` reads nothing)."""
+        return self._children is not None
+
+    @property
+    def children(self) -> dict[str, _Node]:
+        """The members by name, opened now if they are not yet (store I/O; a failure,
+        such as a timeout, leaves them to be opened on the next ask)."""
+        children = self._children
+        if children is None:
+            with self._lock:  # one opening for every thread that asks meanwhile
+                if self._children is None:
+                    assert self._open_members is not None
+                    self._children = self._open_members()
+                    self._open_members = None
+                children = self._children
+        return children
+
+    def opened_children(self) -> dict[str, _Node]:
+        """The members opened so far ({} before `children` opened them)."""
+        return self._children or {}
 
 
 class Problem(NamedTuple):
@@ -81,17 +113,45 @@ class Problem(NamedTuple):
     reason: str
 
 
+class Problems:
+    """The nodes shown without chunk files, found as groups open their members (from
+    worker threads), kept in path order; watchers hear of each new one."""
+
+    def __init__(self) -> None:
+        self._found: list[Problem] = []
+        self._watchers: list[Callable[[Problem], None]] = []
+        self._lock = threading.Lock()
+
+    def add(self, problem: Problem) -> None:
+        with self._lock:
+            bisect.insort(self._found, problem, key=_problem_path)
+            watchers = list(self._watchers)
+        for seen in watchers:
+            seen(problem)
+
+    def found(self) -> list[Problem]:
+        with self._lock:
+            return list(self._found)
+
+    def watch(self, seen: Callable[[Problem], None]) -> None:
+        with self._lock:
+            self._watchers.append(seen)
+
+
+_problem_path = operator.attrgetter("path")
+
+
 class View:
     """The whole mount: a hierarchy of groups and arrays, addressed by path."""
 
     def __init__(
-        self, root: _Node, options: ViewOptions, cache: ChunkCache, problems: list[Problem] | None = None
+        self, root: _Node, options: ViewOptions, cache: ChunkCache, problems: Problems | None = None
     ) -> None:
         self.root = root
         self.options = options
         self.cache = cache
-        # every array (or group) shown without chunk files, with the reason, in path order
-        self.problems: list[Problem] = problems or []
+        # every array (or group) shown without chunk files, with the reason, as found
+        self._problems = problems or Problems()
         # directory path -> why it has no whole-image file (planned when first looked at)
         self.images_not_shown: dict[str, str] = {}
         self._images: dict[tuple[str, ...], dict[str, WholeImage]] = {}
@@ -104,33 +164,76 @@ class View:
         # again, until the array's listings change (a write, a removal, a refresh)
         self._chunk_entries: dict[tuple[str, ...], tuple[ArrayView, Any, Entry]] = {}
 
+    @property
+    def problems(self) -> list[Problem]:
+        """Every node shown without chunk files so far, and why, in path order (a remote
+        group's members are looked at when the group is first opened)."""
+        return self._problems.found()
+
+    def watch_problems(self, seen: Callable[[Problem], None]) -> None:
+        """Call `seen` with every problem found from now on (any thread)."""
+        self._problems.watch(seen)
+
     def arrays(self) -> Iterator[tuple[tuple[str, ...], ArrayView]]:
+        """Every array of the groups opened so far (`open_all` first for all of them)."""
         def walk(node: _Node, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], ArrayView]]:
             if node.array is not None:
                 yield path, node.array
-            for name, child in node.children.items():
+            for name, child in node.opened_children().items():
                 yield from walk(child, (*path, name))
 
         yield from walk(self.root, ())
 
-    def _split(self, path: tuple[str, ...]) -> tuple[_Node, tuple[str, ...]]:
-        """The deepest group/array node on `path`, and the rest of the path."""
+    def open_all(self) -> None:
+        """Open every group's members (store I/O: the whole hierarchy, as `zfuse info`
+        describes it)."""
+        def walk(node: _Node) -> None:
+            for child in node.children.values():
+                walk(child)
+
+        walk(self.root)
+
+    def open_paths(self, paths: Iterator[tuple[str, ...]] | list[tuple[str, ...]]) -> None:
+        """Open the groups on these paths (store I/O), so that what a reload rebinds to
+        (open files, pending writes) is found from memory."""
+        for path in paths:
+            try:
+                self._split(path)
+            except Exception as e:  # (its rebinding then finds nothing: the old node is kept)
+                log.warning("%s: could not open the groups on the way: %s", "/".join(path), e)
+
+    def _split(self, path: tuple[str, ...], *, memory_only: bool = False) -> tuple[_Node, tuple[str, ...]] | None:
+        """The deepest group/array node on `path`, and the rest of the path. Groups on
+        the way open their members if they have not (store I/O), unless `memory_only`:
+        then None, the answer needs that I/O."""
         node = self.root
         for i, name in enumerate(path):
+            if memory_only and not node.loaded:
+                # (a group's own zarr.json is no member's name: answered as it is)
+                return (node, path[i:]) if path[i:] == (META_NAME,) else None
             child = node.children.get(name)
             if child is None:
                 return node, path[i:]
             node = child
         return node, ()
 
+    def _split_opening(self, path: tuple[str, ...]) -> tuple[_Node, tuple[str, ...]]:
+        split = self._split(path)
+        assert split is not None
+        return split
+
     def array_at(self, path: tuple[str, ...]) -> tuple[ArrayView | None, tuple[str, ...]]:
-        node, rest = self._split(path)
+        node, rest = self._split_opening(path)
         return node.array, rest
 
-    def chunk_at(self, path: tuple[str, ...]) -> tuple[ArrayView | None, Coords | None]:
+    def chunk_at(self, path: tuple[str, ...], *, memory_only: bool = False) -> tuple[ArrayView | None, Coords | None]:
         """The array `path` is in, and the chunk it names (None: not a chunk file name).
-        From the name alone: whether that chunk exists is not asked."""
-        arr, rest = self.array_at(path)
+        From the name alone: whether that chunk exists is not asked. `memory_only`:
+        (None, None) where a group on the way has not opened its members yet."""
+        split = self._split(path, memory_only=memory_only)
+        if split is None:
+            return None, None
+        arr, rest = split[0].array, split[1]
         return arr, (arr.coords_of(rest) if arr is not None and rest else None)
 
     def needs_io(self, path: tuple[str, ...], *, listing: bool = False) -> bool:
@@ -138,7 +241,13 @@ class View:
         False: the answer is in memory, callers on an event loop may call directly."""
         if not listing:
             return self.entry(path, memory_only=True) is NEEDS_IO
-        arr, rest = self.array_at(path)
+        split = self._split(path, memory_only=True)
+        if split is None:
+            return True
+        node, rest = split
+        if not rest and not node.loaded:
+            return True  # a group whose members are not open yet
+        arr = node.array
         return arr is not None and arr.needs_listing(rest)
 
     def entry(self, path: tuple[str, ...], *, memory_only: bool = False) -> Entry | None | NeedsIO:
@@ -149,7 +258,10 @@ class View:
         known = self._chunk_entries.get(path)
         if known is not None and known[0].listing_version == known[1]:
             return known[2]
-        node, rest = self._split(path)
+        split = self._split(path, memory_only=memory_only)
+        if split is None:
+            return NEEDS_IO  # a group on the way opens its members first
+        node, rest = split
         if not rest:
             return Entry(Node(node.kind), array=node.array)
         if rest == (META_NAME,):
@@ -190,7 +302,7 @@ class View:
 
     def iter_entries(self, path: tuple[str, ...]) -> Iterator[list[tuple[str, Entry]]]:
         """Pages of a directory's entries, in listing order (see `list_dir`)."""
-        node, rest = self._split(path)
+        node, rest = self._split_opening(path)
         if not rest:
             first = [(META_NAME, Entry(Node.META, size=len(node.metadata), content=node.metadata))]
             if node.readme:
@@ -220,7 +332,7 @@ class View:
         """List chunk directory `path` into the listing cache, if it is not there
         (store I/O: worker thread). For a recursive walker (`ls -R`, `find`), whose
         next directories are then answered from memory. True: it was listed."""
-        node, rest = self._split(path)
+        node, rest = self._split_opening(path)
         arr = node.array
         if arr is None or not arr.needs_listing(rest):
             return False
@@ -231,7 +343,10 @@ class View:
     def listed_subdirs(self, path: tuple[str, ...], limit: int) -> list[str] | None:
         """The subdirectory names of chunk directory `path`, sorted, from its listing in
         memory; None when it is not listed, [] when it has more than `limit` entries."""
-        node, rest = self._split(path)
+        split = self._split(path, memory_only=True)
+        if split is None:
+            return None
+        node, rest = split
         arr = node.array
         if arr is None or arr.layout is None or arr.needs_listing(rest):
             return None
@@ -248,13 +363,15 @@ class View:
     def lists_locally(self, path: tuple[str, ...]) -> bool:
         """Whether listing directory `path` reads a local disk (short work in the calling
         thread), not a remote store."""
-        arr = self._split(path)[0].array
+        split = self._split(path, memory_only=True)
+        arr = None if split is None else split[0].array
         return arr is not None and arr.source.lists_locally
 
     def listing_version(self, path: tuple[str, ...]) -> Any:
         """A token that changes whenever a listing of `path` could (a refresh, a chunk
         added or removed in its array): a snapshot taken at an equal token is current."""
-        arr = self._split(path)[0].array
+        split = self._split(path, memory_only=True)
+        arr = None if split is None else split[0].array
         return None if arr is None else arr.listing_version
 
     def uniform_listing(self, path: tuple[str, ...]) -> tuple[list[str], Node, int, Any] | None:
@@ -262,7 +379,10 @@ class View:
         listing is in memory and its entries all share their attributes: every one a
         chunk file of one size, or every one a chunk directory. What a `list_dir` of it
         would show, without an Entry per name; None otherwise. From memory only."""
-        node, rest = self._split(path)
+        split = self._split(path, memory_only=True)
+        if split is None:
+            return None
+        node, rest = split
         arr = node.array
         if arr is None or not rest or arr.layout is None or not arr.is_key_prefix(rest):
             return None
@@ -295,10 +415,10 @@ class View:
             if images is not None and not any(i.stale for i in images.values()):
                 return images
         if node is None:
-            node, rest = self._split(path)
+            node, rest = self._split_opening(path)
             if rest:
                 return {}
-        parent = self._split(path[:-1])[0] if path else None
+        parent = self._split_opening(path[:-1])[0] if path else None
         images = plan_whole_images(path, node, parent, self.images_not_shown, workers=self.image_workers)
         with self._images_lock:
             self._images[path] = images
@@ -411,17 +531,21 @@ def build_view(
     Each member is opened on its own (`hierarchy.group_members`): an array
     that zarr-python cannot open, or that has no TIFF form, is a directory
     with its ``zarr.json`` and a ``README`` saying why, and is listed in
-    `View.problems`; its neighbours are shown as usual.
+    `View.problems`; its neighbours are shown as usual. A local store's groups are
+    opened here, all of them; a remote store's when first looked at (`_Node.children`).
     """
     cache = ChunkCache(options.cache_bytes)
     caches = ViewCaches(options.listing_cache_names, options.shard_index_cache_bytes, stats)
-    problems: list[Problem] = []
+    problems = Problems()
+    # a remote store's groups open their members when first looked at: a mount is
+    # live once the root is read, not after a listing and a request per member
+    lazy = isinstance(obj, zarr.Group) and store_access(obj.store_path.store).remote
 
     def shown_path(path: tuple[str, ...]) -> str:
         return "/".join(path) or "/"
 
     def not_shown(path: tuple[str, ...], kind: str, reason: str, metadata: bytes) -> _Node:
-        problems.append(Problem(shown_path(path), reason))
+        problems.add(Problem(shown_path(path), reason))
         log.warning("%s", reason)
         return _Node(kind, metadata=metadata, readme=_readme(reason))
 
@@ -449,27 +573,43 @@ def build_view(
                    datasets: dict[tuple[str, ...], dict[str, Any]]) -> _Node:
         """`datasets`: OME axes and scales of the arrays that multiscales of groups above
         name, by path: a dataset may be nested (ngff-zarr's `scale0/image`)."""
-        node = _Node("group", metadata=_group_metadata(group))
         attrs = dict(group.attrs)
         here = ome_datasets(attrs) or {}
         datasets = {**datasets, **{(*path, *rel.split("/")): ome for rel, ome in here.items() if rel}}
-        for name, member in group_members(group):
-            member_path = (*path, name)
-            if isinstance(member, BaseException):
-                node.children[name] = failed_node(group, name, member, member_path)
-            elif isinstance(member, zarr.Group):
-                child = group_node(member, member_path, datasets)
-                if isinstance(member, ImplicitGroup) and not child.children:
-                    continue  # a directory with nothing zarr can reach below it
-                node.children[name] = child
-            else:
-                try:
-                    source: ChunkSource = ZarrChunkSource(member, name=member.path)
-                except Exception as exc:
-                    node.children[name] = failed_node(group, name, exc, member_path)
-                    continue
-                ome = datasets.get(member_path) or ome_axes(attrs, name)
-                node.children[name] = array_node(source, ome, member_path)
+
+        def open_members() -> dict[str, _Node]:
+            children: dict[str, _Node] = {}
+            for name, member in group_members(group):
+                member_path = (*path, name)
+                if isinstance(member, BaseException):
+                    children[name] = failed_node(group, name, member, member_path)
+                elif isinstance(member, zarr.Group):
+                    child = group_node(member, member_path, datasets)
+                    if isinstance(member, ImplicitGroup) and not child.children:
+                        continue  # a directory with nothing zarr can reach below it
+                    children[name] = child
+                else:
+                    try:
+                        source: ChunkSource = ZarrChunkSource(member, name=member.path)
+                    except Exception as exc:
+                        children[name] = failed_node(group, name, exc, member_path)
+                        continue
+                    ome = datasets.get(member_path) or ome_axes(attrs, name)
+                    children[name] = array_node(source, ome, member_path)
+            # the groups this one's multiscale datasets lie in (ngff-zarr's scale0/image)
+            # open with it: its pyramid file is then planned from memory
+            for rel in here:
+                nodes = children
+                for name in rel.split("/")[:-1]:
+                    below = nodes.get(name)
+                    if below is None:
+                        break
+                    nodes = below.children
+            return children
+
+        node = _Node("group", metadata=_group_metadata(group), open_members=open_members)
+        if not lazy:
+            node.children  # noqa: B018 - a local store's members are opened now, all of them
         return node
 
     if isinstance(obj, zarr.Group):
@@ -478,5 +618,4 @@ def build_view(
         root = array_node(ZarrChunkSource(obj, name=obj.path), None, ())
     else:
         root = array_node(obj, None, ())
-    problems.sort(key=lambda p: p.path)
     return View(root, options, cache, problems)

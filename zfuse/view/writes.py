@@ -784,17 +784,21 @@ class Writes:
             raise NotAllowedError(errno.ENOTEMPTY, "not empty")
         raise NotAllowedError(errno.EPERM, "groups and arrays cannot be removed")
 
+    def paths_held(self) -> list[tuple[str, ...]]:
+        """The paths `rebind` looks up: pending files and removed chunks."""
+        return [state.path for state in self.states.values()] + list(self.removed)
+
     def rebind(self, view: View) -> None:
         """After a reload: point every state at its array in the new view."""
         self.view = view
         for state in self.states.values():
             if state.array is None or state.coords is None:
                 continue
-            arr, coords = view.chunk_at(state.path)
+            arr, coords = view.chunk_at(state.path, memory_only=True)  # (opened by the reload)
             if arr is not None and arr.layout is not None and coords is not None:
                 state.array, state.coords = arr, coords
         for path in self.removed:  # still hidden in the new view's listing
-            arr, coords = view.chunk_at(path)
+            arr, coords = view.chunk_at(path, memory_only=True)
             if arr is not None and coords is not None:
                 arr.remove_chunk(coords)
 
