@@ -286,3 +286,31 @@ def test_directories_of_a_flat_listing() -> None:
     assert _directories_of(["zarr.json", "c/0/1", "c/0/0", "c/10/0"]) == {
         "": ["c", "zarr.json"], "c/": ["0", "10"], "c/0/": ["0", "1"], "c/10/": ["0"]}
     assert _directories_of([]) == {}
+
+
+def test_a_walk_of_a_small_sharded_array_reads_every_shard_index_with_the_first_directory() -> None:
+    """A walker of a remote sharded array listed whole: the first chunk directory listed
+    reads the indexes of all the shards the listing found, side by side; the directories
+    of the other shard rows then read none."""
+    import zarr
+
+    store = counting_store()
+    reads: list[str] = []
+    real_get = type(store).get
+
+    async def get(self, key, prototype=None, byte_range=None):  # type: ignore[no-untyped-def]
+        reads.append(key)
+        return await real_get(self, key, prototype, byte_range)
+
+    type(store).get = get  # (this store's class only: made by counting_store)
+    arr = zarr.create_array(store, name="s", shape=(32, 32), shards=(8, 32), chunks=(8, 8), dtype="uint8",
+                            fill_value=0)
+    arr[...] = 1  # shards c/0/0 .. c/3/0, one per view directory c/0 .. c/3
+    source = _remote_source(arr)
+    reads.clear()
+    assert _listed(source, ("c",)) == [(str(i), None) for i in range(4)]
+    assert _listed(source, ("c", "0")) == [(str(j), (0, j)) for j in range(4)]
+    assert sorted(reads) == [f"s/c/{i}/0" for i in range(4)]  # every index, with the first directory
+    for i in range(1, 4):
+        assert _listed(source, ("c", str(i))) == [(str(j), (i, j)) for j in range(4)]
+    assert len(reads) == 4 and store.dirs == [] and store.flat == ["s/"]

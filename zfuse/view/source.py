@@ -65,6 +65,7 @@ LIST_WAIT = 60.0  # seconds a listing waits for the same directory's listing und
 # whole, in one request, when a walker lists a directory above its chunks
 FLAT_LISTING_OBJECTS = 1000
 FLAT_LISTING_KEYS = 2 * FLAT_LISTING_OBJECTS  # keys read at most (strays too) before giving up
+INDEXES_ALONGSIDE = 64  # shard indexes read along with a listed directory's, at most
 _FLAT = "\0flat"  # `_store_dirs` key of the whole array's listing (no store directory's name)
 _UNKNOWN = object()
 
@@ -73,13 +74,15 @@ class _SharedListing:
     """One store directory's listing (or with `children`, the whole array's), made by
     the first view directory to ask for it."""
 
-    __slots__ = ("children", "done", "names")
+    __slots__ = ("children", "done", "names", "shards")
 
     def __init__(self) -> None:
         self.done = threading.Event()
         self.names: list[str] | None = None
         # the whole array's listing: store directory ("c/0/") -> the names it holds
         self.children: dict[str, list[str]] | None = None
+        # and, of a sharded array, the shards it lists
+        self.shards: list[Any] = []
 
 
 def _directories_of(keys: list[str]) -> dict[str, list[str]]:
@@ -677,7 +680,8 @@ class ZarrChunkSource(ChunkSource):
         if local is not None:
             pages = local.list_dir_local(self.prefix + head, LIST_PAGE)
         elif flat is not None:
-            pages = iter([flat.get(head, [])])
+            assert flat.children is not None
+            pages = iter([flat.children.get(head, [])])
         elif self.sharding is not None:
             pages = self._shard_dir_names(head)
         else:
@@ -690,7 +694,9 @@ class ZarrChunkSource(ChunkSource):
             elif self.sharding is None:
                 yield self._stored_chunks(head, names, fixed)
             else:
-                yield self._inner_chunks(head, names, fixed)
+                # a walker of the whole array: the indexes of the other shards are read
+                # alongside this directory's (one round trip, not one per shard row)
+                yield self._inner_chunks(head, names, fixed, flat.shards if flat is not None else ())
 
     def _shard_dir_names(self, head: str) -> Iterator[list[str]]:
         """A remote store directory of shards, listed once for every view directory it
@@ -737,7 +743,7 @@ class ZarrChunkSource(ChunkSource):
         if not names:
             yield []
 
-    def _flat_listing(self, first: bool) -> dict[str, list[str]] | None:
+    def _flat_listing(self, first: bool) -> _SharedListing | None:
         """The whole array's store directories from one listing of its prefix, for a
         remote array of at most FLAT_LISTING_OBJECTS storage objects (one LIST page, where
         each directory would cost one: a walk of 8 chunk rows made 9 LISTs in 6 round
@@ -768,10 +774,15 @@ class ZarrChunkSource(ChunkSource):
                 raise
             if len(keys) <= FLAT_LISTING_KEYS:
                 shared.children = _directories_of(keys)
+                if self.sharding is not None:
+                    grid = self.storage_grid
+                    shared.shards = [shard for shard in map(self.decode_key, keys)
+                                     if shard is not None and len(shard) == len(grid)
+                                     and all(0 <= i < g for i, g in zip(shard, grid, strict=True))]
             shared.done.set()  # (too many keys: kept as None, each directory lists itself)
         elif not shared.done.wait(LIST_WAIT):
             return None
-        return shared.children
+        return shared if shared.children is not None else None
 
     def _unshare(self, head: str, shared: _SharedListing) -> None:
         """The listing `shared` is not kept: the view directories waiting for it list
@@ -836,7 +847,9 @@ class ZarrChunkSource(ChunkSource):
                 out.append((name, coords))
         return out
 
-    def _inner_chunks(self, head: str, names: list[str], fixed: Coords) -> DirPage:
+    def _inner_chunks(self, head: str, names: list[str], fixed: Coords, also: Sequence[Coords] = ()) -> DirPage:
+        """The inner chunks of directory `head` (names: its shards). `also`: other shards
+        whose indexes are read alongside theirs, for the directories listed next."""
         grid = self.storage_grid
         shards = []
         for name in names:
@@ -849,7 +862,9 @@ class ZarrChunkSource(ChunkSource):
         # need no trip through zarr's event loop
         indexes = [self._index_cache.get((id(self), self.prefix + self._encode_storage_key(s))) for s in shards]
         if any(index is None for index in indexes):
-            indexes = sync(self._load_indexes(shards))
+            wanted = set(shards)
+            more = [s for s in also if s not in wanted][:INDEXES_ALONGSIDE]
+            indexes = sync(self._load_indexes(shards + more))[: len(shards)]
         int_names = self._leaf_names_are_ints()
         per_shard = self.chunks_per_shard
         # a directory of the last axis (`/`-separated keys): each shard's slab of the
