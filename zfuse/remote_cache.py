@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import errno
 import hashlib
+import importlib
 import os
 import random
 import stat
@@ -32,8 +33,6 @@ import struct
 import threading
 import time
 from collections.abc import Callable
-
-import crc32c as _crc32c
 
 __all__ = ["CacheDirError", "DiskCache", "LAYOUT"]
 
@@ -55,10 +54,19 @@ class CacheDirError(ValueError):
 
 
 def _crc(*parts: bytes | memoryview) -> int:
+    import crc32c  # (imported ahead, off the mount's path: see `_import_crc_ahead`)
+
     value = 0
     for part in parts:
-        value = _crc32c.crc32c(part, value)
+        value = crc32c.crc32c(part, value)
     return value
+
+
+def _import_crc_ahead() -> None:
+    """Import crc32c in the background: its package looks up its own version in every
+    installed package's metadata, 0.06 s warm and 0.3 s with a cold page cache, which
+    a mount with a cache would otherwise wait for before it is live."""
+    threading.Thread(target=importlib.import_module, args=("crc32c",), name="import-crc32c", daemon=True).start()
 
 
 class DiskCache:
@@ -77,6 +85,7 @@ class DiskCache:
         self.limit = limit
         self._count = count if count is not None else (lambda name, amount=1: None)
         self._fd = _open_cache_dir(self.directory)
+        _import_crc_ahead()
         self._lock = threading.Lock()
         self._used: int | None = None  # bytes on disk as last scanned, plus what this process wrote since
         self._written_since_scan = 0
