@@ -428,9 +428,9 @@ def test_two_mounts_share_one_cache_at_once(s3, aws_env, mount, tmp_path: Path) 
 
 
 def test_a_shard_read_ahead_in_spans_is_found_chunk_by_chunk_after_a_remount(s3, aws_env, mount, tmp_path: Path) -> None:
-    """[remote-1] a sequential reader has a shard's inner chunks fetched ahead; with
-    -o cache= each is asked for (and kept) as its own range, never a span of several,
-    so a remount reading them in another order makes no chunk GET."""
+    """[remote-1] a sequential reader has a shard's inner chunks fetched ahead, several
+    in one ranged GET; with -o cache= each is kept as its own range all the same, so a
+    remount reading them one by one in another order makes no chunk GET."""
     import io
 
     import numpy as np
@@ -451,7 +451,8 @@ def test_a_shard_read_ahead_in_spans_is_found_chunk_by_chunk_after_a_remount(s3,
     first = mount(f"s3://{bucket}/g.zarr", "-o", opts, name="first")  # read-ahead on (a chunk cache)
     for i, j in files:
         tifffile.imread(first.path / "sharded" / "c" / str(i) / f"{j}.tiff")
-    assert s3_tests.stats(first.path).get("store_get_chunk_ranged", 0) == len(files) + 2  # and 2 indexes
+    ranged = s3_tests.stats(first.path).get("store_get_chunk_ranged", 0)
+    assert 2 + 2 <= ranged <= 2 + 8, ranged  # 2 indexes, then spans of several inner chunks
     first.unmount()
     since = len(s3.requests())
     again = mount(f"s3://{bucket}/g.zarr", "-o", opts, "--cache-size", "0", name="again")

@@ -997,20 +997,55 @@ class MeteredStore(WrapperStore[Store]):
             self._remember(key, version)
         return version
 
-    async def _get_versioned(self, key: str, byte_range: ByteRequest | None) -> bytes | None:
+    async def get_pieces(self, key: str, pieces: list[tuple[int, int]]) -> list[bytes | None]:
+        """Byte ranges `pieces` (start, end; ascending, lying close together) of remote
+        chunk object `key` (a shard's inner chunks), each kept in the disk cache as its
+        own entry, so a remount finds each however they were fetched together: those
+        the cache holds for the version this mount knows are served from it, the rest
+        come in one ranged request spanning them. None for a piece not had (the object
+        is gone or shorter: each read then asks for its own and reports why)."""
+        remote = self.remote
+        assert remote is not None
+        found: list[bytes | None] = [None] * len(pieces)
+        version = self._versions.get(key)
+        cache = self.cache
+        if cache is not None and version is not None:
+            identities = [remote.identity(key, RangeByteRequest(a, b)) for a, b in pieces]
+            found = await asyncio.to_thread(lambda: [cache.get(i, version) for i in identities])
+        missing = [i for i, data in enumerate(found) if data is None]
+        if not missing:
+            return found
+        start, end = pieces[missing[0]][0], pieces[missing[-1]][1]
+        data = await self._get_versioned(key, RangeByteRequest(start, end), cached=False)
+        if data is None or len(data) != end - start:
+            return found
+        view = memoryview(data)
+        for i in missing:
+            a, b = pieces[i]
+            found[i] = view[a - start : b - start]  # type: ignore[call-overload]
+        version = self._versions.get(key)
+        if cache is not None and version is not None:
+            entries = [(remote.identity(key, RangeByteRequest(*pieces[i])), found[i]) for i in missing]
+            await asyncio.to_thread(lambda: [cache.put(i, version, d) for i, d in entries])
+        return found
+
+    async def _get_versioned(self, key: str, byte_range: ByteRequest | None, cached: bool = True) -> bytes | None:
         """A remote chunk object (or range of it) with its version: from the disk cache
         when it holds the bytes of the version current for this mount, else one GET
-        whose response names its version (kept, and cached)."""
+        whose response names its version (kept, and cached). `cached=False`: neither
+        looked up in the cache nor put there (`get_pieces` keeps the pieces)."""
         remote = self.remote
         assert remote is not None
         identity = remote.identity(key, byte_range)
         revalidate = None
-        if self.cache is not None:
+        if self.cache is not None and cached:
             if self._versions.get(key) is None and not remote.s3:
                 await self._current_version(key)  # (no conditional GET through fsspec: one HEAD)
             version = self._versions.get(key)
             if version is not None:
-                data = self.cache.get(identity, version)  # (a local file: on zarr's loop, not FUSE's)
+                # a local file, read in a thread: the fetches ahead of a reader read
+                # several side by side (zarr's event loop is one thread)
+                data = await asyncio.to_thread(self.cache.get, identity, version)
                 if data is not None:
                     self._read_for_write(key, byte_range, version)
                     return data
@@ -1018,7 +1053,7 @@ class MeteredStore(WrapperStore[Store]):
                 # the version is not known yet (no listing, no HEAD): the entry the cache
                 # holds, if any, is served if the store says it is current (If-None-Match:
                 # one request, no bytes sent), else the GET brings the new version
-                revalidate = self.cache.get_any(identity)
+                revalidate = await asyncio.to_thread(self.cache.get_any, identity)
                 if revalidate is not None:
                     cached_version, cached = revalidate
                     try:
@@ -1051,7 +1086,7 @@ class MeteredStore(WrapperStore[Store]):
         self._remember(key, version)
         self._read_for_write(key, byte_range, version)
         self.stats.count("store_bytes_chunk", len(data))
-        if self.cache is not None and version is not None:
+        if self.cache is not None and cached and version is not None:
             await asyncio.to_thread(self.cache.put, identity, version, data)
         return data
 

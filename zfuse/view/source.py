@@ -1371,7 +1371,16 @@ class ZarrChunkSource(ChunkSource):
         for coords in wanted:
             by_shard.setdefault(self._storage_coords(coords), []).append(coords)
 
+        pieces_kept = self._caches_ranges and not self._has_transformers()
+
         async def span(key: str, start: int, end: int, members: list[tuple[int, int, Coords]]) -> None:
+            if pieces_kept:  # one request all the same; each inner chunk its own cache entry
+                async with limit:
+                    got = await self._store_access.metered.get_pieces(key, [(a, b) for a, b, _ in members])
+                for (_, _, coords), data in zip(members, got, strict=True):
+                    if data is not None:
+                        out[coords] = proto.buffer.from_bytes(data)
+                return
             async with limit:
                 buf = await self.store.get(key, prototype=proto, byte_range=RangeByteRequest(start, end))
             if buf is None or len(buf) != end - start:
@@ -1390,8 +1399,10 @@ class ZarrChunkSource(ChunkSource):
                 else:
                     ranges.append((*byte_slice, coords))
             # a disk cache (-o cache=DIR) keeps byte ranges as requested: one per inner chunk,
-            # found again after a remount whatever was read together before
-            requests = coalesce(ranges) if not self._caches_ranges else [(a, b, [(a, b, c)]) for a, b, c in ranges]
+            # found again after a remount whatever was read together (`get_pieces`; with
+            # storage transformers between, one request each)
+            requests = coalesce(ranges) if pieces_kept or not self._caches_ranges \
+                else [(a, b, [(a, b, c)]) for a, b, c in ranges]
             await asyncio.gather(*(span(key, *request) for request in requests), return_exceptions=True)
 
         await asyncio.gather(*(shard(s, inner) for s, inner in by_shard.items()), return_exceptions=True)
