@@ -141,10 +141,11 @@ class WholeImage(ImageFile):
             text = xml if xml is not None else json.dumps({"shape": list(self.shape)})
             self.is_ome = xml is not None
             if remote:
-                # the kernel's read-ahead past a region's last tile in a row (up to its
-                # whole window) reads zeros, not the next tiles: each of those would be
-                # a chunk fetched that the region does not cover
-                pad = max(levels[0].options.read_ahead_bytes, 0)
+                # the kernel's read-ahead past a region's last tile in a row reads zeros,
+                # not the next tiles: each of those would be a chunk fetched that the
+                # region does not cover. Two windows: a window read ahead asynchronously
+                # starts where the one before it ended (GDAL's reads set that off)
+                pad = 2 * max(levels[0].options.read_ahead_bytes, 0)
                 for lv in planned:
                     lv.slot = -(-lv.slot // 4096) * 4096 + -(-pad // 4096) * 4096
             self.layout = FileLayout(planned, text.encode("utf-8") + b"\0")
