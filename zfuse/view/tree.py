@@ -124,6 +124,8 @@ class Problems:
 
     def add(self, problem: Problem) -> None:
         with self._lock:
+            if problem in self._found:
+                return  # (found again: a group whose opening failed part way is opened anew)
             bisect.insort(self._found, problem, key=_problem_path)
             watchers = list(self._watchers)
         for seen in watchers:
