@@ -232,3 +232,31 @@ def test_a_remote_multiscale_opens_the_groups_its_datasets_lie_in_with_it(
     names = [name for name, _ in view.list_dir(())]
     assert "pyramid.ome.tif" in names and sorted(listed) == ["", "scale0", "scale1"]
     assert not view.needs_io(("pyramid.ome.tif",)) and not view.needs_io(("scale0",), listing=True)
+
+
+def test_a_remote_group_that_fails_to_open_is_opened_again_on_the_next_ask(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A group whose listing fails (a store that does not answer in time) fails that
+    request with the error, stays unopened, and opens on the next one; problems found
+    are listed once."""
+    from zfuse.errors import StoreTimeoutError
+    from zfuse.view import tree
+
+    src = _group_with_bad_members(tmp_path)
+    view, _ = _lazy_view(monkeypatch, src)
+    real = tree.group_members
+    calls: list[int] = []
+
+    def flaky(group):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        if len(calls) == 1:
+            raise StoreTimeoutError("list_dir of '/' took longer than 5 s")
+        return real(group)
+
+    monkeypatch.setattr(tree, "group_members", flaky)
+    with pytest.raises(StoreTimeoutError):
+        view.entry(("good",))
+    assert view.needs_io((), listing=True) and view.problems == []
+    assert view.entry(("good",)) is not None and len(calls) == 2
+    assert sorted(p.path for p in view.problems) == ["codec", "dtype", "fill"]
