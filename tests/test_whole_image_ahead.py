@@ -270,3 +270,28 @@ def test_over_a_remote_store_the_tiles_pushed_are_fetched_side_by_side(
     assert fetched == []
     assert asked(img, (3, 3)) == [(3, 4), (3, 5)]
     assert fetched == [[(3, 4), (3, 5)]]
+
+
+def test_over_a_remote_store_reads_of_a_slots_zeros_say_nothing_of_the_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[image-3] the kernel reading ahead into the zeros after a tile (late, after the
+    reader started the next row) neither counts as a read of that tile nor breaks the
+    row the reader is going through: the rest of each row is still pushed."""
+    from zfuse.view.source import ZarrChunkSource
+
+    tile_array(tmp_path / "a.zarr", 8)
+    monkeypatch.setattr(ZarrChunkSource, "fetches_remotely", property(lambda self: True))
+    img = planned(tmp_path / "a.zarr")
+    lv = img.levels[0]
+
+    def zeros_after(ty: int, tx: int) -> list[tuple[int, int]]:
+        start = img.slot_offset(0, 0, ty * lv.tiles_across + tx) + lv.tile_bytes
+        return img.pushes_after(start, 65536)
+
+    assert [asked(img, (2, 3)), asked(img, (2, 4)), asked(img, (2, 5))] == [[], [], []]
+    assert asked(img, (3, 3)) == [(3, 4), (3, 5)]
+    assert zeros_after(2, 5) == []  # the read-ahead of the row before, late
+    assert [asked(img, (3, 4)), asked(img, (3, 5))] == [[], []]
+    assert zeros_after(3, 5) == []
+    assert asked(img, (4, 3)) == [(4, 4), (4, 5)]  # the row goes on as before

@@ -119,6 +119,10 @@ class Pusher:
                 self._recent.clear()
                 self._push_marks = marks
             tiles = self.layout.tiles_in(offset, size)
+            if tiles and self._in_zeros(offset):
+                # the kernel reading ahead into the zeros after a tile (remote slots end in
+                # them): no read of that tile, nor a sign of where the reader goes
+                tiles = tiles[1:]
             if not tiles:
                 return []
             if self.remote:
@@ -163,6 +167,14 @@ class Pusher:
                 self._pushed.add(key)
                 out.append(span)
             return out
+
+    def _in_zeros(self, offset: int) -> bool:
+        """Whether `offset` lies in the zeros after a tile's bytes in its slot."""
+        found = self.layout.locate(offset) if offset >= self.layout.data_start else None
+        if found is None:
+            return False
+        count = self._byte_count(*found[:3])
+        return count is not None and found[3] >= count
 
     def _rest_of_row(self, tiles: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
         """(Under the lock.) A remote store's push: the rest of a row of a region, once
