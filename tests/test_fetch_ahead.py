@@ -288,11 +288,19 @@ def test_directories_of_a_flat_listing() -> None:
     assert _directories_of([]) == {}
 
 
-def test_a_walk_of_a_small_sharded_array_reads_every_shard_index_with_the_first_directory() -> None:
+@pytest.mark.parametrize("alongside", [64, 1])
+def test_a_walk_of_a_small_sharded_array_reads_every_shard_index_with_the_first_directory(
+    monkeypatch: pytest.MonkeyPatch, alongside: int
+) -> None:
     """A walker of a remote sharded array listed whole: the first chunk directory listed
-    reads the indexes of all the shards the listing found, side by side; the directories
-    of the other shard rows then read none."""
+    reads the indexes of the shards the listing found (up to INDEXES_ALONGSIDE more than
+    its own), side by side; the directories whose shards were read then read none, and
+    each index is read once."""
     import zarr
+
+    from zfuse.view import source as source_module
+
+    monkeypatch.setattr(source_module, "INDEXES_ALONGSIDE", alongside)
 
     store = counting_store()
     reads: list[str] = []
@@ -310,7 +318,9 @@ def test_a_walk_of_a_small_sharded_array_reads_every_shard_index_with_the_first_
     reads.clear()
     assert _listed(source, ("c",)) == [(str(i), None) for i in range(4)]
     assert _listed(source, ("c", "0")) == [(str(j), (0, j)) for j in range(4)]
-    assert sorted(reads) == [f"s/c/{i}/0" for i in range(4)]  # every index, with the first directory
+    # every index with the first directory; or, one more at a time, its own and the next
+    assert sorted(reads) == [f"s/c/{i}/0" for i in range(min(4, 1 + alongside))]
     for i in range(1, 4):
         assert _listed(source, ("c", str(i))) == [(str(j), (i, j)) for j in range(4)]
-    assert len(reads) == 4 and store.dirs == [] and store.flat == ["s/"]
+    assert sorted(reads) == [f"s/c/{i}/0" for i in range(4)]  # each once
+    assert store.dirs == [] and store.flat == ["s/"]

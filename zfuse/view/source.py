@@ -696,7 +696,8 @@ class ZarrChunkSource(ChunkSource):
             else:
                 # a walker of the whole array: the indexes of the other shards are read
                 # alongside this directory's (one round trip, not one per shard row)
-                yield self._inner_chunks(head, names, fixed, flat.shards if flat is not None else ())
+                also = functools.partial(self._shards_ahead, flat) if flat is not None else None
+                yield self._inner_chunks(head, names, fixed, also)
 
     def _shard_dir_names(self, head: str) -> Iterator[list[str]]:
         """A remote store directory of shards, listed once for every view directory it
@@ -784,6 +785,14 @@ class ZarrChunkSource(ChunkSource):
             return None
         return shared if shared.children is not None else None
 
+    def _shards_ahead(self, flat: _SharedListing) -> list[Coords]:
+        """Up to INDEXES_ALONGSIDE shards of the whole array's listing whose indexes no
+        directory listing has read yet, taken off it (each is read once this way: the
+        work of all the directories together is the number of shards)."""
+        with self._store_dirs_guard:
+            taken, flat.shards = flat.shards[:INDEXES_ALONGSIDE], flat.shards[INDEXES_ALONGSIDE:]
+        return taken
+
     def _unshare(self, head: str, shared: _SharedListing) -> None:
         """The listing `shared` is not kept: the view directories waiting for it list
         the store directory themselves."""
@@ -847,9 +856,11 @@ class ZarrChunkSource(ChunkSource):
                 out.append((name, coords))
         return out
 
-    def _inner_chunks(self, head: str, names: list[str], fixed: Coords, also: Sequence[Coords] = ()) -> DirPage:
+    def _inner_chunks(self, head: str, names: list[str], fixed: Coords,
+                      also: Callable[[], list[Coords]] | None = None) -> DirPage:
         """The inner chunks of directory `head` (names: its shards). `also`: other shards
-        whose indexes are read alongside theirs, for the directories listed next."""
+        whose indexes to read alongside theirs if theirs must be read, for the
+        directories listed next."""
         grid = self.storage_grid
         shards = []
         for name in names:
@@ -863,7 +874,7 @@ class ZarrChunkSource(ChunkSource):
         indexes = [self._index_cache.get((id(self), self.prefix + self._encode_storage_key(s))) for s in shards]
         if any(index is None for index in indexes):
             wanted = set(shards)
-            more = [s for s in also if s not in wanted][:INDEXES_ALONGSIDE]
+            more = [s for s in also() if s not in wanted] if also is not None else []
             indexes = sync(self._load_indexes(shards + more))[: len(shards)]
         int_names = self._leaf_names_are_ints()
         per_shard = self.chunks_per_shard
