@@ -777,21 +777,23 @@ class ZarrChunkSource(ChunkSource):
                 shared.children = _directories_of(keys)
                 if self.sharding is not None:
                     grid = self.storage_grid
-                    shared.shards = [shard for shard in map(self.decode_key, keys)
-                                     if shard is not None and len(shard) == len(grid)
-                                     and all(0 <= i < g for i, g in zip(shard, grid, strict=True))]
+                    # in grid order: the order a walker lists their directories in
+                    shared.shards = sorted(shard for shard in map(self.decode_key, keys)
+                                           if shard is not None and len(shard) == len(grid)
+                                           and all(0 <= i < g for i, g in zip(shard, grid, strict=True)))
             shared.done.set()  # (too many keys: kept as None, each directory lists itself)
         elif not shared.done.wait(LIST_WAIT):
             return None
         return shared if shared.children is not None else None
 
-    def _shards_ahead(self, flat: _SharedListing) -> list[Coords]:
+    def _shards_ahead(self, flat: _SharedListing, reading: set[Coords]) -> list[Coords]:
         """Up to INDEXES_ALONGSIDE shards of the whole array's listing whose indexes no
-        directory listing has read yet, taken off it (each is read once this way: the
-        work of all the directories together is the number of shards)."""
+        directory listing has read yet, besides those `reading` (being read now), taken
+        off it with those: each shard is taken once."""
         with self._store_dirs_guard:
-            taken, flat.shards = flat.shards[:INDEXES_ALONGSIDE], flat.shards[INDEXES_ALONGSIDE:]
-        return taken
+            rest = [shard for shard in flat.shards if shard not in reading]
+            out, flat.shards = rest[:INDEXES_ALONGSIDE], rest[INDEXES_ALONGSIDE:]
+        return out
 
     def _unshare(self, head: str, shared: _SharedListing) -> None:
         """The listing `shared` is not kept: the view directories waiting for it list
@@ -857,7 +859,7 @@ class ZarrChunkSource(ChunkSource):
         return out
 
     def _inner_chunks(self, head: str, names: list[str], fixed: Coords,
-                      also: Callable[[], list[Coords]] | None = None) -> DirPage:
+                      also: Callable[[set[Coords]], list[Coords]] | None = None) -> DirPage:
         """The inner chunks of directory `head` (names: its shards). `also`: other shards
         whose indexes to read alongside theirs if theirs must be read, for the
         directories listed next."""
@@ -873,8 +875,7 @@ class ZarrChunkSource(ChunkSource):
         # need no trip through zarr's event loop
         indexes = [self._index_cache.get((id(self), self.prefix + self._encode_storage_key(s))) for s in shards]
         if any(index is None for index in indexes):
-            wanted = set(shards)
-            more = [s for s in also() if s not in wanted] if also is not None else []
+            more = also(set(shards)) if also is not None else []
             indexes = sync(self._load_indexes(shards + more))[: len(shards)]
         int_names = self._leaf_names_are_ints()
         per_shard = self.chunks_per_shard
