@@ -354,6 +354,44 @@ def test_a_member_not_shown_is_journaled_when_its_group_is_opened(
     assert sorted(os.listdir(m.path / "codec")) == ["README", "zarr.json"]
 
 
+def test_a_reload_rebinds_open_files_in_a_group_not_opened_again_yet(
+    s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
+) -> None:
+    """SIGHUP builds a new view whose groups are not opened yet: the groups that open
+    files and pending writes lie in are opened in a worker thread, so a write begun
+    before the reload commits after it and a reader goes on reading (SEMANTICS [remote-6])."""
+    import signal
+
+    local = tmp_path / "g.zarr"
+    zarr.open_group(str(local), mode="w")
+    data = stores.v3(local / "a", shape=(16, 32), chunks=(8, 16), codecs="zstd")
+    bucket = new_bucket(s3)
+    upload(s3, local, bucket, "g.zarr")
+    m = s3_mount(mount, s3, f"s3://{bucket}/g.zarr")
+    c = m.path / "a" / "c"
+    reader = open(c / "1" / "1.tiff", "rb")
+    new = stores.values((8, 16), "uint16", 7)
+    tifffile.imwrite(tmp_path / "n.tif", new)
+    blob = (tmp_path / "n.tif").read_bytes()
+    fd = os.open(c / "0" / "0.tiff", os.O_WRONLY | os.O_TRUNC)
+    os.write(fd, blob[:100])
+    reloads = lambda: json.loads((m.path / ".zfuse" / "mount").read_bytes())["reloads"]  # noqa: E731
+    before = reloads()
+    os.kill(m.proc.pid, signal.SIGHUP)
+    deadline = time.monotonic() + 10
+    while reloads() == before:  # the reload done, open files rebound
+        assert time.monotonic() < deadline, m.log()
+        time.sleep(0.01)
+    os.write(fd, blob[100:])
+    os.close(fd)
+    np.testing.assert_array_equal(tifffile.imread(reader), data[8:16, 16:32])
+    reader.close()
+    on_s3 = zarr.open_array(s3_store(s3, f"s3://{bucket}/g.zarr/a"), mode="r")
+    np.testing.assert_array_equal(on_s3[0:8, 0:16], new)
+    np.testing.assert_array_equal(tifffile.imread(c / "0" / "0.tiff"), new)
+    assert "Traceback" not in m.log() and "reload failed" not in m.log()
+
+
 def test_concat_parts_array_reads_from_s3(s3: S3Server, aws_env: None, mount: Any, tmp_path: Path) -> None:
     stores.concat_parts(tmp_path / "cp.zarr")
     local = stores.open_any(tmp_path / "cp.zarr")
