@@ -776,11 +776,8 @@ class ZarrChunkSource(ChunkSource):
             if len(keys) <= FLAT_LISTING_KEYS:
                 shared.children = _directories_of(keys)
                 if self.sharding is not None:
-                    grid = self.storage_grid
                     # in grid order: the order a walker lists their directories in
-                    shared.shards = sorted(shard for shard in map(self.decode_key, keys)
-                                           if shard is not None and len(shard) == len(grid)
-                                           and all(0 <= i < g for i, g in zip(shard, grid, strict=True)))
+                    shared.shards = sorted(shard for shard in map(self._shard_of, keys) if shard is not None)
             shared.done.set()  # (too many keys: kept as None, each directory lists itself)
         elif not shared.done.wait(LIST_WAIT):
             return None
@@ -863,12 +860,7 @@ class ZarrChunkSource(ChunkSource):
         """The inner chunks of directory `head` (names: its shards). `also`: other shards
         whose indexes to read alongside theirs if theirs must be read, for the
         directories listed next."""
-        grid = self.storage_grid
-        shards = []
-        for name in names:
-            shard = self.decode_key(head + name)
-            if shard is not None and len(shard) == len(grid) and all(0 <= s < g for s, g in zip(shard, grid, strict=True)):
-                shards.append(shard)
+        shards = [shard for shard in (self._shard_of(head + name) for name in names) if shard is not None]
         out: DirPage = []
         n = len(fixed)
         # indexes already cached (the ten directories one shard covers read it once)
@@ -917,6 +909,15 @@ class ZarrChunkSource(ChunkSource):
             else:
                 out += [(self.chunk_key(c).rsplit("/", 1)[-1], c) for c in coords]
         return out
+
+    def _shard_of(self, key: str) -> Coords | None:
+        """The shard that storage key `key` (relative to the array) names, if it lies in
+        the grid of shards; else None."""
+        shard = self.decode_key(key)
+        grid = self.storage_grid
+        if shard is None or len(shard) != len(grid) or not all(0 <= i < g for i, g in zip(shard, grid, strict=True)):
+            return None
+        return shard
 
     def _chunk_map_bytes(self, index: Any) -> bytes:
         """Shard index `index`'s chunk map (one byte per inner chunk, C order, nonzero

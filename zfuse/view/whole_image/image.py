@@ -67,6 +67,12 @@ _SERIALS = itertools.count(1)
 _SLIDE_PADDING = 512 * 1024
 
 
+def _padded(slot: int, zeros: int) -> int:
+    """A tile slot of `slot` bytes followed by at least `zeros` bytes of zeros, both in
+    whole pages."""
+    return -(-slot // 4096) * 4096 + -(-zeros // 4096) * 4096
+
+
 class ImageWorkers:
     """The threads whole-image files use: one asking the OS to read chunk files ahead,
     two decoding the further tiles of one read. Started on first use; owned by the
@@ -130,7 +136,7 @@ class WholeImage(ImageFile):
                 # reads a page fault's surroundings (up to half the read-ahead window on
                 # either side): zeros there, not the neighbouring tiles, so a region
                 # decodes only its own tiles' chunks
-                lv.slot = -(-lv.slot // 4096) * 4096 + _SLIDE_PADDING
+                lv.slot = _padded(lv.slot, _SLIDE_PADDING)
             self.is_ome = False
             self.layout = FileLayout(planned, b"", successive=True, samples=samples, resolutions=slide.resolutions)
             if self.layout.planes != 1:
@@ -147,7 +153,7 @@ class WholeImage(ImageFile):
                 # starts where the one before it ended (GDAL's reads set that off)
                 pad = 2 * max(levels[0].options.read_ahead_bytes, 0)
                 for lv in planned:
-                    lv.slot = -(-lv.slot // 4096) * 4096 + -(-pad // 4096) * 4096
+                    lv.slot = _padded(lv.slot, pad)
             self.layout = FileLayout(planned, text.encode("utf-8") + b"\0")
         self._header: bytes | None = None
         self._header_lock = threading.Lock()
