@@ -548,9 +548,9 @@ def test_sequential_reader_of_a_sharded_array_fetches_shards_in_few_requests(
     assert d.get("store_get_chunk", 0) == 0  # never the whole shard object in one GET either: ranges
 
 
-def test_sequential_reader_of_chunk_objects_reads_each_once(
-    s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
-) -> None:
+def read_chunk_objects_by_name(s3: S3Server, mount: Any, tmp_path: Path) -> tuple[Any, dict[str, Any]]:
+    """A mount of a 64 x 64 array of 8 x 4 chunk objects on S3, each chunk file opened by
+    name in order (no listing) and checked: the mount, and its stats before the reads."""
     stores.v3(tmp_path / "a.zarr", shape=(64, 64), chunks=(8, 16))
     arr = zarr.open_array(str(tmp_path / "a.zarr"))
     bucket = new_bucket(s3)
@@ -560,6 +560,13 @@ def test_sequential_reader_of_chunk_objects_reads_each_once(
     for f in chunk_files_in_order(m.path, (8, 4)):
         coords = tuple(int(p) for p in f.relative_to(m.path / "c").with_suffix("").parts)
         np.testing.assert_array_equal(tifffile.imread(f), expected_chunk(arr, coords), err_msg=str(f))
+    return m, before
+
+
+def test_sequential_reader_of_chunk_objects_reads_each_once(
+    s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
+) -> None:
+    m, before = read_chunk_objects_by_name(s3, mount, tmp_path)
     assert delta(before, stats(m.path))["store_get_chunk"] == 32  # fetched ahead, never twice
 
 
@@ -645,15 +652,7 @@ def test_chunk_files_opened_by_name_ask_no_existence_check_of_chunks_fetched_ahe
 ) -> None:
     """A reader opening chunk files by name, with no listing first: each chunk is one GET;
     the lookups of the chunks fetched ahead ask no HEAD of their own."""
-    stores.v3(tmp_path / "a.zarr", shape=(64, 64), chunks=(8, 16))
-    arr = zarr.open_array(str(tmp_path / "a.zarr"))
-    bucket = new_bucket(s3)
-    upload(s3, tmp_path / "a.zarr", bucket, "a.zarr")
-    m = s3_mount(mount, s3, f"s3://{bucket}/a.zarr")
-    before = stats(m.path)
-    for f in chunk_files_in_order(m.path, (8, 4)):
-        coords = tuple(int(p) for p in f.relative_to(m.path / "c").with_suffix("").parts)
-        np.testing.assert_array_equal(tifffile.imread(f), expected_chunk(arr, coords), err_msg=str(f))
+    m, before = read_chunk_objects_by_name(s3, mount, tmp_path)
     d = delta(before, stats(m.path))
     assert d["store_get_chunk"] == 32
     # the first file's lookup asks (nothing is fetched ahead yet), and a few whose
