@@ -245,7 +245,7 @@ def test_a_remote_group_that_fails_to_open_is_opened_again_on_the_next_ask(
 
     src = _group_with_bad_members(tmp_path)
     view, _ = _lazy_view(monkeypatch, src)
-    real = tree.group_members
+    real = tree.member_names
     calls: list[int] = []
 
     def flaky(group):  # type: ignore[no-untyped-def]
@@ -254,9 +254,78 @@ def test_a_remote_group_that_fails_to_open_is_opened_again_on_the_next_ask(
             raise StoreTimeoutError("list_dir of '/' took longer than 5 s")
         return real(group)
 
-    monkeypatch.setattr(tree, "group_members", flaky)
+    monkeypatch.setattr(tree, "member_names", flaky)
     with pytest.raises(StoreTimeoutError):
         view.entry(("good",))
     assert view.needs_io((), listing=True) and view.problems == []
     assert view.entry(("good",)) is not None and len(calls) == 2
     assert sorted(p.path for p in view.problems) == ["codec", "dtype", "fill"]
+
+
+def _opened_names(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
+    """The names each opening of members asked for (`hierarchy.open_members`), in order."""
+    from zfuse.view import tree
+
+    real = tree.open_members
+    calls: list[list[str]] = []
+
+    def recorded(group, names):  # type: ignore[no-untyped-def]
+        calls.append(list(names))
+        return real(group, names)
+
+    monkeypatch.setattr(tree, "open_members", recorded)
+    return calls
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_a_big_group_opens_each_member_when_it_is_looked_up(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, remote: bool
+) -> None:
+    """[hostile-4] a group of more than MEMBERS_OPENED_TOGETHER names (here 3) is
+    listed, not opened: its directory shows the listed names; a lookup opens that one
+    member (a stray name is then no longer shown; a bad member is then a problem); the
+    rest stay unopened until looked up, or until `open_all` (`zfuse info`)."""
+    from zfuse.view import tree
+
+    src = _group_with_bad_members(tmp_path)  # codec, dtype, fill, good, sub
+    (src / "stray").mkdir()  # a directory with nothing below it: no node
+    monkeypatch.setattr(tree, "MEMBERS_OPENED_TOGETHER", 3)
+    calls = _opened_names(monkeypatch)
+    if remote:
+        view, _ = _lazy_view(monkeypatch, src)
+    else:
+        view = build_view(zarr.open_group(str(src), mode="r"), ViewOptions())
+    names = ["codec", "dtype", "fill", "good", "stray", "sub", "zarr.json"]
+    assert [n for n, _ in view.list_dir(())] == names and calls == []
+    assert not view.needs_io((), listing=True)  # listed: a readdir answers from memory
+    assert view.needs_io(("good",)) and view.problems == []
+    assert view.entry(("good", "c", "0.tiff")) is not None
+    assert calls == [["good"]] and not view.needs_io(("good", "zarr.json"))
+    assert view.entry(("stray",)) is None and view.entry(("nothing",)) is None
+    assert calls == [["good"], ["stray"]]  # (a name not listed costs nothing)
+    assert [n for n, _ in view.list_dir(())] == ["codec", "dtype", "fill", "good", "sub", "zarr.json"]
+    assert view.entry(("codec",)) is not None and [p.path for p in view.problems] == ["codec"]
+    assert [path for path, _ in view.arrays()] == [("good",)]
+    view.open_all()  # then as the view of a group opened whole
+    monkeypatch.setattr(tree, "MEMBERS_OPENED_TOGETHER", 1000)
+    whole = build_view(zarr.open_group(str(src), mode="r"), ViewOptions())
+    whole.open_all()
+    assert view.problems == whole.problems and len(whole.problems) == 4
+    assert sorted(p for p, _ in view.arrays()) == sorted(p for p, _ in whole.arrays())
+    assert view.list_dir(("sub",)) == whole.list_dir(("sub",))
+
+
+def test_a_group_of_at_most_the_bound_opens_its_members_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[hostile-4] up to MEMBERS_OPENED_TOGETHER names, a group opens all its members in
+    one go when listed (side by side), and shows only those that are nodes."""
+    from zfuse.view import tree
+
+    src = _group_with_bad_members(tmp_path)
+    (src / "stray").mkdir()
+    monkeypatch.setattr(tree, "MEMBERS_OPENED_TOGETHER", 6)
+    calls = _opened_names(monkeypatch)
+    view, _ = _lazy_view(monkeypatch, src)
+    assert [n for n, _ in view.list_dir(())] == ["codec", "dtype", "fill", "good", "sub", "zarr.json"]
+    assert calls == [["codec", "dtype", "fill", "good", "stray", "sub"]]

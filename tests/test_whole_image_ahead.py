@@ -295,3 +295,51 @@ def test_over_a_remote_store_reads_of_a_slots_zeros_say_nothing_of_the_reader(
     assert [asked(img, (3, 4)), asked(img, (3, 5))] == [[], []]
     assert zeros_after(3, 5) == []
     assert asked(img, (4, 3)) == [(4, 4), (4, 5)]  # the row goes on as before
+
+
+def test_over_a_remote_store_a_rows_rest_is_fetched_beside_its_first_tile(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[image-3] over a remote store the filesystem asks for the push before it serves the
+    read (the push needs the offset only): the chunks of the rest of a region's next row
+    are fetched beside its first tile's, one round trip for the row, not two."""
+    import trio
+
+    from zfuse.fs import ROOT_INODE, FileSystem
+    from zfuse.view.array_view import ArrayView
+    from zfuse.view.source import ZarrChunkSource
+    from zfuse.view.whole_image.image import WholeImage
+
+    tile_array(tmp_path / "a.zarr", 8)
+    monkeypatch.setattr(ZarrChunkSource, "fetches_remotely", property(lambda self: True))
+    events: list[tuple[str, object]] = []
+    monkeypatch.setattr(ArrayView, "fetch_ahead", lambda self, coords: events.append(("fetch", list(coords))))
+    read = WholeImage.read
+
+    def recorded_read(self: WholeImage, offset: int, size: int) -> bytes:
+        events.append(("read", offset))
+        return read(self, offset, size)
+
+    monkeypatch.setattr(WholeImage, "read", recorded_read)
+
+    class Kernel:
+        def store(self, ino: int, offset: int, data: bytes) -> None:
+            pass
+
+    stats = Stats()
+    fs = FileSystem(make_view(MountConfig([str(tmp_path / "a.zarr")], "/unused", read_only=True), stats),
+                    stats=stats, kernel=Kernel(), spawn=lambda fn, job: None, read_only=True)  # type: ignore[arg-type]
+
+    img = fs.view.whole_images(())["image.ome.tif"]
+    img.header()
+    lv = img.levels[0]
+    slot = lambda ty, tx: img.slot_offset(0, 0, ty * lv.tiles_across + tx)  # noqa: E731
+
+    async def read_tiles() -> None:
+        ino = (await fs.lookup(ROOT_INODE, "image.ome.tif", 0)).ino
+        fh = (await fs.open(ino, os.O_RDONLY, 0)).fh
+        for ty, tx in [(2, 3), (2, 4), (2, 5), (3, 3)]:
+            await fs.read(fh, slot(ty, tx), 4096)
+
+    trio.run(read_tiles)
+    assert events[-2:] == [("fetch", [(3, 4), (3, 5)]), ("read", slot(3, 3))], events

@@ -661,12 +661,17 @@ class FileSystem:
     async def read(self, fh: int, off: int, size: int) -> bytes:
         handle = self.handles[fh]
         data = handle.read_cached(off, size)
+        image = handle if isinstance(handle, WholeImageHandle) else None
+        pushed = False
         if data is None:
             self.stats.count("reads_in_threads")  # (not in memory or the page cache yet)
+            if image is not None and image.reader.pushes_before_read:
+                pushed = True
+                self.image_pages.push_for_read(image.inode.ino, image.path, image.reader, off, size)
             data = await self.run(handle.read, off, size)
         self.stats.count("bytes_read", len(data))
-        if isinstance(handle, WholeImageHandle):
-            self.image_pages.after_read(handle.inode.ino, handle.path, handle.reader, off, len(data))
+        if image is not None and not pushed:
+            self.image_pages.push_for_read(image.inode.ino, image.path, image.reader, off, len(data))
         return data
 
     @operation(_by_handle)

@@ -47,9 +47,9 @@ class ImagePages:
     def reloaded(self) -> None:
         self.epoch += 1
 
-    def after_read(self, ino: int, path: Path, reader: Any, off: int, size: int) -> None:
-        """After a read: push the tiles the reader needs next, in the background, after
-        the reply."""
+    def push_for_read(self, ino: int, path: Path, reader: Any, off: int, size: int) -> None:
+        """For a read of [off, off+size): push the tiles the reader needs next, in the
+        background (asked after the read, or before it where `reader.pushes_before_read`)."""
         if self.spawn is None or getattr(self.kernel, "store", None) is None:
             return
         spans = reader.pushes_after(off, size)

@@ -122,20 +122,34 @@ def group_members(group: zarr.Group) -> list[tuple[str, Member]]:
     Names that are not nodes (stray files, directories without metadata) are
     left out, as zarr-python leaves them out.
     """
+    return open_members(group, member_names(group))
+
+
+def member_names(group: zarr.Group) -> list[str]:
+    """The names a group's members may have, sorted: its consolidated metadata's, or
+    its listing's (store I/O: one listing), metadata objects left out. Some may be no
+    node (a stray object): `open_members` leaves those out."""
+    return sync(_member_names(zarr_private.async_group(group)))
+
+
+def open_members(group: zarr.Group, names: list[str]) -> list[tuple[str, Member]]:
+    """`group_members` of these names only (store I/O: each one's metadata, side by side)."""
     register_imagecodecs()  # a view built without `read_stored_metadata` (tests, tools)
-    return sync(_members(zarr_private.async_group(group)))
+    return sync(_members(zarr_private.async_group(group), names))
 
 
-async def _members(group: Any) -> list[tuple[str, Member]]:
+async def _member_names(group: Any) -> list[str]:
     consolidated = group.metadata.consolidated_metadata
     if consolidated is not None:
-        names = sorted(consolidated.metadata)
-    else:
-        store_path = group.store_path
-        listed = [name async for name in store_path.store.list_dir(store_path.path)]
-        # (a read-write mount's probe object, listed if the listing was made meanwhile)
-        names = sorted(n for n in listed if n not in _METADATA_OBJECTS
-                       and not n.startswith(defaults.CONDITIONS_PROBE_PREFIX))
+        return sorted(consolidated.metadata)
+    store_path = group.store_path
+    listed = [name async for name in store_path.store.list_dir(store_path.path)]
+    # (a read-write mount's probe object, listed if the listing was made meanwhile)
+    return sorted(n for n in listed if n not in _METADATA_OBJECTS
+                  and not n.startswith(defaults.CONDITIONS_PROBE_PREFIX))
+
+
+async def _members(group: Any, names: list[str]) -> list[tuple[str, Member]]:
     limit = asyncio.Semaphore(_OPEN_CONCURRENCY)
 
     async def one(name: str) -> tuple[str, Member | None]:

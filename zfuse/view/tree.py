@@ -27,7 +27,7 @@ import logging
 import operator
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 import zarr
 
@@ -37,9 +37,10 @@ from zfuse.view.caches import ViewCaches
 from zfuse.view.entry import META_NAME, Entry, Node
 from zfuse.view.hierarchy import (
     ImplicitGroup,
-    group_members,
     json_default,
+    member_names,
     node_type_of,
+    open_members,
     stored_metadata,
     unsupported_metadata,
     unsupported_reason,
@@ -62,48 +63,157 @@ class NeedsIO(enum.Enum):
 
 NEEDS_IO = NeedsIO.NEEDS_IO
 CHUNK_ENTRIES_KEPT = 16384  # chunk files remembered as existing (View.entry)
+# a group with more member names opens each member when first looked up, not all at once
+MEMBERS_OPENED_TOGETHER = 1000
+
+class MemberOpener(Protocol):
+    """How a group's members are found and opened (`build_view`)."""
+
+    datasets: list[str]  # relative paths of multiscale datasets, opened with the group
+
+    def names(self) -> list[str]:
+        """The names members may have, sorted (store I/O: a listing)."""
+
+    def open(self, names: list[str]) -> dict[str, _Node]:
+        """The nodes of these names (store I/O); names that are no node are left out."""
+
 
 class _Node:
     """A group or array of the hierarchy.
 
-    A group of a remote store opens its members the first time they are asked for
-    (`children`: a listing and a metadata read per member), not at mount; `loaded`
-    says whether that is done, for callers on an event loop that must not wait."""
+    A group lists its members when first asked (`_list`): a remote store's then, a
+    local store's at mount. A group of at most MEMBERS_OPENED_TOGETHER names opens them
+    all at once (a metadata read each, side by side). A bigger one (a plate of
+    thousands of wells, a crafted store of a million) opens each member when it is
+    first looked up, so listing it costs the listing alone and memory grows with what
+    is looked at, not with what the store holds."""
 
-    __slots__ = ("_children", "_lock", "_open_members", "array", "kind", "metadata", "readme")
+    __slots__ = ("_children", "_lock", "_names", "_opened", "_opener", "array", "kind", "metadata", "readme")
 
     def __init__(self, kind: str, *, array: ArrayView | None = None, metadata: bytes = b"", readme: bytes = b"",
-                 open_members: Callable[[], dict[str, _Node]] | None = None) -> None:
+                 opener: MemberOpener | None = None) -> None:
         self.kind = kind  # "group" | "array"
         self.array = array
         self.metadata = metadata
         self.readme = readme  # why the node is shown without chunk files (empty: it is not)
-        self._open_members = open_members
-        self._children: dict[str, _Node] | None = {} if open_members is None else None
+        self._opener = opener
+        # every member, opened (a small group, or a node without members); None: not yet
+        self._children: dict[str, _Node] | None = {} if opener is None else None
+        self._names: list[str] | None = None  # a big group: the names listed (sorted)
+        self._opened: dict[str, _Node | None] = {}  # a big group: looked up so far (None: no node)
         self._lock = threading.Lock()
 
     @property
     def loaded(self) -> bool:
-        """Whether the members are open (`children` reads nothing)."""
-        return self._children is not None
+        """Whether the members are listed (their names answer from memory)."""
+        return self._children is not None or self._names is not None
+
+    def _list(self) -> None:
+        """List the members if not yet (store I/O; a failure, such as a timeout, leaves
+        them to be listed on the next ask): one listing for every thread that asks."""
+        if self.loaded:
+            return
+        with self._lock:
+            if self.loaded:
+                return
+            opener = self._opener
+            assert opener is not None
+            names = opener.names()
+            children = opener.open(names) if len(names) <= MEMBERS_OPENED_TOGETHER else None
+            # the groups this one's multiscale datasets lie in (ngff-zarr's scale0/image)
+            # open with it: its pyramid file is then planned from memory
+            for rel in opener.datasets:
+                first, *below = rel.split("/")
+                if children is not None:
+                    node = children.get(first)
+                else:
+                    node = self._opened.get(first) if first in self._opened else \
+                        self._opened.setdefault(first, opener.open([first]).get(first))
+                for name in below[:-1]:
+                    node = None if node is None else node.member(name)
+            if children is not None:
+                self._children = children
+                self._opener = None
+            else:
+                self._names = names
+
+    def member(self, name: str) -> _Node | None:
+        """The member `name`, None if there is none (store I/O while not listed, and for a
+        big group while `name` is not opened yet)."""
+        self._list()
+        if self._children is not None:
+            return self._children.get(name)
+        assert self._names is not None and self._opener is not None
+        if name in self._opened:
+            return self._opened[name]
+        if not _listed(self._names, name):
+            return None
+        found = self._opener.open([name]).get(name)  # (outside the lock: lookups side by side)
+        with self._lock:
+            return self._opened.setdefault(name, found)
+
+    def member_in_memory(self, name: str) -> _Node | None | NeedsIO:
+        """`member(name)` if memory answers it, else NEEDS_IO."""
+        children = self._children
+        if children is not None:
+            return children.get(name)
+        names = self._names
+        if names is None:
+            return NEEDS_IO
+        if name in self._opened:
+            return self._opened[name]
+        return NEEDS_IO if _listed(names, name) else None
+
+    def has_member(self, name: str) -> bool:
+        """Whether a member may be called `name` (from the listing: nothing is opened)."""
+        self._list()
+        if self._children is not None:
+            return name in self._children
+        assert self._names is not None
+        return _listed(self._names, name)
+
+    def listing(self) -> list[tuple[str, _Node | None]]:
+        """(name, member) by name; for a big group a member not looked up yet is None:
+        a directory, neither opened nor known to be a node (store I/O: the listing)."""
+        self._list()
+        if self._children is not None:
+            return list(self._children.items())
+        assert self._names is not None
+        opened = self._opened
+        return [(name, opened.get(name)) for name in self._names if opened.get(name, True) is not None]
 
     @property
     def children(self) -> dict[str, _Node]:
-        """The members by name, opened now if they are not yet (store I/O; a failure,
-        such as a timeout, leaves them to be opened on the next ask)."""
-        children = self._children
-        if children is None:
-            with self._lock:  # one opening for every thread that asks meanwhile
-                if self._children is None:
-                    assert self._open_members is not None
-                    self._children = self._open_members()
-                    self._open_members = None
-                children = self._children
-        return children
+        """Every member by name, all opened now if they are not yet (store I/O: for a big
+        group, a metadata read per member; `zfuse info` describes them all)."""
+        self._list()
+        if self._children is not None:
+            return self._children
+        assert self._names is not None and self._opener is not None
+        missing = [name for name in self._names if name not in self._opened]
+        for start in range(0, len(missing), MEMBERS_OPENED_TOGETHER):
+            batch = missing[start:start + MEMBERS_OPENED_TOGETHER]
+            found = self._opener.open(batch)
+            with self._lock:
+                for name in batch:
+                    self._opened.setdefault(name, found.get(name))
+        return self.opened_children()
 
     def opened_children(self) -> dict[str, _Node]:
-        """The members opened so far ({} before `children` opened them)."""
-        return self._children or {}
+        """The members opened so far ({} before the group is listed)."""
+        if self._children is not None:
+            return self._children
+        return {name: node for name, node in list(self._opened.items()) if node is not None}
+
+    def is_empty(self) -> bool:
+        """Whether no member is listed (store I/O: the listing)."""
+        self._list()
+        return not (self._children or self._names)
+
+
+def _listed(names: list[str], name: str) -> bool:
+    i = bisect.bisect_left(names, name)
+    return i < len(names) and names[i] == name
 
 
 class Problem(NamedTuple):
@@ -210,13 +320,18 @@ class View:
         then None, the answer needs that I/O."""
         node = self.root
         for i, name in enumerate(path):
-            if memory_only and not node.loaded:
-                # (a group's own zarr.json is no member's name: answered as it is)
-                return (node, path[i:]) if path[i:] == (META_NAME,) else None
-            child = node.children.get(name)
+            if memory_only:
+                if not node.loaded:
+                    # (a group's own zarr.json is no member's name: answered as it is)
+                    return (node, path[i:]) if path[i:] == (META_NAME,) else None
+                child = node.member_in_memory(name)
+                if child is NEEDS_IO:
+                    return None
+            else:
+                child = node.member(name)
             if child is None:
                 return node, path[i:]
-            node = child
+            node = child  # type: ignore[assignment]
         return node, ()
 
     def _split_opening(self, path: tuple[str, ...]) -> tuple[_Node, tuple[str, ...]]:
@@ -309,7 +424,9 @@ class View:
             first = [(META_NAME, Entry(Node.META, size=len(node.metadata), content=node.metadata))]
             if node.readme:
                 first.append((README_NAME, Entry(Node.META, size=len(node.readme), content=node.readme)))
-            first += [(name, Entry(Node(child.kind), array=child.array)) for name, child in node.children.items()]
+            # (a big group's member not looked up yet: a directory, its kind unknown)
+            first += [(name, _UNOPENED if child is None else Entry(Node(child.kind), array=child.array))
+                      for name, child in node.listing()]
             first += [(name, Entry(Node.IMAGE, size=image.size, array=node.array, reader=image))
                       for name, image in self.whole_images(path, node).items()]
             yield first
@@ -438,6 +555,7 @@ class View:
         yield from walk(self.root, ())
 
 
+_UNOPENED = Entry(Node.GROUP)
 _by_name = operator.itemgetter(0)  # sort key of (name, entry) pairs (in C: no call per item)
 
 
@@ -513,6 +631,21 @@ class DirReader:
 # -- building a view from a source -------------------------------------------
 
 
+class _GroupOpener:
+    """A group's `MemberOpener`: its listing, and the opening of named members."""
+
+    __slots__ = ("_names", "datasets", "open")
+
+    def __init__(self, names: Callable[[], list[str]], open_named: Callable[[list[str]], dict[str, _Node]],
+                 datasets: list[str]) -> None:
+        self._names = names
+        self.open = open_named
+        self.datasets = datasets
+
+    def names(self) -> list[str]:
+        return self._names()
+
+
 def _group_metadata(group: zarr.Group) -> bytes:
     meta = {"zarr_format": 3, "node_type": "group", "attributes": dict(group.attrs)}
     return json.dumps(meta, indent=2, default=json_default).encode()
@@ -530,11 +663,12 @@ def build_view(
 ) -> View:
     """The view of a zarr group/array (or any chunk source) opened by the caller.
 
-    Each member is opened on its own (`hierarchy.group_members`): an array
+    Each member is opened on its own (`hierarchy.open_members`): an array
     that zarr-python cannot open, or that has no TIFF form, is a directory
     with its ``zarr.json`` and a ``README`` saying why, and is listed in
     `View.problems`; its neighbours are shown as usual. A local store's groups are
-    opened here, all of them; a remote store's when first looked at (`_Node.children`).
+    opened here, all of them; a remote store's when first looked at. A group of more
+    than MEMBERS_OPENED_TOGETHER names opens each member when it is looked up (`_Node`).
     """
     cache = ChunkCache(options.cache_bytes)
     caches = ViewCaches(options.listing_cache_names, options.shard_index_cache_bytes, stats)
@@ -579,15 +713,17 @@ def build_view(
         here = ome_datasets(attrs) or {}
         datasets = {**datasets, **{(*path, *rel.split("/")): ome for rel, ome in here.items() if rel}}
 
-        def open_members() -> dict[str, _Node]:
+        def open_named(names: list[str]) -> dict[str, _Node]:
+            if stats is not None:
+                stats.count("group_members_opened", len(names))
             children: dict[str, _Node] = {}
-            for name, member in group_members(group):
+            for name, member in open_members(group, names):
                 member_path = (*path, name)
                 if isinstance(member, BaseException):
                     children[name] = failed_node(group, name, member, member_path)
                 elif isinstance(member, zarr.Group):
                     child = group_node(member, member_path, datasets)
-                    if isinstance(member, ImplicitGroup) and not child.children:
+                    if isinstance(member, ImplicitGroup) and child.is_empty():
                         continue  # a directory with nothing zarr can reach below it
                     children[name] = child
                 else:
@@ -598,20 +734,12 @@ def build_view(
                         continue
                     ome = datasets.get(member_path) or ome_axes(attrs, name)
                     children[name] = array_node(source, ome, member_path)
-            # the groups this one's multiscale datasets lie in (ngff-zarr's scale0/image)
-            # open with it: its pyramid file is then planned from memory
-            for rel in here:
-                nodes = children
-                for name in rel.split("/")[:-1]:
-                    below = nodes.get(name)
-                    if below is None:
-                        break
-                    nodes = below.children
             return children
 
-        node = _Node("group", metadata=_group_metadata(group), open_members=open_members)
+        opener = _GroupOpener(lambda: member_names(group), open_named, [rel for rel in here if rel])
+        node = _Node("group", metadata=_group_metadata(group), opener=opener)
         if not lazy:
-            node.children  # noqa: B018 - a local store's members are opened now, all of them
+            node.is_empty()  # a local store's members are listed (and opened, up to a bound) now
         return node
 
     if isinstance(obj, zarr.Group):

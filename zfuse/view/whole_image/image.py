@@ -370,6 +370,13 @@ class WholeImage(ImageFile):
             self._tiles.fetch_ahead([f[:3] for f in found if f is not None])
         return spans
 
+    @property
+    def pushes_before_read(self) -> bool:
+        """Whether `pushes_after` is asked before the read it follows is served: over a
+        remote store the tiles it predicts are then fetched beside that read's own, not
+        a round trip after it (the prediction needs the offset only)."""
+        return self._pushes and self._push.remote
+
     def push_wanted(self, offset: int) -> bool:
         """Whether the tile at `offset` is still worth pushing (`Pusher.push_wanted`)."""
         return self._push.push_wanted(offset)
@@ -514,7 +521,7 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
                 log.debug("%s: no %s: %s", label, STRIPPED_NAME, e)
             except Exception as e:  # never lose image.ome.tif over it
                 log.warning("%s: no %s: %s", label, STRIPPED_NAME, e)
-        elif node.kind == "group" and PYRAMID_NAME not in node.children:
+        elif node.kind == "group" and not node.has_member(PYRAMID_NAME):
             attrs = _node_attrs(node)
             paths = multiscale_paths(attrs)
             arrays = [_descend(node, p) for p in paths or ()]
@@ -524,7 +531,7 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
                                                omero_channels(attrs), label=label,
                                                title=multiscale_name(attrs) or (path[-1] if path else "image"),
                                                workers=workers)
-                if SLIDE_NAME not in node.children:
+                if not node.has_member(SLIDE_NAME):
                     try:
                         slide = plan_slide(levels, paths, attrs, label)  # type: ignore[arg-type]
                         if slide is not None:
@@ -548,7 +555,7 @@ def _node_attrs(node: Any) -> dict[str, Any]:
 
 def _descend(node: Any, rel: str) -> ArrayView | None:
     for name in rel.strip("/").split("/"):
-        child = node.children.get(name)
+        child = node.member(name)
         if child is None:
             return None
         node = child

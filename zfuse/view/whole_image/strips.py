@@ -337,6 +337,8 @@ class StrippedImage(ImageFile):
         """Nothing is pushed ahead: the kernel's read-ahead follows the rows."""
         return []
 
+    pushes_before_read = False
+
     def push_wanted(self, offset: int) -> bool:
         return False
 
