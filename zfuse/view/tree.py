@@ -65,6 +65,7 @@ NEEDS_IO = NeedsIO.NEEDS_IO
 CHUNK_ENTRIES_KEPT = 16384  # chunk files remembered as existing (View.entry)
 # a group with more member names opens each member when first looked up, not all at once
 MEMBERS_OPENED_TOGETHER = 1000
+MEMBERS_OPENED_AHEAD = 16  # a lookup there opens the member and the next ones listed (one wave)
 
 class MemberOpener(Protocol):
     """How a group's members are found and opened (`build_view`)."""
@@ -146,11 +147,18 @@ class _Node:
         assert self._names is not None and self._opener is not None
         if name in self._opened:
             return self._opened[name]
-        if not _listed(self._names, name):
+        names, opened = self._names, self._opened
+        i = bisect.bisect_left(names, name)
+        if i == len(names) or names[i] != name:
             return None
-        found = self._opener.open([name]).get(name)  # (outside the lock: lookups side by side)
+        # with the names after it (a walker's next lookups, in listing order), side by side
+        batch = [name, *[n for n in names[i + 1:i + 2 * MEMBERS_OPENED_AHEAD] if n not in opened]]
+        batch = batch[:MEMBERS_OPENED_AHEAD]
+        found = self._opener.open(batch)  # (outside the lock: lookups side by side)
         with self._lock:
-            return self._opened.setdefault(name, found)
+            for n in batch:
+                opened.setdefault(n, found.get(n))
+            return opened[name]
 
     def member_in_memory(self, name: str) -> _Node | None | NeedsIO:
         """`member(name)` if memory answers it, else NEEDS_IO."""
