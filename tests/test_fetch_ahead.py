@@ -324,3 +324,35 @@ def test_a_walk_of_a_small_sharded_array_reads_every_shard_index_with_the_first_
         assert _listed(source, ("c", str(i))) == [(str(j), (i, j)) for j in range(4)]
     assert sorted(reads) == [f"s/c/{i}/0" for i in range(4)]  # each once
     assert store.dirs == [] and store.flat == ["s/"]
+
+
+def test_a_reader_past_max_entries_chunks_keeps_its_window_full(loop: asyncio.AbstractEventLoop) -> None:
+    """Chunks taken are remembered apart from the max_entries bound (they hold no bytes):
+    a sequential reader of an array of 200 chunks has every one fetched ahead, in
+    batches (before: after the first 64, none for ttl seconds: a round trip per chunk)."""
+    store = Store()
+    ahead = FetchAhead(store.fetch_many, lambda: loop)
+    got = []
+    for at in range(200):
+        ahead.ahead(list(range(at, min(at + 33, 200))))
+        got.append(ahead.take(at))
+    assert got == [f"bytes of {c}".encode() for c in range(200)]
+    assert sorted(c for batch in store.batches for c in batch) == list(range(200))  # each once
+    assert len(store.batches) < 200 // 8  # in batches, not one by one
+    assert ahead.ahead([5, 6]) == 0  # taken lately: not fetched again for another window
+
+
+def test_a_window_reaching_into_chunks_others_took_still_fetches_its_own(
+    loop: asyncio.AbstractEventLoop
+) -> None:
+    """Parallel readers, each its own rows: a window whose far half lies in chunks other
+    readers fetched is topped up by what its nearer half lacks (before: more than half
+    of it known counted as ahead, and its own chunks were fetched one by one)."""
+    store = Store()
+    ahead = FetchAhead(store.fetch_many, lambda: loop)
+    assert ahead.ahead(list(range(8, 41))) == 33  # other readers' rows
+    for c in range(8, 16):
+        ahead.take(c)
+    assert ahead.ahead(list(range(0, 33))) == 8  # this reader's own 8
+    assert ahead.take(0) == b"bytes of 0"  # (that batch fetched)
+    assert store.batches == [list(range(8, 41)), list(range(8))]

@@ -277,6 +277,25 @@ def test_ls_of_one_directory_is_one_delimited_list_and_stat_lists_nothing(
     assert reqs == [("HEAD", f"/{bucket}/r.zarr/c/3/4")], reqs
 
 
+def test_a_sequential_reader_of_many_chunks_has_them_all_fetched_ahead(
+    s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
+) -> None:
+    """[remote-7] a reader going through 160 chunk files in order (more than the 64 chunks
+    fetched ahead at once) finds nearly every chunk fetched ahead, each fetched once
+    (before: past the 64th, every chunk waited for a request of its own)."""
+    data = stores.v3(tmp_path / "a.zarr", shape=(160 * 4, 4), chunks=(4, 4), codecs="zstd")
+    bucket = new_bucket(s3)
+    upload(s3, tmp_path / "a.zarr", bucket, "a.zarr")
+    m = s3_mount(mount, s3, f"s3://{bucket}/a.zarr", options="ro")
+    since = len(s3.requests())
+    for y in range(160):
+        np.testing.assert_array_equal(tifffile.imread(m.path / "c" / str(y) / "0.tiff"), data[4 * y:4 * y + 4])
+    stats = json.loads((m.path / ".zfuse" / "stats").read_bytes())
+    gets = object_gets(s3, since, f"/{bucket}/a.zarr/c/")
+    assert sorted(path for path, _ in gets) == sorted(f"/{bucket}/a.zarr/c/{y}/0" for y in range(160))
+    assert stats.get("chunks_fetched_on_read", 0) <= 8 and stats["chunks_fetched_ahead"] >= 152, stats
+
+
 def test_a_walk_of_a_small_array_is_one_list_of_its_prefix(
     s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
 ) -> None:

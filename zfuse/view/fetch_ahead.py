@@ -14,6 +14,9 @@ chunk it could not fetch. `coalesce` merges adjacent byte ranges for it.
 
 Bounded: at most `max_entries` chunks are fetched or held, each for at most
 `ttl` seconds (a fetched chunk nobody takes is dropped, never served late);
+chunks taken are remembered (not fetched again for another reader's window) for
+`ttl` seconds, at most TAKEN_KEPT of them, apart from that bound: a reader going
+through an array of thousands of chunks keeps its window full all the way.
 `forget` drops everything (a write through the mount, a reload). A fetch that
 fails is not an error here: the read that takes it fetches again and reports.
 No FUSE; no decoding.
@@ -30,6 +33,7 @@ from collections.abc import Awaitable, Callable, Hashable, Sequence
 from typing import Any
 
 MAX_ENTRIES = 64  # chunks fetched ahead or held, per array
+TAKEN_KEPT = 4096  # chunks taken, remembered for `ttl` so other windows do not fetch them again
 TTL = 10.0  # seconds a chunk fetched ahead is held for its reader
 WAIT = 120.0  # seconds a read waits for a fetch under way (each request has its own timeout)
 
@@ -75,26 +79,33 @@ class FetchAhead:
         self.ttl = ttl
         self.clock = clock
         self._lock = threading.Lock()
-        # coords -> (the fetch's future, or None once taken; when it was asked for). A
-        # taken chunk stays as a marker until its ttl: asking for it again meanwhile
-        # (another reader's window) would fetch what its reader has just read.
-        self._entries: collections.OrderedDict[Hashable, tuple[concurrent.futures.Future[Any] | None, float]] = \
+        # coords -> (the fetch's future, when it was asked for): fetched or under way
+        self._entries: collections.OrderedDict[Hashable, tuple[concurrent.futures.Future[Any], float]] = \
             collections.OrderedDict()
+        # coords -> when asked for, of the chunks taken: asking for one again within its
+        # ttl (another reader's window) would fetch what its reader has just read. Not
+        # counted in max_entries (they hold no bytes): else a reader past max_entries
+        # chunks would find the window full of them, and fetch one chunk at a time
+        self._taken: collections.OrderedDict[Hashable, float] = collections.OrderedDict()
         self._generation = 0  # `forget`s so far: a fetch started before one is not kept
 
     def ahead(self, wanted: Sequence[Hashable]) -> int:
         """Start fetching the chunks of `wanted` (in reading order) not fetched or asked
-        for lately; how many were asked for. A window that is still half ahead of its
-        reader is not topped up: the next chunks are asked for together, in one
-        batch, once half of it is read (a shard's inner chunks then go in one request,
-        not one per chunk as the window slides)."""
+        for lately; how many were asked for. A window whose nearer half (and one more)
+        is all fetched or under way is not topped up: the next chunks are asked for
+        together, in one batch, once half of it is read (a shard's inner chunks then
+        go in one request, not one per chunk as the window slides). Only the nearer
+        half counts: a window reaching into chunks other readers took says nothing of
+        how far this reader is ahead."""
         if not wanted:
             return 0
         now = self.clock()
         with self._lock:
             self._expire(now)
-            missing = [c for c in wanted if c not in self._entries]
-            if not missing or len(wanted) - len(missing) > len(wanted) // 2:
+            entries, taken = self._entries, self._taken
+            missing = [c for c in wanted if c not in entries and c not in taken]
+            near = wanted[: len(wanted) // 2 + 1]
+            if not missing or all(c in entries or c in taken for c in near):
                 return 0
             missing = missing[: max(0, self.max_entries - len(self._entries))]
             futures: dict[Hashable, concurrent.futures.Future[Any]] = {}
@@ -144,11 +155,14 @@ class FetchAhead:
     def _answer(self, coords: Hashable, *, take: bool) -> Any:
         with self._lock:
             entry = self._entries.get(coords)
-            if entry is None or entry[0] is None:
+            if entry is None:
                 return MISSED
             future, asked = entry
             if take:
-                self._entries[coords] = (None, asked)
+                del self._entries[coords]
+                self._taken[coords] = asked
+                if len(self._taken) > TAKEN_KEPT:
+                    self._taken.popitem(last=False)
         if self.clock() - asked > self.ttl and future.done():
             return MISSED  # held too long: what the store holds now may differ
         try:
@@ -162,18 +176,25 @@ class FetchAhead:
         with self._lock:
             self._generation += 1
             for future, _ in self._entries.values():
-                if future is not None:
-                    try:
-                        future.set_exception(RuntimeError("forgotten while being fetched"))
-                    except concurrent.futures.InvalidStateError:
-                        pass  # (done already)
+                try:
+                    future.set_exception(RuntimeError("forgotten while being fetched"))
+                except concurrent.futures.InvalidStateError:
+                    pass  # (done already)
             self._entries.clear()
+            self._taken.clear()
 
     def _expire(self, now: float) -> None:
-        """(Under the lock.) Entries asked for more than `ttl` ago, oldest first."""
+        """(Under the lock.) Entries asked for more than `ttl` ago (unless under way), and
+        chunks taken then, oldest first."""
         entries = self._entries
         while entries:
             coords, (future, asked) = next(iter(entries.items()))
-            if now - asked <= self.ttl or (future is not None and not future.done()):
+            if now - asked <= self.ttl or not future.done():
                 break
             del entries[coords]
+        taken = self._taken
+        while taken:
+            coords, asked = next(iter(taken.items()))
+            if now - asked <= self.ttl:
+                break
+            del taken[coords]

@@ -1303,6 +1303,9 @@ class ZarrChunkSource(ChunkSource):
         fetches = self._fetches
         if fetches is not None:
             fetched = fetches.take(coords)  # fetched ahead, or being fetched: no request of its own
+            metered = self._store_access.metered
+            if metered is not None:
+                metered.stats.count("chunks_fetched_on_read" if fetched is MISSED else "chunks_fetched_ahead")
             if fetched is None:
                 if must_exist:
                     raise self._vanished(self.chunk_key(coords))
