@@ -36,7 +36,9 @@ cache first; zarr: open_group) and zfuse's
 mount of a local copy; sequential cold read of the zstd chunks (the mounts: the chunk
 directory listed, as `find` or a shell glob would, then the files read one after another
 like `cat`; zarr: chunk by chunk); warm re-read on the same mount; sequential cold read of
-the sharded array; 8 reader processes (zarr: `arr[:]`); a 1024x1024 region of
+the sharded array; a sequential cold read of the first 2 rows of `many` (200 one-byte
+chunk files, each row listed first; zfuse and zarr only: chunk by chunk); 8 reader
+processes (zarr: `arr[:]`); a 1024x1024 region of
 `image.ome.tif` with tifffile and with gdal_translate (zarr: slicing); `ls -lR` of `many`
 (zarr: list_prefix; first 2 repetitions, s3fs-fuse the first only); a re-read after a
 remount (zfuse, zfuse-cache and rclone-full, same cache directory). Ratios are the other system's
@@ -77,6 +79,10 @@ SHARDED = Spec("sharded", (N, N), (512, 512), shards=(2048, 2048))
 ARRAYS = {"zstd": ZSTD, "sharded": SHARDED, "pzstd": ZSTD, "psharded": SHARDED, "rzstd": ZSTD,
           "gzstd": ZSTD}
 MANY = (100, 100)  # `many`: 10,000 chunks of 1x1 uint8
+MANY_ROWS = 2  # seq_many: its first rows, 200 chunk files, more than one window fetched ahead
+# figures of many small chunks read one after another: zfuse and zarr-python only (a peer
+# makes a round trip per file, seconds per repetition, and says nothing new)
+SMALL_CHUNK_SYSTEMS = ("zfuse", "zfuse-cache", "zarr")
 REGION = (256, 256, 1024)  # y, x, size: rows/columns 256..1279 cover 3x3 chunks
 READERS = 8
 # `ls -lR` of 10,000 objects in the first 2 repetitions only, s3fs-fuse's in the first only: it
@@ -88,14 +94,16 @@ LS_REPS_OTHERS = 2
 REMOUNT_SYSTEMS = ("zfuse", "zfuse-cache", "rclone-full")
 # zfuse: default options; zfuse-cache: with -o cache=DIR (when this zfuse has it)
 SYSTEMS = ("zfuse", "zfuse-cache", "zarr", "rclone-off", "rclone-full", "s3fs")
-FIGURES = ("mount", "mount_local", "seq_zstd", "warm_zstd", "seq_sharded", "par8_zstd", "par8_sharded",
-           "region_tifffile", "region_gdal", "ls_lR", "remount_zstd", "remount_sharded")
+FIGURES = ("mount", "mount_local", "seq_zstd", "warm_zstd", "seq_sharded", "seq_many", "par8_zstd",
+           "par8_sharded", "region_tifffile", "region_gdal", "ls_lR", "remount_zstd", "remount_sharded")
 WHAT = {
     "mount": "mount until the mountpoint's first stat answers (zarr: open_group)",
     "mount_local": "zfuse only: mount of a local copy of the same group (the goal's reference)",
     "seq_zstd": "sequential cold read, 64 zstd chunks (peers: the 64 objects)",
     "warm_zstd": "warm re-read of the same on the same mount (zarr: read again)",
     "seq_sharded": "sequential cold read, sharded (zfuse 64 inner-chunk files; peers 4 shard objects)",
+    "seq_many": f"sequential cold read of {MANY_ROWS * MANY[1]} chunk files of 1 byte, listed row by row "
+                "(zfuse and zarr only)",
     "par8_zstd": "8 reader processes, zstd (zarr: arr[:])",
     "par8_sharded": "8 reader processes, sharded (zarr: arr[:])",
     "region_tifffile": "1024x1024 region of image.ome.tif, tifffile aszarr (zarr: slicing)",
@@ -436,6 +444,11 @@ class Runner:
             self.measure("seq_zstd", system, lambda: listed_and_read("zstd"))
             self.measure("warm_zstd", system, lambda: listed_and_read("zstd"), cold=False)
             self.measure("seq_sharded", system, lambda: listed_and_read("sharded"))
+            if system in SMALL_CHUNK_SYSTEMS:
+                many_rows = [root / "many" / "c" / str(y) if zf else root / GROUP / "many" / "c" / str(y)
+                             for y in range(MANY_ROWS)]
+                self.measure("seq_many", system,
+                             lambda: read_files([p for row in many_rows for p in walk_files(row)]))
             self.measure("par8_zstd", system, lambda: listed_and_read_by_8("pzstd"))
             self.measure("par8_sharded", system, lambda: listed_and_read_by_8("psharded"))
             if zf:
@@ -475,6 +488,9 @@ class Runner:
         self.measure("seq_zstd", "zarr", lambda: read_chunks(arrays["zstd"], ZSTD))
         self.measure("warm_zstd", "zarr", lambda: read_chunks(arrays["zstd"], ZSTD), cold=False)
         self.measure("seq_sharded", "zarr", lambda: read_chunks(arrays["sharded"], SHARDED))
+        many = group["many"]
+        self.measure("seq_many", "zarr",
+                     lambda: sum(many[y, x].nbytes for y in range(MANY_ROWS) for x in range(MANY[1])))
         self.measure("par8_zstd", "zarr", lambda: arrays["pzstd"][...].nbytes)
         self.measure("par8_sharded", "zarr", lambda: arrays["psharded"][...].nbytes)
         y, x, size = REGION
