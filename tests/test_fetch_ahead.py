@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -356,3 +357,78 @@ def test_a_window_reaching_into_chunks_others_took_still_fetches_its_own(
     assert ahead.ahead(list(range(0, 33))) == 8  # this reader's own 8
     assert ahead.take(0) == b"bytes of 0"  # (that batch fetched)
     assert store.batches == [list(range(8, 41)), list(range(8))]
+
+
+def test_coalesce_never_reaches_across_bytes_fetched_elsewhere() -> None:
+    spread = [(0, 100, "a"), (200, 300, "b"), (400, 500, "c")]
+    assert [r[:2] for r in coalesce(spread, gap=0, fetched_elsewhere=[(300, 400)])] == [(0, 300), (400, 500)]
+    assert [r[:2] for r in coalesce(spread, gap=1000, fetched_elsewhere=[(100, 200)])] == [(0, 100), (200, 500)]
+    assert [r[:2] for r in coalesce(spread, gap=0, fetched_elsewhere=[(600, 700)])] == [(0, 500)]
+
+
+def test_parallel_windows_over_one_shard_fetch_each_byte_once() -> None:
+    """Two readers' windows over one shard: the first asks for 6 of its 16 inner chunks
+    (one request reaching across others, as at least half of it is wanted: those come
+    with it, claimed and held for their reads), the second's window covers the whole
+    shard: it asks for the rest only. Every byte is fetched once (before: the second
+    fetched the first's spans again, and 2.5 MB of every 6.8 MB shard came twice)."""
+    import zarr
+    from zarr.storage import MemoryStore, WrapperStore
+
+    class Recording(WrapperStore[MemoryStore]):
+        def __init__(self, store: MemoryStore) -> None:
+            super().__init__(store)
+            self.ranges: list[tuple[str, Any]] = []
+
+        async def get(self, key, prototype, byte_range=None):  # type: ignore[no-untyped-def, override]
+            self.ranges.append((key, byte_range))
+            return await self._store.get(key, prototype, byte_range)
+
+    store = Recording(MemoryStore())
+    arr = zarr.create_array(store, shape=(32, 32), shards=(32, 32), chunks=(8, 8), dtype="uint16",
+                            compressors=None, fill_value=0)
+    arr[...] = np.arange(32 * 32, dtype="uint16").reshape(32, 32)  # one shard, 4 x 4 inner chunks
+    source = _remote_source(arr)
+    first = [(0, 3), (1, 2), (1, 3), (2, 3), (3, 2), (3, 3)]  # Morton 5-7 and 13-15: two spans
+    source.fetch_ahead(first)
+    assert source._fetches is not None
+    taken = {first[0]: source._fetches.take(first[0])}  # (the first window's fetch done)
+    every = [(i, j) for i in range(4) for j in range(4)]
+    source.fetch_ahead(every)
+    got = [taken.get(c) or source._fetches.take(c) for c in every]
+    assert all(g is not None and g is not MISSED for g in got)
+    spans = sorted((r.start, r.end) for key, r in store.ranges
+                   if key == "c/0/0" and r is not None and hasattr(r, "end"))
+    assert all(a_end <= b_start for (_, a_end), (b_start, _) in zip(spans, spans[1:], strict=False)), spans
+    assert sum(end - start for start, end in spans) == 16 * 8 * 8 * 2  # every inner chunk's bytes, once
+
+
+def test_a_chunk_claimed_by_a_fetch_is_answered_to_a_read_that_took_it_meanwhile(
+    loop: asyncio.AbstractEventLoop
+) -> None:
+    """A fetch claims a chunk its request brings anyway (`claim`); a read taking that
+    chunk while the fetch is under way waits for it and gets its bytes (and a chunk some
+    fetch already brings is not claimed again); outside a fetch nothing is claimed."""
+    release = threading.Event()
+    ahead: FetchAhead
+
+    async def fetch_many(wanted: list[Any]) -> dict[Any, Any]:
+        claimed = ahead.claim([1, 2, 9]) if wanted == [1, 2] else []
+        await asyncio.to_thread(release.wait, 30)
+        return {c: f"bytes of {c}".encode() for c in [*wanted, *claimed]}
+
+    ahead = FetchAhead(fetch_many, lambda: loop)
+    assert ahead.claim([5]) == []  # outside a fetch
+    assert ahead.ahead([1, 2]) == 2  # its fetch claims 9 (1 and 2 are its own already)
+    while not ahead.pending(9):
+        time.sleep(0.001)
+    result: list[Any] = []
+    reader = threading.Thread(target=lambda: result.append(ahead.take(9)))
+    reader.start()
+    while ahead.pending(9) and 9 in ahead._entries:  # until the read has taken it
+        time.sleep(0.001)
+    release.set()
+    reader.join(timeout=10)
+    assert result == [b"bytes of 9"]
+    assert ahead.ahead([9, 10]) == 1  # 9 was read: only 10 is asked for
+    assert ahead.take(10) == b"bytes of 10"

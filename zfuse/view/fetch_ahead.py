@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import concurrent.futures
+import contextvars
 import threading
 import time
 from collections.abc import Awaitable, Callable, Hashable, Sequence
@@ -42,22 +43,33 @@ MERGE_SPAN = 32 << 20  # the largest range one request fetches
 
 MISSED = object()  # `take`'s answer when nothing usable was fetched ahead
 
+# the chunks the fetch under way (`FetchAhead._fetch`, this task and those it starts)
+# claimed besides those it was asked for (`FetchAhead.claim`), with their futures
+_claims: contextvars.ContextVar[dict[Hashable, concurrent.futures.Future[Any]] | None] = \
+    contextvars.ContextVar("zfuse_fetch_claims", default=None)
+
 
 def coalesce(ranges: Sequence[tuple[int, int, Any]], gap: int = MERGE_GAP,
-             span: int = MERGE_SPAN) -> list[tuple[int, int, list[tuple[int, int, Any]]]]:
+             span: int = MERGE_SPAN, fetched_elsewhere: Sequence[tuple[int, int]] = ()
+             ) -> list[tuple[int, int, list[tuple[int, int, Any]]]]:
     """Byte ranges `(start, end, what)` merged into the fewest requests: ranges no
     more than `gap` bytes apart go in one, and so do farther ones as long as at least
     half of the request's bytes are wanted (a shard's inner chunks lie in Morton order,
     so the chunks a reader wants next in C order are apart), up to `span` bytes each.
-    Each request is `(start, end, its ranges)`, in order of offset."""
+    No request reaches across a range of `fetched_elsewhere` (`(start, end)`: bytes
+    another request brings, or brought): parallel readers' windows each fetch part of
+    one shard, and would fetch the others' parts again. Each request is `(start, end,
+    its ranges)`, in order of offset."""
     merged: list[tuple[int, int, list[tuple[int, int, Any]]]] = []
+    elsewhere = sorted(fetched_elsewhere)
     wanted = 0  # bytes wanted in the last request
     for start, end, what in sorted(ranges, key=lambda r: r[0]):
         if merged:
             first, last, members = merged[-1]
             stop = max(end, last)
             mostly_wanted = 2 * (wanted + end - start) >= stop - first
-            if (start - last <= gap or mostly_wanted) and stop - first <= span:
+            across = any(last <= a < start for a, _ in elsewhere)
+            if (start - last <= gap or mostly_wanted) and stop - first <= span and not across:
                 members.append((start, end, what))
                 merged[-1] = (first, stop, members)
                 wanted += end - start
@@ -119,10 +131,12 @@ class FetchAhead:
 
     async def _fetch(self, coords: list[Any], futures: dict[Any, concurrent.futures.Future[Any]],
                      generation: int) -> None:
+        claimed: dict[Hashable, concurrent.futures.Future[Any]] = {}
+        token = _claims.set(claimed)
         try:
             got = await self.fetch_many(coords)
         except BaseException as e:  # (the reader that takes it fetches again and reports)
-            for future in futures.values():
+            for future in [*futures.values(), *claimed.values()]:
                 try:
                     future.set_exception(e)
                 except concurrent.futures.InvalidStateError:
@@ -130,7 +144,13 @@ class FetchAhead:
             if not isinstance(e, Exception):
                 raise
             return
+        finally:
+            try:
+                _claims.reset(token)
+            except ValueError:
+                pass  # (a coroutine closed from elsewhere: its task's context goes with it)
         stale = generation != self._generation
+        futures = {**futures, **claimed}
         for c, future in futures.items():
             try:
                 if stale:
@@ -139,6 +159,32 @@ class FetchAhead:
                     future.set_result(got.get(c, MISSED))  # (left out: not fetched)
             except concurrent.futures.InvalidStateError:
                 pass  # failed by `forget` meanwhile
+
+    def claim(self, coords: Sequence[Hashable]) -> list[Hashable]:
+        """From within a fetch under way (`fetch_many`): take on the chunks of `coords`
+        that no fetch brings yet, within max_entries (their bytes come with the fetch's
+        request anyway); the fetch's answer then holds them for their reads, as if
+        asked for. Which were claimed; none outside a fetch."""
+        claimed = _claims.get()
+        if claimed is None:
+            return []
+        now = self.clock()
+        out: list[Hashable] = []
+        with self._lock:
+            for c in coords:
+                if c in self._entries or c in self._taken or len(self._entries) >= self.max_entries:
+                    continue
+                # (the fetch keeps the future: a read may take the entry before it is done)
+                claimed[c] = future = concurrent.futures.Future()
+                self._entries[c] = (future, now)
+                out.append(c)
+        return out
+
+    def pending(self, coords: Hashable) -> bool:
+        """Whether `coords` is fetched, being fetched, or was taken lately (its bytes
+        are another request's)."""
+        with self._lock:
+            return coords in self._entries or coords in self._taken
 
     def take(self, coords: Hashable) -> Any:
         """What was fetched ahead for `coords` (waiting for a fetch under way): the

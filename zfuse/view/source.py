@@ -1363,12 +1363,16 @@ class ZarrChunkSource(ChunkSource):
             if shard in widened or 2 * in_shard[shard] < size:
                 continue
             widened.add(shard)
-            base = [s * n for s, n in zip(shard, per_shard, strict=True)]
-            for local in itertools.product(*(range(n) for n in per_shard)):
-                inner = tuple(b + i for b, i in zip(base, local, strict=True))
-                if self.in_grid(inner):
-                    out.setdefault(inner, None)
+            for inner in self._inner_chunks_of(shard):
+                out.setdefault(inner, None)
         return list(out)
+
+    def _inner_chunks_of(self, shard: Coords) -> list[Coords]:
+        """A shard's inner chunks in the grid, in C order."""
+        per_shard = self.chunks_per_shard
+        base = [s * n for s, n in zip(shard, per_shard, strict=True)]
+        return [inner for local in itertools.product(*(range(n) for n in per_shard))
+                if self.in_grid(inner := tuple(b + i for b, i in zip(base, local, strict=True)))]
 
     async def _fetch_many(self, wanted: list[Coords]) -> dict[Coords, Any]:
         """Stored bytes of the chunks `wanted` (None: not stored; left out: not fetched).
@@ -1404,6 +1408,8 @@ class ZarrChunkSource(ChunkSource):
             for first, last, coords in members:
                 out[coords] = buf[first - start : last - start]
 
+        wanted_set = set(wanted)
+
         async def shard(shard_coords: Coords, inner: list[Coords]) -> None:
             key = self.prefix + self._encode_storage_key(shard_coords)
             index = await self._shard_index(shard_coords)
@@ -1414,15 +1420,43 @@ class ZarrChunkSource(ChunkSource):
                     out[coords] = None
                 else:
                     ranges.append((*byte_slice, coords))
+            # the shard's other inner chunks: those other fetches bring (parallel readers'
+            # windows) no request here reaches across; those nobody fetches that lie
+            # inside a request are fetched with it, and kept for their reads
+            others = self._other_inner_chunks(shard_coords, index, wanted_set)
+            elsewhere = [byte_slice for c, byte_slice in others if self._fetches.pending(c)]  # type: ignore[union-attr]
             # a disk cache (-o cache=DIR) keeps byte ranges as requested: one per inner chunk,
             # found again after a remount whatever was read together (`get_pieces`; with
             # storage transformers between, one request each)
-            requests = coalesce(ranges) if pieces_kept or not self._caches_ranges \
+            requests = coalesce(ranges, fetched_elsewhere=elsewhere) if pieces_kept or not self._caches_ranges \
                 else [(a, b, [(a, b, c)]) for a, b, c in ranges]
+            if others and len(requests) and (pieces_kept or not self._caches_ranges):
+                requests = [(a, b, self._with_unclaimed(a, b, members, others)) for a, b, members in requests]
             await asyncio.gather(*(span(key, *request) for request in requests), return_exceptions=True)
 
         await asyncio.gather(*(shard(s, inner) for s, inner in by_shard.items()), return_exceptions=True)
         return out
+
+    def _other_inner_chunks(self, shard: Coords, index: Any, wanted: set[Coords]) -> list[tuple[Coords, tuple[int, int]]]:
+        """(inner chunk, its byte slice) of the stored inner chunks of a small shard (at
+        most SHARD_AHEAD_CHUNKS) that are not `wanted`; [] for a bigger shard (its fetches
+        are not widened, and listing its chunks would cost more than it saves)."""
+        if index is None or self._fetches is None or math.prod(self.chunks_per_shard) > SHARD_AHEAD_CHUNKS:
+            return []
+        return [(c, byte_slice) for c in self._inner_chunks_of(shard)
+                if c not in wanted and (byte_slice := index.get_chunk_slice(c)) is not None]
+
+    def _with_unclaimed(self, start: int, end: int, members: list[tuple[int, int, Coords]],
+                        others: list[tuple[Coords, tuple[int, int]]]) -> list[tuple[int, int, Coords]]:
+        """A request's members, plus the inner chunks lying inside [start, end) that no
+        fetch brings yet, claimed for this one (`FetchAhead.claim`): their bytes come
+        anyway, and another reader's window would fetch them again."""
+        inside = [c for c, (a, b) in others if start <= a and b <= end]
+        if not inside:
+            return members
+        assert self._fetches is not None
+        claimed = set(self._fetches.claim(inside))
+        return members + [(a, b, c) for c, (a, b) in others if c in claimed]
 
     @functools.cached_property
     def _local_store(self) -> Any:
