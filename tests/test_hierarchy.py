@@ -332,3 +332,26 @@ def test_a_group_of_at_most_the_bound_opens_its_members_together(
     view, _ = _lazy_view(monkeypatch, src)
     assert [n for n, _ in view.list_dir(())] == ["codec", "dtype", "fill", "good", "sub", "zarr.json"]
     assert calls == [["codec", "dtype", "fill", "good", "stray", "sub"]]
+
+
+def test_member_names_no_directory_entry_can_have_are_not_shown(caplog: pytest.LogCaptureFixture) -> None:
+    """[outside-1] an object store's listing of a group may name `..`, `.`, an empty name
+    or one with a backslash (keys `g/../x`, `g//x`): no such member is shown, opened or
+    read through; the rest of the group is, and the log says how many were left out."""
+    from zarr.storage import MemoryStore, WrapperStore
+
+    class Crafted(WrapperStore[MemoryStore]):
+        async def list_dir(self, prefix: str):  # type: ignore[override]
+            async for name in self._store.list_dir(prefix):
+                yield name
+            if prefix == "":
+                for name in ("..", ".", "", "a\\\\..\\\\b"):
+                    yield name
+
+    store = Crafted(MemoryStore())
+    root = zarr.open_group(store, mode="w")
+    root.create_array("good", shape=(4,), chunks=(2,), dtype="u1")[...] = 5
+    view = build_view(zarr.open_group(store, mode="r"), ViewOptions())
+    assert [n for n, _ in view.list_dir(())] == ["good", "zarr.json"]
+    assert view.entry(("..",)) is None and view.problems == []
+    assert "4 member name(s) that are no file name not shown" in caplog.text

@@ -140,13 +140,26 @@ def open_members(group: zarr.Group, names: list[str]) -> list[tuple[str, Member]
 
 async def _member_names(group: Any) -> list[str]:
     consolidated = group.metadata.consolidated_metadata
-    if consolidated is not None:
-        return sorted(consolidated.metadata)
     store_path = group.store_path
-    listed = [name async for name in store_path.store.list_dir(store_path.path)]
-    # (a read-write mount's probe object, listed if the listing was made meanwhile)
-    return sorted(n for n in listed if n not in _METADATA_OBJECTS
-                  and not n.startswith(defaults.CONDITIONS_PROBE_PREFIX))
+    if consolidated is not None:
+        names = list(consolidated.metadata)
+    else:
+        listed = [name async for name in store_path.store.list_dir(store_path.path)]
+        # (a read-write mount's probe object, listed if the listing was made meanwhile)
+        names = [n for n in listed if n not in _METADATA_OBJECTS
+                 and not n.startswith(defaults.CONDITIONS_PROBE_PREFIX)]
+    bad = [n for n in names if not _is_file_name(n)]
+    if bad:
+        # an object store's keys may hold anything (`g/../x`, `g//x`): no directory entry
+        # can be called that, and no key through it is read (the store refuses it)
+        log.warning("group %r: %d member name(s) that are no file name not shown, e.g. %r",
+                    store_path.path or "/", len(bad), bad[0])
+        names = [n for n in names if _is_file_name(n)]
+    return sorted(names)
+
+
+def _is_file_name(name: str) -> bool:
+    return name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
 
 
 async def _members(group: Any, names: list[str]) -> list[tuple[str, Member]]:
