@@ -164,7 +164,10 @@ class WholeImage(ImageFile):
         self._tiles = Tiles(planned, self.dtype, self.stats, self.label, workers.decoders, self.invalidate,
                             samples)
         # over a remote store a pushed tile is a request: only what the reader's pattern shows
-        self._push = Pusher(self.layout, self._tile_byte_count, self._change_marks, workers.advisor, remote)
+        # (the tiles it pushes are pushed one after another: their chunks are fetched first,
+        # side by side, not one round trip each)
+        self._push = Pusher(self.layout, self._tile_byte_count, self._change_marks, workers.advisor, remote,
+                            fetch_ahead=self._tiles.fetch_ahead)
         # OpenSlide reads what a region covers, through a map of the file: nothing pushed
         self._pushes = slide is None
 
@@ -362,13 +365,7 @@ class WholeImage(ImageFile):
         (`Pusher.pushes_after`)."""
         if not self._pushes:
             return []
-        spans = self._push.pushes_after(offset, size)
-        if spans and self._push.remote:
-            # pushed one after another (see `ImagePages`): over a remote store their
-            # chunks are fetched side by side first, not one round trip each
-            found = (self.layout.locate(start) for start, _ in spans)
-            self._tiles.fetch_ahead([f[:3] for f in found if f is not None])
-        return spans
+        return self._push.pushes_after(offset, size)
 
     @property
     def pushes_before_read(self) -> bool:

@@ -75,9 +75,13 @@ class Pusher:
 
     def __init__(self, layout: FileLayout, byte_count: Callable[[int, int, int], int | None],
                  change_marks: Callable[[], tuple[int, ...]], advisor: ReadAheadAdvisor,
-                 remote: bool = False) -> None:
+                 remote: bool = False,
+                 fetch_ahead: Callable[[list[tuple[int, int, int]]], None] | None = None) -> None:
         self.layout = layout
         self.remote = remote
+        # remote: starts the fetches of the tiles (level, plane, tile) a push chose, side by
+        # side (the push then stores them one after another)
+        self._fetch_ahead = fetch_ahead
         # remote: the row of tiles the reader is going through, (level, plane, row,
         # first column, last column), and the width of the row before it
         self._row: tuple[int, int, int, int, int] | None = None
@@ -126,47 +130,56 @@ class Pusher:
             if not tiles:
                 return []
             if self.remote:
-                return self._rest_of_row(tiles)
-            first = tiles[0]
-            fresh = first not in self._asked and first not in self._pushed
-            if not self._region_reader:
-                self._region_reader = any(self._next_to_asked(t) for t in tiles if t not in self._asked)
-            if len(self._asked) + len(tiles) > _TILES_REMEMBERED or len(self._pushed) > _TILES_REMEMBERED:
-                self._asked.clear()
-                self._pushed.clear()
-            self._asked.update(tiles)
-            if not self._region_reader or not fresh:
-                return []  # a tile pushed (too late) or read before: its region is on its way
-            level, plane, tile = first
-            lv = self.levels[level]
-            ty, tx = divmod(tile, lv.tiles_across)
-            near: list[tuple[int, int]] = [(ty, tx + 1), (ty + 1, tx), (ty + 1, tx + 1)]
-            if any(r[:2] == (level, plane) and max(abs(r[2] - ty), abs(r[3] - tx)) <= _PUSH_RING
-                   for r in self._recent):
-                ring = [(ty + dy, tx + dx) for dy in range(-_PUSH_RING, _PUSH_RING + 1)
-                        for dx in range(-_PUSH_RING, _PUSH_RING + 1)]
-                # nearest first; at equal distance forward (right, below) first
-                ring.sort(key=lambda p: (max(abs(p[0] - ty), abs(p[1] - tx)), p[0] < ty, p[1] < tx, p))
-                near += ring
-            self._recent.append((level, plane, ty, tx))
-            out = []
-            ring_bytes = 0
-            for k, (ny, nx) in enumerate(near):
-                if not (0 <= ny < lv.tiles_down and 0 <= nx < lv.tiles_across):
-                    continue
-                key = (level, plane, ny * lv.tiles_across + nx)
-                if key in self._asked or key in self._pushed:
-                    continue
-                span = self._push_span(*key)
-                if span is None:
-                    continue
-                if k >= 3:  # the ring, beyond the region's own tiles
-                    ring_bytes += span[1]
-                    if ring_bytes > _PUSH_RING_BYTES:
-                        break
-                self._pushed.add(key)
-                out.append(span)
-            return out
+                out, keys = self._rest_of_row(tiles)
+            else:
+                return self._around(tiles)
+        if keys and self._fetch_ahead is not None:
+            self._fetch_ahead(keys)
+        return out
+
+    def _around(self, tiles: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
+        """(Under the lock.) A local store's push: the rest of the region, and the ring
+        around it (see `pushes_after`)."""
+        first = tiles[0]
+        fresh = first not in self._asked and first not in self._pushed
+        if not self._region_reader:
+            self._region_reader = any(self._next_to_asked(t) for t in tiles if t not in self._asked)
+        if len(self._asked) + len(tiles) > _TILES_REMEMBERED or len(self._pushed) > _TILES_REMEMBERED:
+            self._asked.clear()
+            self._pushed.clear()
+        self._asked.update(tiles)
+        if not self._region_reader or not fresh:
+            return []  # a tile pushed (too late) or read before: its region is on its way
+        level, plane, tile = first
+        lv = self.levels[level]
+        ty, tx = divmod(tile, lv.tiles_across)
+        near: list[tuple[int, int]] = [(ty, tx + 1), (ty + 1, tx), (ty + 1, tx + 1)]
+        if any(r[:2] == (level, plane) and max(abs(r[2] - ty), abs(r[3] - tx)) <= _PUSH_RING
+               for r in self._recent):
+            ring = [(ty + dy, tx + dx) for dy in range(-_PUSH_RING, _PUSH_RING + 1)
+                    for dx in range(-_PUSH_RING, _PUSH_RING + 1)]
+            # nearest first; at equal distance forward (right, below) first
+            ring.sort(key=lambda p: (max(abs(p[0] - ty), abs(p[1] - tx)), p[0] < ty, p[1] < tx, p))
+            near += ring
+        self._recent.append((level, plane, ty, tx))
+        out = []
+        ring_bytes = 0
+        for k, (ny, nx) in enumerate(near):
+            if not (0 <= ny < lv.tiles_down and 0 <= nx < lv.tiles_across):
+                continue
+            key = (level, plane, ny * lv.tiles_across + nx)
+            if key in self._asked or key in self._pushed:
+                continue
+            span = self._push_span(*key)
+            if span is None:
+                continue
+            if k >= 3:  # the ring, beyond the region's own tiles
+                ring_bytes += span[1]
+                if ring_bytes > _PUSH_RING_BYTES:
+                    break
+            self._pushed.add(key)
+            out.append(span)
+        return out
 
     def _in_zeros(self, offset: int) -> bool:
         """Whether `offset` lies in the zeros after a tile's bytes in its slot."""
@@ -176,15 +189,18 @@ class Pusher:
         count = self._byte_count(*found[:3])
         return count is not None and found[3] >= count
 
-    def _rest_of_row(self, tiles: list[tuple[int, int, int]]) -> list[tuple[int, int]]:
+    def _rest_of_row(self, tiles: list[tuple[int, int, int]]
+                     ) -> tuple[list[tuple[int, int]], list[tuple[int, int, int]]]:
         """(Under the lock.) A remote store's push: the rest of a row of a region, once
-        the row before it showed the region's width (see the module's docstring)."""
+        the row before it showed the region's width (see the module's docstring); the
+        spans and their tiles."""
         self._asked.update(tiles)
         level, plane, tile = tiles[0]
         lv = self.levels[level]
         ty, tx = divmod(tile, lv.tiles_across)
         row = self._row
         out: list[tuple[int, int]] = []
+        keys: list[tuple[int, int, int]] = []
         if row is not None and row[:2] == (level, plane) and row[2] == ty and row[3] <= tx <= row[4] + 1:
             self._row = (level, plane, ty, row[3], max(row[4], tx))  # along the row
         elif row is not None and row[:2] == (level, plane) and row[2] == ty - 1 and row[3] == tx < row[4]:
@@ -198,9 +214,10 @@ class Pusher:
                 if span is not None:
                     self._pushed.add(key)
                     out.append(span)
+                    keys.append(key)
         else:
             self._row = (level, plane, ty, tx, tx)
-        return out
+        return out, keys
 
     def push_wanted(self, offset: int) -> bool:
         """Whether the tile at `offset` is still worth pushing: the kernel has not asked
