@@ -355,3 +355,20 @@ def test_member_names_no_directory_entry_can_have_are_not_shown(caplog: pytest.L
     assert [n for n, _ in view.list_dir(())] == ["good", "zarr.json"]
     assert view.entry(("..",)) is None and view.problems == []
     assert "4 member name(s) that are no file name not shown" in caplog.text
+
+
+def test_a_group_listing_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                    caplog: pytest.LogCaptureFixture) -> None:
+    """[hostile-4] a group's listing keeps at most MEMBER_NAMES_MAX names (here 3): the
+    first ones are shown, and the log says so."""
+    from zfuse.view import hierarchy
+
+    monkeypatch.setattr(hierarchy, "MEMBER_NAMES_MAX", 3)
+    src = tmp_path / "g.zarr"
+    root = zarr.open_group(str(src), mode="w")
+    for name in "abcde":
+        root.create_array(name, shape=(2,), chunks=(2,), dtype="u1")
+    view = build_view(zarr.open_group(str(src), mode="r"), ViewOptions())
+    shown = [n for n, _ in view.list_dir(()) if n != "zarr.json"]
+    # (zarr.json may be one of the 3 names listed: the listing's order is the store's)
+    assert 2 <= len(shown) <= 3 and set(shown) <= set("abcde") and "lists more than 3 names" in caplog.text

@@ -40,6 +40,9 @@ log = logging.getLogger("zfuse.view")
 # names in a group's listing that are metadata objects, never members
 _METADATA_OBJECTS = frozenset({"zarr.json", ".zgroup", ".zattrs", ".zarray", ".zmetadata"})
 _OPEN_CONCURRENCY = 16
+# names of a group's listing kept at most (a store of millions of objects in one group
+# would otherwise cost the memory of every name, before any is shown)
+MEMBER_NAMES_MAX = 1_000_000
 
 Member = zarr.Array | zarr.Group | BaseException
 
@@ -144,7 +147,13 @@ async def _member_names(group: Any) -> list[str]:
     if consolidated is not None:
         names = list(consolidated.metadata)
     else:
-        listed = [name async for name in store_path.store.list_dir(store_path.path)]
+        listed = []
+        async for name in store_path.store.list_dir(store_path.path):
+            if len(listed) == MEMBER_NAMES_MAX:
+                log.warning("group %r lists more than %d names: the first %d are shown",
+                            store_path.path or "/", MEMBER_NAMES_MAX, MEMBER_NAMES_MAX)
+                break
+            listed.append(name)
         # (a read-write mount's probe object, listed if the listing was made meanwhile)
         names = [n for n in listed if n not in _METADATA_OBJECTS
                  and not n.startswith(defaults.CONDITIONS_PROBE_PREFIX)]
