@@ -432,3 +432,43 @@ def test_a_chunk_claimed_by_a_fetch_is_answered_to_a_read_that_took_it_meanwhile
     assert result == [b"bytes of 9"]
     assert ahead.ahead([9, 10]) == 1  # 9 was read: only 10 is asked for
     assert ahead.take(10) == b"bytes of 10"
+
+
+def test_a_chunk_delivered_during_its_fetch_is_read_before_the_fetch_ends(
+    loop: asyncio.AbstractEventLoop
+) -> None:
+    """`deliver` from within a fetch (a shard's inner chunk the response brought while the
+    rest still arrives) answers that chunk's read at once; outside a fetch it does nothing."""
+    release = threading.Event()
+    ahead: FetchAhead
+
+    async def fetch_many(wanted: list[Any]) -> dict[Any, Any]:
+        ahead.deliver(0, b"early 0")
+        await asyncio.to_thread(release.wait, 30)
+        return {c: f"bytes of {c}".encode() for c in wanted}
+
+    ahead = FetchAhead(fetch_many, lambda: loop)
+    ahead.deliver(5, b"nothing")  # outside a fetch
+    assert ahead.ahead([0, 1]) == 2
+    assert ahead.take(0) == b"early 0"  # while the fetch still waits
+    release.set()
+    assert ahead.take(1) == b"bytes of 1"
+
+
+def test_pieces_of_a_response_are_handed_on_as_soon_as_they_arrive() -> None:
+    """`_PieceStream`: each piece (ascending, gaps between) is handed on once the body
+    parts that arrived cover it, with the right bytes, whatever the parts' sizes."""
+    from zfuse.store import _PieceStream
+
+    body = bytes(range(256)) * 4  # the object's bytes from offset 100
+    pieces = [(0, 100, 150), (3, 160, 400), (7, 900, 1124)]
+    for part in (1, 7, 64, 1024):
+        got: list[tuple[int, bytes, int]] = []
+        stream = _PieceStream(100, pieces, lambda i, data: got.append((i, data, arrived)))  # noqa: B023
+        arrived = 0
+        for at in range(0, len(body), part):
+            arrived = min(at + part, len(body))
+            stream.arrived(body[at:at + part])
+        assert [(i, data) for i, data, _ in got] == [(i, body[a - 100:b - 100]) for i, a, b in pieces]
+        # each as soon as covered: piece i handed on with the part reaching its end
+        assert all(when - part < b - 100 <= when for (_, _, when), (_, _, b) in zip(got, pieces, strict=True))

@@ -20,7 +20,7 @@ import stat
 import threading
 import time
 import weakref
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, NoReturn
 
 from zarr.abc.store import (
@@ -997,13 +997,16 @@ class MeteredStore(WrapperStore[Store]):
             self._remember(key, version)
         return version
 
-    async def get_pieces(self, key: str, pieces: list[tuple[int, int]]) -> list[bytes | None]:
+    async def get_pieces(self, key: str, pieces: list[tuple[int, int]],
+                         on_piece: Callable[[int, bytes], None] | None = None) -> list[bytes | None]:
         """Byte ranges `pieces` (start, end; ascending, lying close together) of remote
         chunk object `key` (a shard's inner chunks), each kept in the disk cache as its
-        own entry, so a remount finds each however they were fetched together: those
-        the cache holds for the version this mount knows are served from it, the rest
-        come in one ranged request spanning them. None for a piece not had (the object
-        is gone or shorter: each read then asks for its own and reports why)."""
+        own entry (with `-o cache=`), so a remount finds each however they were fetched
+        together: those the cache holds for the version this mount knows are served
+        from it, the rest come in one ranged request spanning them. None for a piece not
+        had (the object is gone or shorter: each read then asks for its own and reports
+        why). `on_piece(i, bytes)`: called for each piece had as soon as it is, while
+        the rest of the request's body still arrives."""
         remote = self.remote
         assert remote is not None
         found: list[bytes | None] = [None] * len(pieces)
@@ -1013,10 +1016,16 @@ class MeteredStore(WrapperStore[Store]):
             identities = [remote.identity(key, RangeByteRequest(a, b)) for a, b in pieces]
             found = await asyncio.to_thread(lambda: [cache.get(i, version) for i in identities])
         missing = [i for i, data in enumerate(found) if data is None]
+        if on_piece is not None:
+            for i, data in enumerate(found):
+                if data is not None:
+                    on_piece(i, data)
         if not missing:
             return found
         start, end = pieces[missing[0]][0], pieces[missing[-1]][1]
-        data = await self._get_versioned(key, RangeByteRequest(start, end), cached=False)
+        stream = None if on_piece is None else _PieceStream(start, [(i, *pieces[i]) for i in missing], on_piece)
+        data = await self._get_versioned(key, RangeByteRequest(start, end), cached=False,
+                                         on_bytes=None if stream is None else stream.arrived)
         if data is None or len(data) != end - start:
             return found
         view = memoryview(data)
@@ -1029,11 +1038,13 @@ class MeteredStore(WrapperStore[Store]):
             await asyncio.to_thread(lambda: [cache.put(i, version, d) for i, d in entries])
         return found
 
-    async def _get_versioned(self, key: str, byte_range: ByteRequest | None, cached: bool = True) -> bytes | None:
+    async def _get_versioned(self, key: str, byte_range: ByteRequest | None, cached: bool = True,
+                             on_bytes: Callable[[bytes], None] | None = None) -> bytes | None:
         """A remote chunk object (or range of it) with its version: from the disk cache
         when it holds the bytes of the version current for this mount, else one GET
         whose response names its version (kept, and cached). `cached=False`: neither
-        looked up in the cache nor put there (`get_pieces` keeps the pieces)."""
+        looked up in the cache nor put there (`get_pieces` keeps the pieces; it alone
+        passes `on_bytes`, `RemoteObjects.get`'s)."""
         remote = self.remote
         assert remote is not None
         identity = remote.identity(key, byte_range)
@@ -1073,7 +1084,7 @@ class MeteredStore(WrapperStore[Store]):
         # range): of another version the bytes would decode as garbage, or as wrong pixels
         pin = known if byte_range is not None and known else None
         try:
-            data, version = await self._bounded(remote.get(key, byte_range, pin), "get", key)
+            data, version = await self._bounded(remote.get(key, byte_range, pin, on_bytes), "get", key)
         except ObjectChangedError:
             self.stats.count("store_changed_objects")
             raise
@@ -1411,6 +1422,35 @@ def _version_of(info: dict[str, Any]) -> str | None:
     return None if size is None else f"size:{size}"
 
 
+STREAM_PART = 256 << 10  # bytes of a response body read at a time when its parts are handed on
+
+
+class _PieceStream:
+    """Pieces (index, start, end; ascending) of one response body starting at byte
+    `start` of its object, each handed to `on_piece(index, bytes)` as soon as the
+    body parts that arrived (`arrived`) cover it."""
+
+    def __init__(self, start: int, pieces: list[tuple[int, int, int]], on_piece: Callable[[int, bytes], None]) -> None:
+        self.base = start  # the object offset of buffer[0]
+        self.pieces = pieces
+        self.on_piece = on_piece
+        self.buffer = bytearray()
+        self.next = 0  # the first piece not handed on yet
+
+    def arrived(self, part: bytes) -> None:
+        self.buffer += part
+        covered = self.base + len(self.buffer)
+        pieces = self.pieces
+        while self.next < len(pieces) and pieces[self.next][2] <= covered:
+            i, a, b = pieces[self.next]
+            self.on_piece(i, bytes(self.buffer[a - self.base:b - self.base]))
+            self.next += 1
+            # (the bytes before the next piece are no piece's: dropped)
+            keep_from = min(pieces[self.next][1], covered) if self.next < len(pieces) else covered
+            del self.buffer[:keep_from - self.base]
+            self.base = keep_from
+
+
 def _http_range(byte_range: ByteRequest | None) -> str | None:
     if byte_range is None:
         return None
@@ -1511,15 +1551,23 @@ class RemoteObjects:
         return _version_of(info)
 
     async def get(self, key: str, byte_range: ByteRequest | None,
-                  if_match: str | None = None) -> tuple[bytes | None, str | None]:
+                  if_match: str | None = None,
+                  on_bytes: Callable[[bytes], None] | None = None) -> tuple[bytes | None, str | None]:
         """(bytes, the version they are of); (None, None) if absent. Stores other than
         S3 give no version with the bytes: (bytes, None). `if_match`: the bytes must be
-        of that version (S3: If-Match), else ObjectChangedError."""
+        of that version (S3: If-Match), else ObjectChangedError. `on_bytes`: called with
+        each part of the body as it arrives, in order (all of it at once, off S3), once
+        the response is known to be of the right version."""
         if not self.s3:
             from zarr.core.buffer import default_buffer_prototype
 
             buf = await self.store.get(key, default_buffer_prototype(), byte_range)
-            return (None, None) if buf is None else (buf.to_bytes(), None)
+            if buf is None:
+                return None, None
+            data = buf.to_bytes()
+            if on_bytes is not None:
+                on_bytes(data)
+            return data, None
         bucket, name, _ = self.fs.split_path(self.path(key))
         extra = {}
         http_range = _http_range(byte_range)
@@ -1542,13 +1590,22 @@ class RemoteObjects:
                 return b"", None  # (what FsspecStore answers for a range past the end)
             raise
         body = response["Body"]
+        version = response.get("ETag")
         try:
-            data = await body.read()
+            if if_match and version and version != if_match:
+                raise ObjectChangedError(key)  # (a store that ignores If-Match on reads)
+            if on_bytes is None:
+                data = await body.read()
+            else:
+                # the body part by part: a shard's inner chunks are handed on as they come
+                # (decoded while the rest arrives), not when the last byte has
+                parts = []
+                while part := await body.read(STREAM_PART):
+                    parts.append(part)
+                    on_bytes(part)
+                data = b"".join(parts)
         finally:
             body.close()
-        version = response.get("ETag")
-        if if_match and version and version != if_match:
-            raise ObjectChangedError(key)  # (a store that ignores If-Match on reads)
         return data, version
 
     async def put(self, key: str, data: bytes, condition: str | None = None) -> str | None:

@@ -43,10 +43,22 @@ MERGE_SPAN = 32 << 20  # the largest range one request fetches
 
 MISSED = object()  # `take`'s answer when nothing usable was fetched ahead
 
-# the chunks the fetch under way (`FetchAhead._fetch`, this task and those it starts)
-# claimed besides those it was asked for (`FetchAhead.claim`), with their futures
-_claims: contextvars.ContextVar[dict[Hashable, concurrent.futures.Future[Any]] | None] = \
-    contextvars.ContextVar("zfuse_fetch_claims", default=None)
+
+
+class _Fetching:
+    """The fetch under way in this task (and those it starts): the futures of the chunks
+    it was asked for and of those it claimed (`FetchAhead.claim`), and the `forget`s
+    before it began (`FetchAhead.deliver`)."""
+
+    __slots__ = ("claimed", "generation", "own")
+
+    def __init__(self, own: dict[Hashable, concurrent.futures.Future[Any]], generation: int) -> None:
+        self.own = own
+        self.claimed: dict[Hashable, concurrent.futures.Future[Any]] = {}
+        self.generation = generation
+
+
+_fetching: contextvars.ContextVar[_Fetching | None] = contextvars.ContextVar("zfuse_fetching", default=None)
 
 
 def coalesce(ranges: Sequence[tuple[int, int, Any]], gap: int = MERGE_GAP,
@@ -131,8 +143,9 @@ class FetchAhead:
 
     async def _fetch(self, coords: list[Any], futures: dict[Any, concurrent.futures.Future[Any]],
                      generation: int) -> None:
-        claimed: dict[Hashable, concurrent.futures.Future[Any]] = {}
-        token = _claims.set(claimed)
+        state = _Fetching(futures, generation)
+        claimed = state.claimed
+        token = _fetching.set(state)
         try:
             got = await self.fetch_many(coords)
         except BaseException as e:  # (the reader that takes it fetches again and reports)
@@ -146,7 +159,7 @@ class FetchAhead:
             return
         finally:
             try:
-                _claims.reset(token)
+                _fetching.reset(token)
             except ValueError:
                 pass  # (a coroutine closed from elsewhere: its task's context goes with it)
         stale = generation != self._generation
@@ -165,9 +178,10 @@ class FetchAhead:
         that no fetch brings yet, within max_entries (their bytes come with the fetch's
         request anyway); the fetch's answer then holds them for their reads, as if
         asked for. Which were claimed; none outside a fetch."""
-        claimed = _claims.get()
-        if claimed is None:
+        state = _fetching.get()
+        if state is None:
             return []
+        claimed = state.claimed
         now = self.clock()
         out: list[Hashable] = []
         with self._lock:
@@ -179,6 +193,20 @@ class FetchAhead:
                 self._entries[c] = (future, now)
                 out.append(c)
         return out
+
+    def deliver(self, coords: Hashable, value: Any) -> None:
+        """From within a fetch under way: `coords`' stored bytes (None: not stored) are
+        here before the fetch is done (a shard's inner chunk come while the rest of
+        the response still arrives): its read goes on now."""
+        state = _fetching.get()
+        if state is None or state.generation != self._generation:
+            return  # (outside a fetch, or forgotten meanwhile: `_fetch` answers)
+        future = state.own.get(coords) or state.claimed.get(coords)
+        if future is not None:
+            try:
+                future.set_result(value)
+            except concurrent.futures.InvalidStateError:
+                pass  # (answered already, or failed by `forget`)
 
     def pending(self, coords: Hashable) -> bool:
         """Whether `coords` is fetched, being fetched, or was taken lately (its bytes

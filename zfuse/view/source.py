@@ -1391,14 +1391,27 @@ class ZarrChunkSource(ChunkSource):
         for coords in wanted:
             by_shard.setdefault(self._storage_coords(coords), []).append(coords)
 
-        pieces_kept = self._caches_ranges and not self._has_transformers()
+        # zfuse's metered store right below (no storage transformers between): a span's
+        # inner chunks are handed on as the response brings them (`get_pieces`), each
+        # its own disk cache entry with `-o cache=`
+        metered = self._store_access.metered
+        if metered is not None and self._has_transformers():  # (answered from the metadata recorded at open)
+            metered = None
+        pieces_kept = self._caches_ranges and metered is not None
+        fetches = self._fetches
 
         async def span(key: str, start: int, end: int, members: list[tuple[int, int, Coords]]) -> None:
-            if pieces_kept:  # one request all the same; each inner chunk its own cache entry
+            if metered is not None:
+                def arrived(i: int, data: bytes) -> None:
+                    coords = members[i][2]
+                    out[coords] = buffer = proto.buffer.from_bytes(data)
+                    if fetches is not None:
+                        fetches.deliver(coords, buffer)  # (its read goes on while the rest comes)
+
                 async with limit:
-                    got = await self._store_access.metered.get_pieces(key, [(a, b) for a, b, _ in members])
+                    got = await metered.get_pieces(key, [(a, b) for a, b, _ in members], arrived)
                 for (_, _, coords), data in zip(members, got, strict=True):
-                    if data is not None:
+                    if data is not None and coords not in out:
                         out[coords] = proto.buffer.from_bytes(data)
                 return
             async with limit:
@@ -1456,7 +1469,8 @@ class ZarrChunkSource(ChunkSource):
             return members
         assert self._fetches is not None
         claimed = set(self._fetches.claim(inside))
-        return members + [(a, b, c) for c, (a, b) in others if c in claimed]
+        # (in order of offset, as every request's members are: `get_pieces` needs it)
+        return sorted(members + [(a, b, c) for c, (a, b) in others if c in claimed], key=lambda m: m[0])
 
     @functools.cached_property
     def _local_store(self) -> Any:
