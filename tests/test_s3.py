@@ -299,13 +299,16 @@ def test_a_sequential_reader_of_many_chunks_has_them_all_fetched_ahead(
 def test_a_walk_of_a_small_array_is_one_list_of_its_prefix(
     s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
 ) -> None:
-    """`find` (or `ls -R`, a glob) of a remote array of at most FLAT_LISTING_OBJECTS objects:
-    one LIST of the whole array, not one per directory (SEMANTICS [remote-5])."""
+    """`ls` of a remote array's own directory makes no request; `find` (or `ls -R`, a glob)
+    of a remote array of at most FLAT_LISTING_OBJECTS objects: one LIST of the whole
+    array, not one per directory (SEMANTICS [remote-5])."""
     stores.raw_chunks(tmp_path / "r.zarr", (12, 50))
     bucket = new_bucket(s3)
     upload(s3, tmp_path / "r.zarr", bucket, "r.zarr")
     m = s3_mount(mount, s3, f"s3://{bucket}/r.zarr")
     since = len(s3.requests())
+    assert "c" in os.listdir(m.path)  # the array's own directory: no request
+    assert [r for r in s3.requests()[since:] if r.path.startswith(f"/{bucket}")] == []
     found = subprocess.run(["find", str(m.path / "c"), "-name", "*.tiff"], capture_output=True, text=True,
                            check=True).stdout.split()
     assert len(found) == 12 * 50

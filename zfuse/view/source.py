@@ -676,6 +676,12 @@ class ZarrChunkSource(ChunkSource):
         depth = len(parts)
         leaf = depth == len(origin) - 1
         local = self._listing_store()
+        if local is None and not leaf and depth not in axis_at:
+            # a component every chunk key has (v3's `c`): shown with no request, as `entry`
+            # shows it even before a chunk is stored (a reader's readdir of the array,
+            # GDAL's, costs no round trip; a walker lists the array at `c/`, whole)
+            yield [(origin[depth], None)]
+            return
         flat = None if local is not None else self._flat_listing(first=not leaf)
         if local is not None:
             pages = local.list_dir_local(self.prefix + head, LIST_PAGE)
