@@ -472,3 +472,20 @@ def test_pieces_of_a_response_are_handed_on_as_soon_as_they_arrive() -> None:
         assert [(i, data) for i, data, _ in got] == [(i, body[a - 100:b - 100]) for i, a, b in pieces]
         # each as soon as covered: piece i handed on with the part reaching its end
         assert all(when - part < b - 100 <= when for (_, _, when), (_, _, b) in zip(got, pieces, strict=True))
+
+
+def test_parts_are_handed_on_only_from_a_response_that_answers_the_range() -> None:
+    """A response's body parts are taken for a range's bytes only when the server says
+    they are (a 206 whose Content-Range and length are the range's): a server that
+    ignores Range sends the whole object, whose parts would be handed on as the wrong
+    inner chunks. Then nothing is handed on, and the length check refuses the body."""
+    from zarr.abc.store import RangeByteRequest, SuffixByteRequest
+
+    from zfuse.store import _answers_range
+
+    asked = RangeByteRequest(100, 200)
+    assert _answers_range({"ContentRange": "bytes 100-199/1000", "ContentLength": 100}, asked)
+    assert not _answers_range({"ContentLength": 1000}, asked)  # the whole object (200)
+    assert not _answers_range({"ContentRange": "bytes 0-99/1000", "ContentLength": 100}, asked)
+    assert not _answers_range({"ContentRange": "bytes 100-199/1000", "ContentLength": 1000}, asked)
+    assert not _answers_range({"ContentRange": "bytes 900-999/1000", "ContentLength": 100}, SuffixByteRequest(100))

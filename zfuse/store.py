@@ -1425,6 +1425,17 @@ def _version_of(info: dict[str, Any]) -> str | None:
 STREAM_PART = 256 << 10  # bytes of a response body read at a time when its parts are handed on
 
 
+def _answers_range(response: dict[str, Any], byte_range: ByteRequest | None) -> bool:
+    """Whether a GET's response holds exactly the bytes of `byte_range` (a 206 with its
+    Content-Range), so its body's parts can be handed on as they come: a server that
+    sends the whole object instead would have them taken for the range's bytes."""
+    if not isinstance(byte_range, RangeByteRequest):
+        return False
+    expected = f"bytes {byte_range.start}-{byte_range.end - 1}/"
+    return str(response.get("ContentRange") or "").startswith(expected) and \
+        response.get("ContentLength") == byte_range.end - byte_range.start
+
+
 class _PieceStream:
     """Pieces (index, start, end; ascending) of one response body starting at byte
     `start` of its object, each handed to `on_piece(index, bytes)` as soon as the
@@ -1565,8 +1576,9 @@ class RemoteObjects:
             if buf is None:
                 return None, None
             data = buf.to_bytes()
-            if on_bytes is not None:
-                on_bytes(data)
+            if on_bytes is not None and isinstance(byte_range, RangeByteRequest) and \
+                    len(data) == byte_range.end - byte_range.start:
+                on_bytes(data)  # (only bytes of the right length: a server may ignore a Range)
             return data, None
         bucket, name, _ = self.fs.split_path(self.path(key))
         extra = {}
@@ -1591,6 +1603,8 @@ class RemoteObjects:
             raise
         body = response["Body"]
         version = response.get("ETag")
+        if on_bytes is not None and http_range is not None and not _answers_range(response, byte_range):
+            on_bytes = None  # (a server that ignored the Range: its caller finds the length wrong)
         try:
             if if_match and version and version != if_match:
                 raise ObjectChangedError(key)  # (a store that ignores If-Match on reads)
