@@ -44,7 +44,6 @@ MERGE_SPAN = 32 << 20  # the largest range one request fetches
 MISSED = object()  # `take`'s answer when nothing usable was fetched ahead
 
 
-
 class _Fetching:
     """The fetch under way in this task (and those it starts): the futures of the chunks
     it was asked for and of those it claimed (`FetchAhead.claim`), and the `forget`s
