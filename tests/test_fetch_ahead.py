@@ -489,3 +489,43 @@ def test_parts_are_handed_on_only_from_a_response_that_answers_the_range() -> No
     assert not _answers_range({"ContentRange": "bytes 0-99/1000", "ContentLength": 100}, asked)
     assert not _answers_range({"ContentRange": "bytes 100-199/1000", "ContentLength": 1000}, asked)
     assert not _answers_range({"ContentRange": "bytes 900-999/1000", "ContentLength": 100}, SuffixByteRequest(100))
+
+
+def test_a_small_sharded_arrays_indexes_are_read_beside_its_listing() -> None:
+    """[remote-5] a walker's listing of a remote sharded array of at most
+    INDEXES_ALONGSIDE shards: every shard's index is asked for while the whole-array
+    LIST is under way (one round trip for the walk, not two). The LIST here waits for
+    the first index read to start (up to 5 s): before, they came only after it."""
+    import zarr
+
+    store = counting_store()
+    started = asyncio.Event()
+    reads: list[str] = []
+    real_get, real_list = type(store).get, type(store).list_prefix
+
+    async def get(self, key, prototype=None, byte_range=None):  # type: ignore[no-untyped-def]
+        reads.append(key)
+        started.set()
+        return await real_get(self, key, prototype, byte_range)
+
+    async def list_prefix(self, prefix: str):  # type: ignore[no-untyped-def]
+        try:
+            await asyncio.wait_for(started.wait(), 5)
+        except TimeoutError:
+            pass
+        async for key in real_list(self, prefix):
+            yield key
+
+    type(store).get, type(store).list_prefix = get, list_prefix  # (this store's class only)
+    arr = zarr.create_array(store, name="s", shape=(32, 32), shards=(8, 32), chunks=(8, 8), dtype="uint8",
+                            fill_value=0)
+    arr[...] = 1  # shards c/0/0 .. c/3/0
+    source = _remote_source(arr)
+    reads.clear()
+    started.clear()  # (the writes above read)
+    assert _listed(source, ("c",)) == [(str(i), None) for i in range(4)]
+    assert started.is_set() and reads  # asked for before the listing answered
+    for i in range(4):
+        assert _listed(source, ("c", str(i))) == [(str(j), (i, j)) for j in range(4)]
+    assert sorted(reads) == [f"s/c/{i}/0" for i in range(4)]  # each once
+    assert store.flat == ["s/"] and store.dirs == []

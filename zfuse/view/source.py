@@ -769,6 +769,7 @@ class ZarrChunkSource(ChunkSource):
         if shared is None:
             return None
         if mine:
+            self._read_indexes_beside_listing()
             keys: list[str] = []
             n = len(self.prefix)
             try:
@@ -788,6 +789,20 @@ class ZarrChunkSource(ChunkSource):
         elif not shared.done.wait(LIST_WAIT):
             return None
         return shared if shared.children is not None else None
+
+    def _read_indexes_beside_listing(self) -> None:
+        """A sharded array of at most INDEXES_ALONGSIDE shards listed whole for a walker:
+        every shard's index is read beside the listing, not after it (the chunk
+        directories listed next show inner chunks, which their indexes say), so the
+        walk costs one round trip, not two. A shard not stored costs a request answered
+        "not found". Nothing waits for these reads: the directories join them. Not with
+        `-o cache=`: there the listing's versions let the cache answer each index after
+        it, with no request at all."""
+        if self.sharding is None or math.prod(self.storage_grid) > INDEXES_ALONGSIDE or self._caches_ranges:
+            return
+        shards = list(itertools.product(*(range(n) for n in self.storage_grid)))
+        future = asyncio.run_coroutine_threadsafe(self._load_indexes(shards), zarr_private.event_loop())
+        future.add_done_callback(lambda done: done.cancelled() or done.exception())  # (retrieved: the reads report)
 
     def _shards_ahead(self, flat: _SharedListing, reading: set[Coords]) -> list[Coords]:
         """Up to INDEXES_ALONGSIDE shards of the whole array's listing whose indexes no
