@@ -119,15 +119,6 @@ def node_type_of(doc: dict[str, Any] | None) -> str | None:
 # -- one member at a time -------------------------------------------------------
 
 
-def group_members(group: zarr.Group) -> list[tuple[str, Member]]:
-    """(name, array | group | the exception opening it raised) for each member, by name.
-
-    Names that are not nodes (stray files, directories without metadata) are
-    left out, as zarr-python leaves them out.
-    """
-    return open_members(group, member_names(group))
-
-
 def member_names(group: zarr.Group) -> list[str]:
     """The names a group's members may have, sorted: its consolidated metadata's, or
     its listing's (store I/O: one listing), metadata objects left out. Some may be no
@@ -136,7 +127,12 @@ def member_names(group: zarr.Group) -> list[str]:
 
 
 def open_members(group: zarr.Group, names: list[str]) -> list[tuple[str, Member]]:
-    """`group_members` of these names only (store I/O: each one's metadata, side by side)."""
+    """(name, array | group | the exception opening it raised) for each of `names`, by
+    name (store I/O: each one's metadata, side by side).
+
+    Names that are not nodes (stray files, directories without metadata) are
+    left out, as zarr-python leaves them out.
+    """
     register_imagecodecs()  # a view built without `read_stored_metadata` (tests, tools)
     return sync(_members(zarr_private.async_group(group), names))
 

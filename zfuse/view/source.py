@@ -1418,7 +1418,10 @@ class ZarrChunkSource(ChunkSource):
         metered = self._store_access.metered
         if metered is not None and self._has_transformers():  # (answered from the metadata recorded at open)
             metered = None
-        pieces_kept = self._caches_ranges and metered is not None
+        # a disk cache (-o cache=DIR) keeps byte ranges as requested: one per inner chunk,
+        # found again after a remount whatever was read together (`get_pieces`; with
+        # storage transformers between, one request each)
+        coalesced = metered is not None or not self._caches_ranges
         fetches = self._fetches
 
         async def span(key: str, start: int, end: int, members: list[tuple[int, int, Coords]]) -> None:
@@ -1458,14 +1461,13 @@ class ZarrChunkSource(ChunkSource):
             # windows) no request here reaches across; those nobody fetches that lie
             # inside a request are fetched with it, and kept for their reads
             others = self._other_inner_chunks(shard_coords, index, wanted_set)
-            elsewhere = [byte_slice for c, byte_slice in others if self._fetches.pending(c)]  # type: ignore[union-attr]
-            # a disk cache (-o cache=DIR) keeps byte ranges as requested: one per inner chunk,
-            # found again after a remount whatever was read together (`get_pieces`; with
-            # storage transformers between, one request each)
-            requests = coalesce(ranges, fetched_elsewhere=elsewhere) if pieces_kept or not self._caches_ranges \
-                else [(a, b, [(a, b, c)]) for a, b, c in ranges]
-            if others and len(requests) and (pieces_kept or not self._caches_ranges):
-                requests = [(a, b, self._with_unclaimed(a, b, members, others)) for a, b, members in requests]
+            if not coalesced:
+                requests = [(a, b, [(a, b, c)]) for a, b, c in ranges]
+            else:
+                elsewhere = [byte_slice for c, byte_slice in others if fetches is not None and fetches.pending(c)]
+                requests = coalesce(ranges, fetched_elsewhere=elsewhere)
+                if others:
+                    requests = [(a, b, self._with_unclaimed(a, b, members, others)) for a, b, members in requests]
             await asyncio.gather(*(span(key, *request) for request in requests), return_exceptions=True)
 
         await asyncio.gather(*(shard(s, inner) for s, inner in by_shard.items()), return_exceptions=True)

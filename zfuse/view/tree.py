@@ -27,7 +27,7 @@ import logging
 import operator
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple
 
 import zarr
 
@@ -67,16 +67,13 @@ CHUNK_ENTRIES_KEPT = 16384  # chunk files remembered as existing (View.entry)
 MEMBERS_OPENED_TOGETHER = 1000
 MEMBERS_OPENED_AHEAD = 16  # a lookup there opens the member and the next ones listed (one wave)
 
-class MemberOpener(Protocol):
-    """How a group's members are found and opened (`build_view`)."""
+class MemberOpener(NamedTuple):
+    """How a group's members are found and opened (made by `build_view`)."""
 
+    names: Callable[[], list[str]]  # the names members may have, sorted (store I/O: a listing)
+    # the nodes of these names (store I/O); names that are no node are left out
+    open: Callable[[list[str]], dict[str, _Node]]
     datasets: list[str]  # relative paths of multiscale datasets, opened with the group
-
-    def names(self) -> list[str]:
-        """The names members may have, sorted (store I/O: a listing)."""
-
-    def open(self, names: list[str]) -> dict[str, _Node]:
-        """The nodes of these names (store I/O); names that are no node are left out."""
 
 
 class _Node:
@@ -153,12 +150,8 @@ class _Node:
             return None
         # with the names after it (a walker's next lookups, in listing order), side by side
         batch = [name, *[n for n in names[i + 1:i + 2 * MEMBERS_OPENED_AHEAD] if n not in opened]]
-        batch = batch[:MEMBERS_OPENED_AHEAD]
-        found = self._opener.open(batch)  # (outside the lock: lookups side by side)
-        with self._lock:
-            for n in batch:
-                opened.setdefault(n, found.get(n))
-            return opened[name]
+        self._open_into_opened(batch[:MEMBERS_OPENED_AHEAD])
+        return opened[name]
 
     def member_in_memory(self, name: str) -> _Node | None | NeedsIO:
         """`member(name)` if memory answers it, else NEEDS_IO."""
@@ -200,12 +193,18 @@ class _Node:
         assert self._names is not None and self._opener is not None
         missing = [name for name in self._names if name not in self._opened]
         for start in range(0, len(missing), MEMBERS_OPENED_TOGETHER):
-            batch = missing[start:start + MEMBERS_OPENED_TOGETHER]
-            found = self._opener.open(batch)
-            with self._lock:
-                for name in batch:
-                    self._opened.setdefault(name, found.get(name))
+            self._open_into_opened(missing[start:start + MEMBERS_OPENED_TOGETHER])
         return self.opened_children()
+
+    def _open_into_opened(self, names: list[str]) -> None:
+        """(A big group.) Open these members side by side, outside the lock (lookups go
+        on meanwhile), and keep them (a name opened meanwhile by another thread keeps
+        that node)."""
+        assert self._opener is not None
+        found = self._opener.open(names)
+        with self._lock:
+            for name in names:
+                self._opened.setdefault(name, found.get(name))
 
     def opened_children(self) -> dict[str, _Node]:
         """The members opened so far ({} before the group is listed)."""
@@ -639,21 +638,6 @@ class DirReader:
 # -- building a view from a source -------------------------------------------
 
 
-class _GroupOpener:
-    """A group's `MemberOpener`: its listing, and the opening of named members."""
-
-    __slots__ = ("_names", "datasets", "open")
-
-    def __init__(self, names: Callable[[], list[str]], open_named: Callable[[list[str]], dict[str, _Node]],
-                 datasets: list[str]) -> None:
-        self._names = names
-        self.open = open_named
-        self.datasets = datasets
-
-    def names(self) -> list[str]:
-        return self._names()
-
-
 def _group_metadata(group: zarr.Group) -> bytes:
     meta = {"zarr_format": 3, "node_type": "group", "attributes": dict(group.attrs)}
     return json.dumps(meta, indent=2, default=json_default).encode()
@@ -744,7 +728,7 @@ def build_view(
                     children[name] = array_node(source, ome, member_path)
             return children
 
-        opener = _GroupOpener(lambda: member_names(group), open_named, [rel for rel in here if rel])
+        opener = MemberOpener(lambda: member_names(group), open_named, [rel for rel in here if rel])
         node = _Node("group", metadata=_group_metadata(group), opener=opener)
         if not lazy:
             node.is_empty()  # a local store's members are listed (and opened, up to a bound) now
