@@ -2,7 +2,7 @@
 
 A whole-image file (`image.ome.tif`, `pyramid.ome.tif`) keeps its page cache
 between opens until its array changes (Bio-Formats reopens it dozens of
-times): `opened` says whether an open must drop it. After a read, the tiles a
+times): `opened` says whether an open must drop it. With each read, the tiles a
 region reader needs next are put into the page cache ahead of it (the file
 decides which: `WholeImage.pushes_after`), so its next reads are no FUSE round
 trips. A reload makes every push in flight stale (`reloaded`).
