@@ -162,16 +162,18 @@ def test_a_window_covering_half_a_shard_or_more_is_widened_to_the_whole_shard() 
     import zarr
     from zarr.storage import MemoryStore
 
+    from zfuse.view.remote_fetch import RemoteFetcher
     from zfuse.view.source import ZarrChunkSource
 
     arr = zarr.create_array(MemoryStore(), shape=(64, 64), shards=(32, 32), chunks=(8, 16), dtype="uint8")
     source = ZarrChunkSource(arr)  # inner grid 8 x 4, shards of 4 x 2 inner chunks
+    fetcher = RemoteFetcher(source, source._indexes)
     shard0 = [(i, j) for i in range(4) for j in range(2)]
     half = [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert source._whole_shards(half) == [(0, 0), *[c for c in shard0 if c != (0, 0)]]
+    assert fetcher._whole_shards(half) == [(0, 0), *[c for c in shard0 if c != (0, 0)]]
     grazing = [(0, 1), (0, 2)]  # one chunk of each of two shards
-    assert source._whole_shards(grazing) == grazing
-    assert source._whole_shards([]) == []
+    assert fetcher._whole_shards(grazing) == grazing
+    assert fetcher._whole_shards([]) == []
 
 
 def test_a_shard_directory_is_listed_once_for_its_view_directories_unless_too_big(monkeypatch) -> None:
@@ -181,7 +183,7 @@ def test_a_shard_directory_is_listed_once_for_its_view_directories_unless_too_bi
     import zarr
     from zarr.storage import MemoryStore, WrapperStore
 
-    from zfuse.view import source as source_module
+    from zfuse.view import chunk_listing
     from zfuse.view.source import ZarrChunkSource
 
     class Counting(WrapperStore[MemoryStore]):
@@ -198,12 +200,12 @@ def test_a_shard_directory_is_listed_once_for_its_view_directories_unless_too_bi
     arr = zarr.create_array(store, shape=(64, 64), shards=(8, 32), chunks=(8, 16), dtype="uint8")
     arr[...] = 1  # shards c/0/0 and c/0/1 in store directory c/0/
     source = ZarrChunkSource(arr)
-    names = lambda: sorted(n for page in source._shard_dir_names("c/0/") for n in page)  # noqa: E731
+    names = lambda: sorted(n for page in source._listing._shard_dir_names("c/0/") for n in page)  # noqa: E731
     assert names() == names() == ["0", "1"]
     assert store.listed.count("c/0/") == 1  # kept for the next view directory
     store.listed.clear()
-    source._forget_store_dirs()
-    monkeypatch.setattr(source_module, "SHARD_DIR_NAMES", 1)
+    source._listing.forget_store_dirs()
+    monkeypatch.setattr(chunk_listing, "SHARD_DIR_NAMES", 1)
     assert names() == ["0", "1"] and store.listed.count("c/0/") == 1  # too big: listed once all the same
     assert names() == ["0", "1"] and store.listed.count("c/0/") == 2  # and not kept
 
@@ -249,7 +251,7 @@ def test_a_small_remote_array_walked_from_the_top_is_listed_whole_in_one_listing
     `ls` of one chunk directory first stays one listing of that directory alone."""
     import zarr
 
-    from zfuse.view import source as source_module
+    from zfuse.view import chunk_listing
 
     store = counting_store()
     arr = zarr.create_array(store, name="a", shape=(24, 32), chunks=(8, 16), dtype="uint8", fill_value=0)
@@ -268,12 +270,12 @@ def test_a_small_remote_array_walked_from_the_top_is_listed_whole_in_one_listing
     assert _listed(source, ("c",)) == [("0", None), ("1", None), ("2", None)] and store.flat == ["a/", "a/"]
     # a bigger array, or one with too many strays, is listed directory by directory
     store.dirs.clear(), store.flat.clear()
-    monkeypatch.setattr(source_module, "FLAT_LISTING_OBJECTS", 5)
+    monkeypatch.setattr(chunk_listing, "FLAT_LISTING_OBJECTS", 5)
     source.invalidate()
     assert _listed(source, ("c",)) == [("0", None), ("1", None), ("2", None)]
     assert (store.dirs, store.flat) == (["a/c/"], [])
-    monkeypatch.setattr(source_module, "FLAT_LISTING_OBJECTS", 1000)
-    monkeypatch.setattr(source_module, "FLAT_LISTING_KEYS", 3)
+    monkeypatch.setattr(chunk_listing, "FLAT_LISTING_OBJECTS", 1000)
+    monkeypatch.setattr(chunk_listing, "FLAT_LISTING_KEYS", 3)
     source.invalidate()
     store.dirs.clear()
     assert _listed(source, ("c",)) == [("0", None), ("1", None), ("2", None)]
@@ -282,7 +284,7 @@ def test_a_small_remote_array_walked_from_the_top_is_listed_whole_in_one_listing
 
 
 def test_directories_of_a_flat_listing() -> None:
-    from zfuse.view.source import _directories_of
+    from zfuse.view.chunk_listing import _directories_of
 
     assert _directories_of(["zarr.json", "c/0/1", "c/0/0", "c/10/0"]) == {
         "": ["c", "zarr.json"], "c/": ["0", "10"], "c/0/": ["0", "1"], "c/10/": ["0"]}
@@ -299,9 +301,9 @@ def test_a_walk_of_a_small_sharded_array_reads_every_shard_index_with_the_first_
     each index is read once."""
     import zarr
 
-    from zfuse.view import source as source_module
+    from zfuse.view import chunk_listing
 
-    monkeypatch.setattr(source_module, "INDEXES_ALONGSIDE", alongside)
+    monkeypatch.setattr(chunk_listing, "INDEXES_ALONGSIDE", alongside)
 
     store = counting_store()
     reads: list[str] = []
@@ -391,11 +393,11 @@ def test_parallel_windows_over_one_shard_fetch_each_byte_once() -> None:
     source = _remote_source(arr)
     first = [(0, 3), (1, 2), (1, 3), (2, 3), (3, 2), (3, 3)]  # Morton 5-7 and 13-15: two spans
     source.fetch_ahead(first)
-    assert source._fetches is not None
-    taken = {first[0]: source._fetches.take(first[0])}  # (the first window's fetch done)
+    assert source._fetcher is not None
+    taken = {first[0]: source._fetcher.take(first[0])}  # (the first window's fetch done)
     every = [(i, j) for i in range(4) for j in range(4)]
     source.fetch_ahead(every)
-    got = [taken.get(c) or source._fetches.take(c) for c in every]
+    got = [taken.get(c) or source._fetcher.take(c) for c in every]
     assert all(g is not None and g is not MISSED for g in got)
     spans = sorted((r.start, r.end) for key, r in store.ranges
                    if key == "c/0/0" and r is not None and hasattr(r, "end"))

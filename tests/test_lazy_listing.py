@@ -211,14 +211,14 @@ def test_sharded_listing_chunk_maps_are_bounded_and_follow_rewritten_shards(tmp_
     """A directory spanning more shards than `CHUNK_MAPS_KEPT` lists them all, the
     chunk maps kept stay within the bound, and a shard rewritten through the view (a
     new index) is listed from its new map, not the one kept for the old index."""
-    from zfuse.view.source import CHUNK_MAPS_KEPT
+    from zfuse.view.chunk_listing import CHUNK_MAPS_KEPT
 
     shards = CHUNK_MAPS_KEPT + 36
     raw_chunks(tmp_path / "s.zarr", (2, 2 * shards), shard=(2, 2), every=2)  # row 0: even columns
     view, _, _ = open_view(tmp_path / "s.zarr", shard_index_cache_bytes=1 << 20)
     arr = next(arr for _, arr in view.arrays())
     assert names(view, ("c", "0")) == sorted(f"{j}.tiff" for j in range(0, 2 * shards, 2))
-    assert 0 < len(arr.source._chunk_maps) <= CHUNK_MAPS_KEPT
+    assert 0 < len(arr.source._listing._chunk_maps) <= CHUNK_MAPS_KEPT
     arr.source.write_chunk((0, 1), np.full((1, 1), 9, dtype="uint8"))  # shard (0, 0), kept
     arr.add_chunk((0, 1))
     arr.refresh()  # listed again from the shard indexes, not from the listing in memory
@@ -232,17 +232,17 @@ def test_sharded_listing_chunk_maps_keep_no_index_alive_and_bound_their_bytes(
     byte bound is the only one on indexes) and stay within `CHUNK_MAPS_BYTES`."""
     import gc
 
-    from zfuse.view import source
+    from zfuse.view import chunk_listing
 
-    monkeypatch.setattr(source, "CHUNK_MAPS_BYTES", 3 * 32)  # three maps of 4 x 8 inner chunks
+    monkeypatch.setattr(chunk_listing, "CHUNK_MAPS_BYTES", 3 * 32)  # three maps of 4 x 8 inner chunks
     raw_chunks(tmp_path / "s.zarr", GRID, shard=(4, 8), every=2)
     view, _, _ = open_view(tmp_path / "s.zarr")
     arr = next(arr for _, arr in view.arrays())
     first = names(view, ("c", "5"))
     assert first == sorted(f"{j}.tiff" for j in range(40) if (5 * 40 + j) % 2 == 0)
-    memo = arr.source._chunk_maps
-    assert 0 < len(memo) <= 3 and arr.source._chunk_maps_bytes <= 3 * 32
-    arr.source._index_cache.clear()  # the index cache lets go of every index
+    memo = arr.source._listing._chunk_maps
+    assert 0 < len(memo) <= 3 and arr.source._listing._chunk_maps_bytes <= 3 * 32
+    arr.source._indexes.clear()  # the index cache lets go of every index
     gc.collect()
     assert all(ref() is None for ref, _ in memo.values())
     arr.refresh()

@@ -7,10 +7,11 @@ thread per request: the fetches run on zarr's event loop, as many at once as
 the window asks (`ahead`), and a later read of the chunk (`take`) waits on the
 fetch already under way instead of sending its own request.
 
-What is fetched is given by the array's `fetch_many`, which may fetch several
-chunks in one request (a shard's adjacent inner chunks: one ranged GET); it
-answers a chunk's stored bytes, None for a chunk not stored, and leaves out a
-chunk it could not fetch. `coalesce` merges adjacent byte ranges for it.
+What is fetched is given by `fetch_many` (an array's: `RemoteFetcher`'s), which
+may fetch several chunks in one request (a shard's adjacent inner chunks: one
+ranged GET); it answers a chunk's stored bytes, None for a chunk not stored, and
+leaves out a chunk it could not fetch. `coalesce` merges adjacent byte ranges for
+it.
 
 Bounded: at most `max_entries` chunks are fetched or held, each for at most
 `ttl` seconds (a fetched chunk nobody takes is dropped, never served late);

@@ -10,23 +10,29 @@ Every method here may do store I/O and decoding: callers on an event loop run
 them in worker threads. Methods are thread-safe; writes to chunks that share a
 storage object (a shard) are serialised by a per-object lock so no concurrent
 read-modify-write loses another's update.
+
+Here: the `ChunkSource` interface, and `ZarrChunkSource`'s reads, decoding,
+encoding and writes of a zarr array. The parts of a `ZarrChunkSource` that keep
+state of their own are modules of their own, each held by the source:
+
+- `chunk_listing.py` (`ChunkListing`): its chunk-key directories listed from the
+  store, and what those listings keep (shared store directories, a small remote
+  array's whole listing, shards' chunk maps);
+- `remote_fetch.py` (`RemoteFetcher`): a remote array's chunks fetched ahead of
+  its readers, in batches (whole small shards, ranged requests);
+- `shard_indexes.py` (`ShardIndexes`): shard indexes read once and cached.
 """
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import functools
-import itertools
-import logging
 import math
 import os
 import stat as stat_mod
 import threading
 import warnings
-import weakref
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -37,72 +43,21 @@ from zarr.codecs.sharding import ShardingCodec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.chunk_key_encodings import V2ChunkKeyEncoding
 from zarr.core.sync import sync
-from zarr.storage import StorePath
 
 from zfuse.conditional import retry_lost_races
 from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.ext import zarr_private
-from zfuse.ext.chunk_keys import ChunkKeyDecoder, standard_layout
+from zfuse.ext.chunk_keys import ChunkKeyDecoder, Coords, standard_layout
 from zfuse.view import bounded_decode
 from zfuse.view.caches import BoundedLRU
-from zfuse.view.fetch_ahead import MISSED, FetchAhead, coalesce
+from zfuse.view.chunk_listing import LIST_PAGE as LIST_PAGE  # (re-exported: the view pages by it)
+from zfuse.view.chunk_listing import ChunkListing, DirPage, canonical_int
+from zfuse.view.fetch_ahead import MISSED
+from zfuse.view.remote_fetch import RemoteFetcher
+from zfuse.view.shard_indexes import ShardIndexes
 
-log = logging.getLogger("zfuse.view")
-Coords = tuple[int, ...]
-LIST_PAGE = 1000  # names taken from a store listing at a time (S3 returns 1000 per LIST page)
-DEFAULT_INDEX_CACHE_BYTES = 64 * 1024 * 1024
-FETCH_CONCURRENCY = 16  # requests in flight at once for one batch of chunks fetched ahead
-LEAF_INDEX_MAX = 4096  # chunks along the last axis up to which listings decode names by a dict
-DirPage = list[tuple[str, Coords | None]]  # (key name, chunk coords) or (directory name, None)
 DIR_COORDS_KEPT = 16384  # chunk-key directories whose coordinates are remembered
-CHUNK_MAPS_KEPT = 64  # shards whose chunk map is kept as bytes for listings (one byte per inner chunk)
-CHUNK_MAPS_BYTES = 16 * 1024 * 1024  # and at most this many bytes of them
-SHARD_AHEAD_CHUNKS = 64  # shards of at most this many inner chunks are fetched ahead whole
-SHARD_DIRS_KEPT = 64  # remote store directories of shards kept listed (`_shard_dir_names`)
-SHARD_DIR_NAMES = 100_000  # at most, names kept per such directory
-LIST_WAIT = 60.0  # seconds a listing waits for the same directory's listing under way
-# a remote array of at most this many storage objects (one LIST page of S3) is listed
-# whole, in one request, when a walker lists a directory above its chunks
-FLAT_LISTING_OBJECTS = 1000
-FLAT_LISTING_KEYS = 2 * FLAT_LISTING_OBJECTS  # keys read at most (strays too) before giving up
-INDEXES_ALONGSIDE = 64  # shard indexes read along with a listed directory's, at most
-_FLAT = "\0flat"  # `_store_dirs` key of the whole array's listing (no store directory's name)
 _UNKNOWN = object()
-
-
-class _SharedListing:
-    """One store directory's listing (or with `children`, the whole array's), made by
-    the first view directory to ask for it."""
-
-    __slots__ = ("children", "done", "names", "shards")
-
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.names: list[str] | None = None
-        # the whole array's listing: store directory ("c/0/") -> the names it holds
-        self.children: dict[str, list[str]] | None = None
-        # and, of a sharded array, the shards it lists
-        self.shards: list[Any] = []
-
-
-def _directories_of(keys: list[str]) -> dict[str, list[str]]:
-    """What a flat listing's keys (relative to the array) make of each directory above
-    them: ``{"": ["c", "zarr.json"], "c/": ["0"], "c/0/": ["0", "1"]}``, names sorted."""
-    held: dict[str, set[str]] = {}
-    for key in keys:
-        start = 0
-        while True:
-            cut = key.find("/", start)
-            held.setdefault(key[:start], set()).add(key[start:] if cut < 0 else key[start:cut])
-            if cut < 0:
-                break
-            start = cut + 1
-    return {head: sorted(names) for head, names in held.items()}
-
-
-def _canonical_int(name: str) -> bool:
-    # ASCII only: str.isdigit and int() also take other scripts' digits ("١", "１")
-    return name.isascii() and name.isdigit() and (name == "0" or name[0] != "0")
 
 
 @dataclass(frozen=True)
@@ -246,7 +201,7 @@ class ChunkSource(ABC):
             if axis is None:
                 if name != origin[depth]:
                     return None
-            elif not _canonical_int(name) or int(name) >= grid[axis]:
+            elif not canonical_int(name) or int(name) >= grid[axis]:
                 return None
             else:
                 fixed.append(int(name))
@@ -435,35 +390,6 @@ def _collect(aiter: Any) -> list[Any]:
     return sync(run())
 
 
-async def _take(aiter: AsyncIterator[str], count: int) -> list[str]:
-    out: list[str] = []
-    while len(out) < count:
-        try:
-            out.append(await aiter.__anext__())
-        except StopAsyncIteration:
-            break
-    return out
-
-
-def _pages(aiter: AsyncIterator[str], size: int = LIST_PAGE) -> Iterator[list[str]]:
-    """An async listing consumed `size` names at a time from a worker thread: the
-    caller can answer from the first page while later ones are still unread."""
-    try:
-        while True:
-            page = sync(_take(aiter, size))
-            if page:
-                yield page
-            if len(page) < size:
-                return
-    finally:
-        close = getattr(aiter, "aclose", None)
-        if close is not None:
-            try:
-                sync(close())
-            except Exception as e:  # closing a half-read listing must not mask why it stopped
-                log.debug("closing a store listing failed: %s", e)
-
-
 _NOT_LOCAL: Any = object()
 
 
@@ -497,17 +423,12 @@ class ZarrChunkSource(ChunkSource):
         self._eraser = array.with_config({"write_empty_chunks": False})
         self._locks: dict[str, threading.Lock] = {}
         self._locks_guard = threading.Lock()
-        # shard indexes: bounded, shared by the view's arrays once `use_index_cache` is called
-        self._index_cache = BoundedLRU(DEFAULT_INDEX_CACHE_BYTES)
-        # id(index's offsets array) -> (a weak reference to that array, the chunk map as
-        # bytes): kept for listings without keeping the index alive past its own cache
-        self._chunk_maps: dict[int, tuple[weakref.ref[Any], bytes]] = {}
-        self._chunk_maps_bytes = 0
-        self._index_loading: dict[str, asyncio.Future[Any]] = {}  # index reads in flight
-        # a remote store's directories listed, shared by the view directories that lie in
-        # one (`_shard_dir_names`: a shard row's), or the whole array's (`_flat_listing`)
-        self._store_dirs: collections.OrderedDict[str, _SharedListing] = collections.OrderedDict()
-        self._store_dirs_guard = threading.Lock()
+        # shard indexes: read once each, kept in a bounded cache (the view's, once
+        # `use_index_cache` is called); a remote store's fetches ahead: `_fetcher`
+        self._indexes = ShardIndexes(self._storage_key, self.store, self.sharding,
+                                     self.chunks_per_shard if self.sharding is not None else None)
+        # the chunk-key directories listed from the store, and what those listings keep
+        self._listing = ChunkListing(self, self._indexes)
         # Chunks are read and written directly with the codec pipeline, except for
         # v2 arrays in F order, whose chunk memory order only zarr's indexing handles
         self._direct = not (self.zarr_format == 2 and getattr(meta, "order", "C") == "F")
@@ -548,11 +469,16 @@ class ZarrChunkSource(ChunkSource):
         return tuple(-(-g // n) for g, n in zip(self._grid, self.chunks_per_shard, strict=True))
 
     def use_index_cache(self, cache: BoundedLRU) -> None:
-        self._index_cache = cache
+        self._indexes.use_cache(cache)
 
     # -- keys -------------------------------------------------------------
     def _encode_storage_key(self, coords: Coords) -> str:
         return self.array.metadata.encode_chunk_key(coords)
+
+    def _storage_key(self, coords: Coords) -> str:
+        """The store key of the storage object at `coords` in `storage_grid` (a shard's, if
+        sharded), the array's prefix included."""
+        return self.prefix + self._encode_storage_key(coords)
 
     def chunk_key(self, coords: Coords) -> str:
         if self._standard is not None and coords:
@@ -642,7 +568,7 @@ class ZarrChunkSource(ChunkSource):
         if self.sharding is None:
             return [c for c, _ in self.list_chunk_keys()]
         shard_coords = [c for c, _ in self._keys_with_coords()]
-        indexes = sync(self._load_indexes(shard_coords))
+        indexes = sync(self._indexes.load(shard_coords))
         out: list[Coords] = []
         for shard, index in zip(shard_coords, indexes, strict=True):
             if index is None:
@@ -655,311 +581,9 @@ class ZarrChunkSource(ChunkSource):
         return out
 
     def iter_chunk_dir(self, parts: tuple[str, ...]) -> Iterator[DirPage]:
-        """One delimited listing of the store directory behind `parts`, paged.
-
-        Unsharded, the view's directories are the store's. Sharded, directory
-        names hold inner-chunk coordinates: the store directory is the one of the
-        shards covering them; a shard name there stands for the inner names it
-        covers, and at the last level the indexes of the listed shards (only
-        those) say which inner chunks exist.
-        """
-        fixed = self.dir_coords(parts)
-        if fixed is None:
-            return
-        origin, axis_at = self.key_layout()
-        per_object = self.chunks_per_shard if self.sharding is not None else (1,) * len(self.shape)
-        store_parts = [
-            str(int(name) // per_object[axis_at[depth]]) if depth in axis_at else name
-            for depth, name in enumerate(parts)
-        ]
-        head = "".join(p + "/" for p in store_parts)
-        depth = len(parts)
-        leaf = depth == len(origin) - 1
-        local = self._listing_store()
-        if local is None and not leaf and depth not in axis_at:
-            # a component every chunk key has (v3's `c`): shown with no request, as `entry`
-            # shows it even before a chunk is stored (a reader's readdir of the array,
-            # GDAL's, costs no round trip; a walker lists the array at `c/`, whole)
-            yield [(origin[depth], None)]
-            return
-        flat = None if local is not None else self._flat_listing(first=not leaf)
-        if local is not None:
-            pages = local.list_dir_local(self.prefix + head, LIST_PAGE)
-        elif flat is not None:
-            assert flat.children is not None
-            pages = iter([flat.children.get(head, [])])
-        elif self.sharding is not None:
-            pages = self._shard_dir_names(head)
-        else:
-            pages = _pages(self.store.list_dir(self.prefix + head))
-        for names in pages:
-            if local is None:
-                names = [name.rstrip("/") for name in names]  # http(s) listings mark directories "name/"
-            if not leaf:
-                yield self._subdirs(depth, names, per_object)
-            elif self.sharding is None:
-                yield self._stored_chunks(head, names, fixed)
-            else:
-                # a walker of the whole array: the indexes of the other shards are read
-                # alongside this directory's (one round trip, not one per shard row)
-                also = functools.partial(self._shards_ahead, flat) if flat is not None else None
-                yield self._inner_chunks(head, names, fixed, also)
-
-    def _shard_dir_names(self, head: str) -> Iterator[list[str]]:
-        """A remote store directory of shards, listed once for every view directory it
-        holds inner chunks of (a shard row covers several: each listing its store
-        directory again cost a LIST each), in pages. Kept until `invalidate` or a write
-        through the mount (a new shard object), for the SHARD_DIRS_KEPT directories
-        listed last, each of at most SHARD_DIR_NAMES names (a bigger one is listed per
-        view directory, as before)."""
-        with self._store_dirs_guard:
-            shared = self._store_dirs.get(head)
-            mine = shared is None
-            if mine:
-                shared = self._store_dirs[head] = _SharedListing()
-                while len(self._store_dirs) > SHARD_DIRS_KEPT:
-                    self._store_dirs.popitem(last=False)
-            else:
-                self._store_dirs.move_to_end(head)
-        assert shared is not None
-        if mine:
-            names: list[str] = []
-            pages = _pages(self.store.list_dir(self.prefix + head))
-            try:
-                for page in pages:
-                    names += page
-                    if len(names) > SHARD_DIR_NAMES:
-                        break
-            except BaseException:
-                self._unshare(head, shared)
-                raise
-            if len(names) > SHARD_DIR_NAMES:  # too big to keep: the rest of this one listing
-                self._unshare(head, shared)
-                for at in range(0, len(names), LIST_PAGE):
-                    yield names[at : at + LIST_PAGE]
-                yield from pages
-                return
-            shared.names = names
-            shared.done.set()
-        elif not shared.done.wait(LIST_WAIT) or shared.names is None:
-            yield from _pages(self.store.list_dir(self.prefix + head))
-            return
-        names = shared.names
-        for at in range(0, len(names), LIST_PAGE):
-            yield names[at : at + LIST_PAGE]
-        if not names:
-            yield []
-
-    def _flat_listing(self, first: bool) -> _SharedListing | None:
-        """The whole array's store directories from one listing of its prefix, for a
-        remote array of at most FLAT_LISTING_OBJECTS storage objects (one LIST page, where
-        each directory would cost one: a walk of 8 chunk rows made 9 LISTs in 6 round
-        trips). Made when `first` (a directory above the chunks: a walker, who lists
-        those below next), used by every directory listed after it until `invalidate` or
-        a write through the mount; None: list the directory itself (a big or other
-        array, or no flat listing and not `first`: `ls` of one chunk directory stays one
-        delimited LIST of that directory)."""
-        if not self._store_access.remote or math.prod(self.storage_grid) > FLAT_LISTING_OBJECTS:
-            return None
-        with self._store_dirs_guard:
-            shared = self._store_dirs.get(_FLAT)
-            mine = shared is None and first
-            if mine:
-                shared = self._store_dirs[_FLAT] = _SharedListing()
-        if shared is None:
-            return None
-        if mine:
-            self._read_indexes_beside_listing()
-            keys: list[str] = []
-            n = len(self.prefix)
-            try:
-                for page in _pages(self.store.list_prefix(self.prefix)):
-                    keys += (key[n:] for key in page)
-                    if len(keys) > FLAT_LISTING_KEYS:
-                        break  # (stray objects: each directory is listed by itself)
-            except BaseException:
-                self._unshare(_FLAT, shared)
-                raise
-            if len(keys) <= FLAT_LISTING_KEYS:
-                shared.children = _directories_of(keys)
-                if self.sharding is not None:
-                    # in grid order: the order a walker lists their directories in
-                    shared.shards = sorted(shard for shard in map(self._shard_of, keys) if shard is not None)
-            shared.done.set()  # (too many keys: kept as None, each directory lists itself)
-        elif not shared.done.wait(LIST_WAIT):
-            return None
-        return shared if shared.children is not None else None
-
-    def _read_indexes_beside_listing(self) -> None:
-        """A sharded array of at most INDEXES_ALONGSIDE shards listed whole for a walker:
-        every shard's index is read beside the listing, not after it (the chunk
-        directories listed next show inner chunks, which their indexes say), so the
-        walk costs one round trip, not two. A shard not stored costs a request answered
-        "not found". Nothing waits for these reads: the directories join them. Not with
-        `-o cache=`: there the listing's versions let the cache answer each index after
-        it, with no request at all."""
-        if self.sharding is None or math.prod(self.storage_grid) > INDEXES_ALONGSIDE or self._caches_ranges:
-            return
-        shards = list(itertools.product(*(range(n) for n in self.storage_grid)))
-        future = asyncio.run_coroutine_threadsafe(self._load_indexes(shards), zarr_private.event_loop())
-        future.add_done_callback(lambda done: done.cancelled() or done.exception())  # (retrieved: the reads report)
-
-    def _shards_ahead(self, flat: _SharedListing, reading: set[Coords]) -> list[Coords]:
-        """Up to INDEXES_ALONGSIDE shards of the whole array's listing whose indexes no
-        directory listing has read yet, besides those `reading` (being read now), taken
-        off it with those: each shard is taken once."""
-        with self._store_dirs_guard:
-            rest = [shard for shard in flat.shards if shard not in reading]
-            out, flat.shards = rest[:INDEXES_ALONGSIDE], rest[INDEXES_ALONGSIDE:]
-        return out
-
-    def _unshare(self, head: str, shared: _SharedListing) -> None:
-        """The listing `shared` is not kept: the view directories waiting for it list
-        the store directory themselves."""
-        with self._store_dirs_guard:
-            if self._store_dirs.get(head) is shared:
-                del self._store_dirs[head]
-        shared.done.set()
-
-    def _forget_store_dirs(self) -> None:
-        with self._store_dirs_guard:
-            self._store_dirs.clear()
-
-    @functools.cached_property
-    def _leaf_index(self) -> dict[str, int] | None:
-        """Chunk file name -> last coordinate, for every name a chunk directory may hold,
-        when names are the last coordinate alone and there are few (else None)."""
-        if not self._leaf_names_are_ints() or self._grid[-1] > LEAF_INDEX_MAX:
-            return None
-        return {str(i): i for i in range(self._grid[-1])}
-
-    def _leaf_names_are_ints(self) -> bool:
-        """Whether a chunk file's name in its directory is its last coordinate alone
-        (``/``-separated default and v2 keys): listings then decode names with int()."""
-        return self._standard is not None and self._standard[1] == "/" and len(self._grid) > 0  # 0-d: key "c"
-
-    def _subdirs(self, depth: int, names: list[str], per_object: tuple[int, ...]) -> DirPage:
-        origin, axis_at = self.key_layout()
-        axis = axis_at.get(depth)
-        if axis is None:
-            return [(name, None) for name in names if name == origin[depth]]
-        span, grid = per_object[axis], self._grid[axis]
-        out: DirPage = []
-        for name in names:
-            if _canonical_int(name) and int(name) * span < grid:
-                first = int(name) * span
-                out.extend((str(i), None) for i in range(first, min(first + span, grid)))
-        return out
-
-    def _stored_chunks(self, head: str, names: list[str], fixed: Coords) -> DirPage:
-        out: DirPage = []
-        index = self._leaf_index
-        if index is not None:
-            # C-level passes: a listing of a chunk directory is every entry of `ls -lR`
-            found = list(map(index.get, names))
-            if None not in found:  # every name a chunk of the grid (the usual case)
-                n = len(names)
-                return list(zip(names, zip(*[itertools.repeat(f, n) for f in fixed], found, strict=True),
-                                strict=True))
-            return [(name, (*fixed, i)) for name, i in zip(names, found, strict=True) if i is not None]
-        if self._leaf_names_are_ints():
-            last = self._grid[-1]
-            for name in names:
-                if name.isascii() and name.isdigit() and (name[0] != "0" or name == "0"):  # _canonical_int, inlined
-                    i = int(name)
-                    if i < last:
-                        out.append((name, (*fixed, i)))
-            return out
-        for name in names:
-            coords = self.decode_key(head + name)
-            if coords is not None and self.in_grid(coords):
-                out.append((name, coords))
-        return out
-
-    def _inner_chunks(self, head: str, names: list[str], fixed: Coords,
-                      also: Callable[[set[Coords]], list[Coords]] | None = None) -> DirPage:
-        """The inner chunks of directory `head` (names: its shards). `also`: other shards
-        whose indexes to read alongside theirs if theirs must be read, for the
-        directories listed next."""
-        shards = [shard for shard in (self._shard_of(head + name) for name in names) if shard is not None]
-        out: DirPage = []
-        n = len(fixed)
-        # indexes already cached (the ten directories one shard covers read it once)
-        # need no trip through zarr's event loop
-        indexes = [self._index_cache.get((id(self), self.prefix + self._encode_storage_key(s))) for s in shards]
-        if any(index is None for index in indexes):
-            more = also(set(shards)) if also is not None else []
-            indexes = sync(self._load_indexes(shards + more))[: len(shards)]
-        int_names = self._leaf_names_are_ints()
-        per_shard = self.chunks_per_shard
-        # a directory of the last axis (`/`-separated keys): each shard's slab of the
-        # chunk map is taken from bytes made once per shard, in C-level passes with no
-        # numpy call. A numpy call on a whole map lets go of the GIL, and each time the
-        # listing thread takes it back the event loop waits for it: it cost `ls -lR` of
-        # 100,000 inner chunks 0.15 s.
-        last_axis = int_names and n == len(per_shard) - 1
-        limit = None if last_axis else np.array(self._grid[n:])
-        for shard, index in zip(shards, indexes, strict=True):
-            if index is None:
-                continue
-            base = [s * c for s, c in zip(shard, per_shard, strict=True)]
-            # only the slab of the shard the directory's fixed coordinates select
-            local = tuple(f - b for f, b in zip(fixed, base, strict=False))
-            if not all(0 <= i < c for i, c in zip(local, per_shard, strict=False)):
-                continue
-            if last_axis:
-                span, first = per_shard[-1], base[-1]
-                at = 0
-                for i, c in zip(local, per_shard, strict=False):
-                    at = at * c + i
-                at *= span
-                present = self._chunk_map_bytes(index)[at : at + span]
-                lasts = [j + first for j in itertools.compress(range(span), present)]
-                if lasts and lasts[-1] >= self._grid[-1]:
-                    lasts = [j for j in lasts if j < self._grid[-1]]  # an edge shard, past the grid
-                out += zip(map(str, lasts), zip(*[itertools.repeat(f, len(lasts)) for f in fixed], lasts, strict=True), strict=True)
-                continue
-            found = np.argwhere(index.get_full_chunk_map()[local]) + base[n:]
-            found = found[(found < limit).all(axis=1)]
-            # hot (100 inner chunks per directory of `ls -lR`): the pairs are built by
-            # zip in C, not a Python statement per chunk
-            axes = found.T.tolist()  # the free coordinates, axis by axis
-            coords = list(zip(*[itertools.repeat(f, len(found)) for f in fixed], *axes, strict=True))
-            if int_names:
-                out += zip(map(str, axes[-1]), coords, strict=True)
-            else:
-                out += [(self.chunk_key(c).rsplit("/", 1)[-1], c) for c in coords]
-        return out
-
-    def _shard_of(self, key: str) -> Coords | None:
-        """The shard that storage key `key` (relative to the array) names, if it lies in
-        the grid of shards; else None."""
-        shard = self.decode_key(key)
-        grid = self.storage_grid
-        if shard is None or len(shard) != len(grid) or not all(0 <= i < g for i, g in zip(shard, grid, strict=True)):
-            return None
-        return shard
-
-    def _chunk_map_bytes(self, index: Any) -> bytes:
-        """Shard index `index`'s chunk map (one byte per inner chunk, C order, nonzero
-        where one is stored), made once per index and kept for up to `CHUNK_MAPS_KEPT`
-        shards and `CHUNK_MAPS_BYTES` bytes. Only a weak reference to the index's
-        array is kept: the index cache alone decides how long an index lives."""
-        offsets = index.offsets_and_lengths
-        memo = self._chunk_maps
-        kept = memo.get(id(offsets))
-        if kept is not None and kept[0]() is offsets:  # (an id is reused once its array is gone)
-            return kept[1]
-        mapped = index.get_full_chunk_map().tobytes()
-        if len(mapped) > CHUNK_MAPS_BYTES:
-            return mapped
-        if len(memo) >= CHUNK_MAPS_KEPT or self._chunk_maps_bytes + len(mapped) > CHUNK_MAPS_BYTES:
-            # all at once, not the oldest alone: other listing threads may be adding
-            memo.clear()
-            self._chunk_maps_bytes = 0
-        memo[id(offsets)] = (weakref.ref(offsets), mapped)
-        self._chunk_maps_bytes += len(mapped)
-        return mapped
+        """One delimited listing of the store directory behind `parts`, paged
+        (`ChunkListing.iter_chunk_dir`: a sharded array's directories too)."""
+        return self._listing.iter_chunk_dir(parts)
 
     def chunk_exists(self, coords: Coords) -> bool:
         """One existence check of the chunk's key (or one read of its shard's index,
@@ -967,20 +591,20 @@ class ZarrChunkSource(ChunkSource):
         if not self.in_grid(coords):
             return False
         if self.sharding is None:
-            key = self.prefix + self._encode_storage_key(coords)
+            key = self._storage_key(coords)
             local = self._local_store
             if local is not None:  # in this worker thread, as `_fetch_local` reads
                 return local.exists_local(key)
-            fetches = self._fetches
-            if fetches is not None:  # being fetched ahead: that GET answers, no HEAD of its own
-                fetched = fetches.peek(coords)
+            fetcher = self._fetcher
+            if fetcher is not None:  # being fetched ahead: that GET answers, no HEAD of its own
+                fetched = fetcher.peek(coords)
                 if fetched is not MISSED:
                     return fetched is not None
             return bool(sync(self.store.exists(key)))
         shard = self._storage_coords(coords)
-        index = self._index_cache.get((id(self), self.prefix + self._encode_storage_key(shard)))
+        index = self._indexes.cached(shard)
         if index is None:  # not cached: read (and cache) it on zarr's event loop
-            index = sync(self._shard_index(shard))
+            index = sync(self._indexes.get(shard))
         return index is not None and index.get_chunk_slice(coords) is not None
 
     @property
@@ -992,43 +616,7 @@ class ZarrChunkSource(ChunkSource):
             return False
         if self.sharding is None:
             return True
-        shard = self._storage_coords(coords)
-        return self._index_cache.get((id(self), self.prefix + self._encode_storage_key(shard))) is not None
-
-    async def _load_indexes(self, shard_coords: Sequence[Coords]) -> list[Any]:
-        sem = asyncio.Semaphore(16)
-
-        async def one(shard: Coords) -> Any:
-            async with sem:
-                return await self._shard_index(shard)
-
-        return await asyncio.gather(*(one(s) for s in shard_coords))
-
-    async def _shard_index(self, shard: Coords) -> Any:
-        key = self.prefix + self._encode_storage_key(shard)
-        cached = self._index_cache.get((id(self), key))
-        if cached is not None:
-            return cached
-        # one read per index, however many requests want it at once (listings of the
-        # directories one shard covers run side by side when listed ahead of `ls -R`);
-        # all of them run on zarr's one event loop, so a plain dict is enough
-        loading = self._index_loading.get(key)
-        if loading is None:
-            loading = self._index_loading[key] = asyncio.ensure_future(self._read_shard_index(key))
-            loading.add_done_callback(lambda done: self._index_loading.pop(key, None))
-        return await asyncio.shield(loading)
-
-    async def _read_shard_index(self, key: str) -> Any:
-        assert self.sharding is not None
-        try:
-            index = await zarr_private.load_shard_index(
-                self.sharding, StorePath(self.store, key), self.chunks_per_shard
-            )
-        except Exception as e:  # a bad index checksum or a short object
-            raise CorruptDataError(f"{key}: unreadable shard index: {e}") from e
-        if index is not None:
-            self._index_cache.put((id(self), key), index, index.offsets_and_lengths.nbytes + 256)
-        return index
+        return self._indexes.cached(self._storage_coords(coords)) is not None
 
     # -- reading ----------------------------------------------------------
     def read_chunk(self, coords: Coords, must_exist: bool = False) -> np.ndarray:
@@ -1207,7 +795,7 @@ class ZarrChunkSource(ChunkSource):
             return None
         if self.sharding is not None:
             shards = [c for c, _ in self._keys_with_coords()]
-            indexes = sync(self._load_indexes(shards))
+            indexes = sync(self._indexes.load(shards))
             out: dict[Coords, int] = {}
             for shard, index in zip(shards, indexes, strict=True):
                 if index is None:
@@ -1240,7 +828,7 @@ class ZarrChunkSource(ChunkSource):
         root = self._chunk_root
         if root is None:
             return None
-        key = self.prefix + self._encode_storage_key(coords)
+        key = self._storage_key(coords)
         if not self._stored_path_stays_inside(key):
             return None  # read through the store instead, which refuses it (EIO, naming the key)
         return os.path.join(root, key)
@@ -1272,7 +860,7 @@ class ZarrChunkSource(ChunkSource):
         files = self._local_files()
         if files is None:
             raise OutsideStoreError(f"{self.name}: chunk {coords} is not in a local store")
-        return int(files.open_key(self.prefix + self._encode_storage_key(coords), flags))
+        return int(files.open_key(self._storage_key(coords), flags))
 
     def raw_chunk_path(self, coords: Coords) -> str | None:
         """The local file whose bytes are chunk `coords`'s values exactly as a chunk file
@@ -1284,7 +872,7 @@ class ZarrChunkSource(ChunkSource):
         if not self._raw_stored or self._chunk_root is None:
             return None
         # unchecked: its readers open it with `open_raw_chunk`, inside the store only
-        return os.path.join(self._chunk_root, self.prefix + self._encode_storage_key(coords))
+        return os.path.join(self._chunk_root, self._storage_key(coords))
 
     def may_store_raw(self) -> bool:
         return self._raw_stored
@@ -1321,12 +909,9 @@ class ZarrChunkSource(ChunkSource):
             fetched = self._fetch_local(local, coords, must_exist)
             if fetched is not _NOT_LOCAL:
                 return fetched
-        fetches = self._fetches
-        if fetches is not None:
-            fetched = fetches.take(coords)  # fetched ahead, or being fetched: no request of its own
-            metered = self._store_access.metered
-            if metered is not None:
-                metered.stats.count("chunks_fetched_on_read" if fetched is MISSED else "chunks_fetched_ahead")
+        fetcher = self._fetcher
+        if fetcher is not None:
+            fetched = fetcher.take(coords)  # fetched ahead, or being fetched: no request of its own
             if fetched is None:
                 if must_exist:
                     raise self._vanished(self.chunk_key(coords))
@@ -1337,16 +922,16 @@ class ZarrChunkSource(ChunkSource):
         return sync(fetch(coords, must_exist))
 
     @functools.cached_property
-    def _fetches(self) -> FetchAhead | None:
+    def _fetcher(self) -> RemoteFetcher | None:
         """Remote stores: chunks fetched ahead of readers (`fetch_ahead`), on zarr's
         event loop, taken by `_fetch`."""
         if not self._direct or not self._store_access.remote:
             return None
-        return FetchAhead(self._fetch_many, zarr_private.event_loop)
+        return RemoteFetcher(self, self._indexes)
 
     @property
     def fetches_remotely(self) -> bool:
-        return self._fetches is not None
+        return self._fetcher is not None
 
     @functools.cached_property
     def _caches_ranges(self) -> bool:
@@ -1355,145 +940,12 @@ class ZarrChunkSource(ChunkSource):
         return metered is not None and metered.cache is not None
 
     def fetch_ahead(self, coords: Sequence[Coords], skip: Callable[[Coords], bool] | None = None) -> None:
-        """A sharded array's window is widened to the whole of each shard it covers at
-        least half of (small shards: SHARD_AHEAD_CHUNKS inner chunks at most): readers
-        going through one shard from several places (parallel readers, each its own
-        window) then ask for it once, in one request, as zarr's `arr[:]` does."""
-        if self._fetches is None:
-            return
-        if self.sharding is not None and math.prod(self.chunks_per_shard) <= SHARD_AHEAD_CHUNKS:
-            coords = self._whole_shards(coords)
-        self._fetches.ahead([c for c in coords if not skip(c)] if skip is not None else coords)
-
-    def _whole_shards(self, coords: Sequence[Coords]) -> list[Coords]:
-        """`coords` in their order, each followed by the rest of its shard's inner chunks
-        (C order, in the grid) when at least half of that shard is among them already,
-        every chunk once. (A shard the window only grazes is left as it is: a reader
-        going along a row of square shards reads their other rows much later.)"""
-        per_shard = self.chunks_per_shard
-        in_shard: dict[Coords, int] = {}
-        for c in coords:
-            shard = self._storage_coords(c)
-            in_shard[shard] = in_shard.get(shard, 0) + 1
-        size = math.prod(per_shard)
-        out: dict[Coords, None] = {}
-        widened: set[Coords] = set()
-        for c in coords:
-            out.setdefault(c, None)
-            shard = self._storage_coords(c)
-            if shard in widened or 2 * in_shard[shard] < size:
-                continue
-            widened.add(shard)
-            for inner in self._inner_chunks_of(shard):
-                out.setdefault(inner, None)
-        return list(out)
-
-    def _inner_chunks_of(self, shard: Coords) -> list[Coords]:
-        """A shard's inner chunks in the grid, in C order."""
-        per_shard = self.chunks_per_shard
-        base = [s * n for s, n in zip(shard, per_shard, strict=True)]
-        return [inner for local in itertools.product(*(range(n) for n in per_shard))
-                if self.in_grid(inner := tuple(b + i for b, i in zip(base, local, strict=True)))]
-
-    async def _fetch_many(self, wanted: list[Coords]) -> dict[Coords, Any]:
-        """Stored bytes of the chunks `wanted` (None: not stored; left out: not fetched).
-        A shard's inner chunks lying close together come in one ranged request."""
-        proto = default_buffer_prototype()
-        limit = asyncio.Semaphore(FETCH_CONCURRENCY)
-        out: dict[Coords, Any] = {}
-        if self.sharding is None:
-            async def whole(coords: Coords) -> None:
-                async with limit:
-                    out[coords] = await self.store.get(self.prefix + self._encode_storage_key(coords), prototype=proto)
-
-            await asyncio.gather(*(whole(c) for c in wanted), return_exceptions=True)
-            return out
-        by_shard: dict[Coords, list[Coords]] = {}
-        for coords in wanted:
-            by_shard.setdefault(self._storage_coords(coords), []).append(coords)
-
-        # zfuse's metered store right below (no storage transformers between): a span's
-        # inner chunks are handed on as the response brings them (`get_pieces`), each
-        # its own disk cache entry with `-o cache=`
-        metered = self._store_access.metered
-        if metered is not None and self._has_transformers():  # (answered from the metadata recorded at open)
-            metered = None
-        # a disk cache (-o cache=DIR) keeps byte ranges as requested: one per inner chunk,
-        # found again after a remount whatever was read together (`get_pieces`; with
-        # storage transformers between, one request each)
-        coalesced = metered is not None or not self._caches_ranges
-        fetches = self._fetches
-
-        async def span(key: str, start: int, end: int, members: list[tuple[int, int, Coords]]) -> None:
-            if metered is not None:
-                def arrived(i: int, data: bytes) -> None:
-                    coords = members[i][2]
-                    out[coords] = buffer = proto.buffer.from_bytes(data)
-                    if fetches is not None:
-                        fetches.deliver(coords, buffer)  # (its read goes on while the rest comes)
-
-                async with limit:
-                    got = await metered.get_pieces(key, [(a, b) for a, b, _ in members], arrived)
-                for (_, _, coords), data in zip(members, got, strict=True):
-                    if data is not None and coords not in out:
-                        out[coords] = proto.buffer.from_bytes(data)
-                return
-            async with limit:
-                buf = await self.store.get(key, prototype=proto, byte_range=RangeByteRequest(start, end))
-            if buf is None or len(buf) != end - start:
-                return  # (left out: each read fetches its own and reports what is wrong)
-            for first, last, coords in members:
-                out[coords] = buf[first - start : last - start]
-
-        wanted_set = set(wanted)
-
-        async def shard(shard_coords: Coords, inner: list[Coords]) -> None:
-            key = self.prefix + self._encode_storage_key(shard_coords)
-            index = await self._shard_index(shard_coords)
-            ranges = []
-            for coords in inner:
-                byte_slice = index.get_chunk_slice(coords) if index is not None else None
-                if byte_slice is None:
-                    out[coords] = None
-                else:
-                    ranges.append((*byte_slice, coords))
-            # the shard's other inner chunks: those other fetches bring (parallel readers'
-            # windows) no request here reaches across; those nobody fetches that lie
-            # inside a request are fetched with it, and kept for their reads
-            others = self._other_inner_chunks(shard_coords, index, wanted_set)
-            if not coalesced:
-                requests = [(a, b, [(a, b, c)]) for a, b, c in ranges]
-            else:
-                elsewhere = [byte_slice for c, byte_slice in others if fetches is not None and fetches.pending(c)]
-                requests = coalesce(ranges, fetched_elsewhere=elsewhere)
-                if others:
-                    requests = [(a, b, self._with_unclaimed(a, b, members, others)) for a, b, members in requests]
-            await asyncio.gather(*(span(key, *request) for request in requests), return_exceptions=True)
-
-        await asyncio.gather(*(shard(s, inner) for s, inner in by_shard.items()), return_exceptions=True)
-        return out
-
-    def _other_inner_chunks(self, shard: Coords, index: Any, wanted: set[Coords]) -> list[tuple[Coords, tuple[int, int]]]:
-        """(inner chunk, its byte slice) of the stored inner chunks of a small shard (at
-        most SHARD_AHEAD_CHUNKS) that are not `wanted`; [] for a bigger shard (its fetches
-        are not widened, and listing its chunks would cost more than it saves)."""
-        if index is None or self._fetches is None or math.prod(self.chunks_per_shard) > SHARD_AHEAD_CHUNKS:
-            return []
-        return [(c, byte_slice) for c in self._inner_chunks_of(shard)
-                if c not in wanted and (byte_slice := index.get_chunk_slice(c)) is not None]
-
-    def _with_unclaimed(self, start: int, end: int, members: list[tuple[int, int, Coords]],
-                        others: list[tuple[Coords, tuple[int, int]]]) -> list[tuple[int, int, Coords]]:
-        """A request's members, plus the inner chunks lying inside [start, end) that no
-        fetch brings yet, claimed for this one (`FetchAhead.claim`): their bytes come
-        anyway, and another reader's window would fetch them again."""
-        inside = [c for c, (a, b) in others if start <= a and b <= end]
-        if not inside:
-            return members
-        assert self._fetches is not None
-        claimed = set(self._fetches.claim(inside))
-        # (in order of offset, as every request's members are: `get_pieces` needs it)
-        return sorted(members + [(a, b, c) for c, (a, b) in others if c in claimed], key=lambda m: m[0])
+        """Start fetching these chunks' stored bytes for reads to come, leaving out those
+        `skip` says are at hand: a remote store's (`RemoteFetcher.ahead`: a sharded
+        array's window widened to whole small shards); nothing for other stores."""
+        fetcher = self._fetcher
+        if fetcher is not None:
+            fetcher.ahead(coords, skip)
 
     @functools.cached_property
     def _local_store(self) -> Any:
@@ -1508,7 +960,7 @@ class ZarrChunkSource(ChunkSource):
         when a shard's index is not cached yet (the async path reads and caches it)."""
         proto = default_buffer_prototype()
         if self.sharding is None:
-            key = self.prefix + self._encode_storage_key(coords)
+            key = self._storage_key(coords)
             data = local.get_local(key)
             if data is None:
                 if must_exist:
@@ -1516,8 +968,8 @@ class ZarrChunkSource(ChunkSource):
                 return None
             return proto.buffer.from_bytes(data), self._chunk_spec
         shard = self._storage_coords(coords)
-        key = self.prefix + self._encode_storage_key(shard)
-        index = self._index_cache.get((id(self), key))
+        key = self._storage_key(shard)
+        index = self._indexes.cached(shard)
         if index is None:
             return _NOT_LOCAL
         byte_slice = index.get_chunk_slice(coords)
@@ -1528,7 +980,7 @@ class ZarrChunkSource(ChunkSource):
         data = local.get_local(key, byte_slice)
         start, end = byte_slice
         if data is None or len(data) != end - start:
-            self._index_cache.pop((id(self), key))
+            self._indexes.forget(shard)
             raise CorruptDataError(f"{key}: inner chunk {coords} lies outside the stored shard")
         return proto.buffer.from_bytes(data), self._chunk_spec
 
@@ -1549,7 +1001,7 @@ class ZarrChunkSource(ChunkSource):
         which costs more than decoding a raw chunk). Zarr stores edge chunks at full
         shape, so decoding gives the full chunk as is. None: nothing stored."""
         proto = default_buffer_prototype()
-        key = self.prefix + self._encode_storage_key(coords)
+        key = self._storage_key(coords)
         buf = await self.store.get(key, prototype=proto)
         if buf is None:
             if must_exist:
@@ -1570,16 +1022,16 @@ class ZarrChunkSource(ChunkSource):
             metered = self._store_access.metered
             if metered is None:
                 raise
-            key = self.prefix + self._encode_storage_key(self._storage_coords(coords))
-            self._index_cache.pop((id(self), key))
-            metered.forget_version(key)
+            shard = self._storage_coords(coords)
+            self._indexes.forget(shard)
+            metered.forget_version(self._storage_key(shard))
             return await self._fetch_inner_chunk_once(coords, must_exist)
 
     async def _fetch_inner_chunk_once(self, coords: Coords, must_exist: bool) -> tuple[Any, Any] | None:
         assert self.sharding is not None
         shard = self._storage_coords(coords)
-        key = self.prefix + self._encode_storage_key(shard)
-        index = await self._shard_index(shard)
+        key = self._storage_key(shard)
+        index = await self._indexes.get(shard)
         byte_slice = index.get_chunk_slice(coords) if index is not None else None
         if byte_slice is None:
             if must_exist:
@@ -1589,7 +1041,7 @@ class ZarrChunkSource(ChunkSource):
         proto = default_buffer_prototype()
         buf = await self.store.get(key, prototype=proto, byte_range=RangeByteRequest(start, end))
         if buf is None or len(buf) != end - start:
-            self._index_cache.pop((id(self), key))
+            self._indexes.forget(shard)
             raise CorruptDataError(f"{key}: inner chunk {coords} lies outside the stored shard")
         return buf, self._chunk_spec
 
@@ -1606,12 +1058,12 @@ class ZarrChunkSource(ChunkSource):
             return self._locks.setdefault(key, threading.Lock())
 
     def _forget_index(self, coords: Coords) -> None:
-        self._forget_store_dirs()  # (a write may have made a new shard object)
-        fetches = self.__dict__.get("_fetches")  # (what a write makes stale, if any was fetched ahead)
-        if fetches is not None:
-            fetches.forget()
+        self._listing.forget_store_dirs()  # (a write may have made a new shard object)
+        fetcher = self.__dict__.get("_fetcher")  # (what a write makes stale, if any was fetched ahead)
+        if fetcher is not None:
+            fetcher.forget()
         if self.sharding is not None:
-            self._index_cache.pop((id(self), self.prefix + self._encode_storage_key(self._storage_coords(coords))))
+            self._indexes.forget(self._storage_coords(coords))
 
     def write_chunk(self, coords: Coords, data: np.ndarray) -> None:
         # another host's write between this one's read and write: redone (zfuse/conditional.py)
@@ -1639,8 +1091,7 @@ class ZarrChunkSource(ChunkSource):
             finally:
                 self._forget_index(coords)
                 if new_index is not None:  # the shard just written: no need to read it back
-                    key, index = new_index
-                    self._index_cache.put((id(self), key), index, index.offsets_and_lengths.nbytes + 256)
+                    self._indexes.keep(self._storage_coords(coords), new_index)
 
     def _local_shard_writes(self) -> bool:
         """Whether an inner chunk can be written into its shard in this worker thread:
@@ -1661,17 +1112,17 @@ class ZarrChunkSource(ChunkSource):
             self._shard_writes = found
         return found
 
-    def _write_inner_chunk_local(self, coords: Coords, full: np.ndarray) -> tuple[str, Any]:
+    def _write_inner_chunk_local(self, coords: Coords, full: np.ndarray) -> Any:
         """Store inner chunk `coords` into its shard, in this worker thread: read the shard,
         encode the chunk, lay the shard out again as zarr does (inner chunks in Morton
         order, then the index, or the index first) and replace it atomically. zarr's own
         partial shard write does the same with several thread switches per step.
-        Returns the shard's key and new index (for the index cache)."""
+        Returns the shard's new index (for the index cache)."""
         from zarr.codecs.sharding import MAX_UINT_64, ShardingCodecIndexLocation
 
         sharding, local = self.sharding, self._local_store
         cps = tuple(self.chunks_per_shard)
-        key = self.prefix + self._encode_storage_key(self._storage_coords(coords))
+        key = self._storage_key(self._storage_coords(coords))
         index_spec = zarr_private.shard_index_spec(sharding, cps)
         index_size = zarr_private.shard_index_size(sharding, cps)
         index_first = sharding.index_location == ShardingCodecIndexLocation.start
@@ -1718,7 +1169,7 @@ class ZarrChunkSource(ChunkSource):
         else:
             ordered.append(index_bytes)
         local.set_local(key, ordered)
-        return key, index
+        return index
 
     async def _write_stored_chunk(self, coords: Coords, full: np.ndarray) -> None:
         """Encode one whole chunk with the codec pipeline and store it (one set)."""
@@ -1729,14 +1180,14 @@ class ZarrChunkSource(ChunkSource):
         await self._set_chunk(coords, encoded)
 
     async def _set_chunk(self, coords: Coords, encoded: Any) -> None:
-        key = self.prefix + self._encode_storage_key(coords)
+        key = self._storage_key(coords)
         if encoded is None:  # cannot happen with write_empty_chunks semantics; be safe
             raise CorruptDataError(f"{key}: the codecs produced no bytes")
         await self.store.set(key, encoded)
 
     def _set_chunk_local(self, local: Any, coords: Coords, encoded: Any) -> None:
         """`_set_chunk` on a local store, without zarr's event loop (the mirror of `_fetch_local`)."""
-        key = self.prefix + self._encode_storage_key(coords)
+        key = self._storage_key(coords)
         if encoded is None:
             raise CorruptDataError(f"{key}: the codecs produced no bytes")
         local.set_local(key, encoded)
@@ -1760,7 +1211,7 @@ class ZarrChunkSource(ChunkSource):
         with self._lock_for(coords):
             try:
                 if self.sharding is None:
-                    key = self.prefix + self._encode_storage_key(coords)
+                    key = self._storage_key(coords)
                     sync(self.store.delete(key))
                 else:
                     region = self.chunk_region(coords)
@@ -1770,10 +1221,8 @@ class ZarrChunkSource(ChunkSource):
 
     def invalidate(self) -> None:
         super().invalidate()
-        self._forget_store_dirs()
-        fetches = self.__dict__.get("_fetches")
-        if fetches is not None:
-            fetches.forget()
-        self._index_cache.clear()
-        self._chunk_maps.clear()
-        self._chunk_maps_bytes = 0
+        self._listing.invalidate()
+        fetcher = self.__dict__.get("_fetcher")
+        if fetcher is not None:
+            fetcher.forget()
+        self._indexes.clear()
