@@ -63,7 +63,7 @@ class ReadAhead:
             return
         if arr.cache.max_bytes < 4 * arr.layout.data_size:
             return  # no room to keep what is decoded ahead
-        key = (id(arr), coords)
+        key = (arr.ident, coords)
         scanning = self._opened_ahead(key)
         cached = arr.is_cached(coords)
         if cached and not scanning:
@@ -78,7 +78,7 @@ class ReadAhead:
             self.in_flight.add(key)
             self.spawn(self._decode, (arr, coords, key, False))
         for nxt in arr.successors(coords, READ_AHEAD):
-            key = (id(arr), nxt)
+            key = (arr.ident, nxt)
             if key in self.in_flight or arr.is_cached(nxt):
                 continue
             self._started_unopened(key)
@@ -106,23 +106,23 @@ class ReadAhead:
         thread hop per few files, not per file); a re-read asks nothing."""
         if self.spawn is None:
             return
-        scanning = self._opened_ahead((id(arr), coords))
+        scanning = self._opened_ahead((arr.ident, coords))
         if opened_before and not scanning:
             return
         ahead = arr.successors(coords, STORED_AHEAD)
         names = self.stored.names
-        batch = [c for c in ahead if (id(arr), c) not in self.in_flight and (id(arr), c) not in names]
+        batch = [c for c in ahead if (arr.ident, c) not in self.in_flight and (arr.ident, c) not in names]
         if scanning and len(ahead) - len(batch) >= STORED_AHEAD // 2:
             return  # still half a window or more ahead of the reader
         for nxt in batch:
-            self._started_unopened((id(arr), nxt))
+            self._started_unopened((arr.ident, nxt))
         if batch:
             self.spawn(self._advise, (arr, batch))
 
     def _advise(self, job: tuple[Any, list[tuple[int, ...]]]) -> None:
         arr, batch = job
         for coords in batch:
-            key = (id(arr), coords)
+            key = (arr.ident, coords)
             try:
                 if arr.exists(coords) and arr.advise_ahead(coords):
                     self.stored.note_name(key)

@@ -45,7 +45,7 @@ class StoredFiles:
 
     def known(self, arr: Any, coords: tuple[int, ...]) -> bool:
         """Whether the chunk's stored file was opened lately (its name is cached)."""
-        return (id(arr), coords) in self.names
+        return (arr.ident, coords) in self.names
 
     def note_name(self, key: ChunkKey) -> None:
         """(From worker threads too: a set's add and clear are atomic.)"""
@@ -61,7 +61,7 @@ class StoredFiles:
         stored = self._kept(path, arr)
         if stored is not None:
             return stored
-        key = (id(arr), coords)
+        key = (arr.ident, coords)
         if arr.serves_stored and key in self.names:
             stored = arr.open_stored(coords)
         else:

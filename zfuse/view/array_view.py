@@ -49,7 +49,7 @@ import numpy as np
 from zfuse import defaults
 from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.stats import Stats
-from zfuse.view.caches import BoundedLRU, SingleFlight, ViewCaches
+from zfuse.view.caches import BoundedLRU, SingleFlight, ViewCaches, owner_ident
 from zfuse.view.hierarchy import unsupported_metadata
 from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, DirPage
 from zfuse.view.tiff import (
@@ -325,7 +325,7 @@ class _Dir:
         self.children = children
 
 
-_DIR, _CHUNK = 0, 1  # cache key kinds: (id(array), kind, path or coords)
+_DIR, _CHUNK = 0, 1  # cache key kinds: (array's ident, kind, path or coords)
 
 
 class ArrayView:
@@ -341,6 +341,8 @@ class ArrayView:
         caches: ViewCaches | None = None,
     ) -> None:
         self.source = source
+        # what this view's entries in the shared caches are keyed by (never reused)
+        self.ident = owner_ident()
         self.options = options
         self.cache = cache
         self.ome = ome  # OME-Zarr axes, units and scales, from the multiscale that names it
@@ -406,7 +408,7 @@ class ArrayView:
     # -- what exists (bounded caches; store I/O only for what is asked) -----
     def _listed(self, rest: tuple[str, ...]) -> _Dir | None:
         """Directory `rest` as listed in the current generation, if it is in memory."""
-        listed = self.caches.names.get((id(self), _DIR, rest))
+        listed = self.caches.names.get((self.ident, _DIR, rest))
         return listed if listed is not None and listed.generation == self._generation else None
 
     def listed_names(self, rest: tuple[str, ...]) -> tuple[list[str], bool | None] | None:
@@ -430,7 +432,7 @@ class ArrayView:
         listed = self._listed(parts[:-1])
         if listed is not None:
             return parts[-1] in listed.children
-        answer = self.caches.names.get((id(self), _CHUNK, coords))
+        answer = self.caches.names.get((self.ident, _CHUNK, coords))
         if answer is not None and answer[0] == self._generation:
             return answer[1]
         return None
@@ -443,7 +445,7 @@ class ArrayView:
             generation = self._generation
             answer = self.source.chunk_exists(coords)
             self.stats.count("chunk_checks")
-            self.caches.names.put((id(self), _CHUNK, coords), (generation, answer))
+            self.caches.names.put((self.ident, _CHUNK, coords), (generation, answer))
         return answer
 
     @property
@@ -490,7 +492,7 @@ class ArrayView:
             yield items
         with self._lock:
             if children is not None and changes == self._changes:
-                self.caches.names.put((id(self), _DIR, rest), _Dir(generation, children), len(children) + 1)
+                self.caches.names.put((self.ident, _DIR, rest), _Dir(generation, children), len(children) + 1)
 
     def _grid_pages(self, rest: tuple[str, ...]) -> Iterator[DirPage]:
         """--all-chunks: every grid position under `rest`, from the grid alone."""
@@ -528,7 +530,7 @@ class ArrayView:
         names = self.caches.names
         with self._lock:
             self._changes += 1
-            names.put((id(self), _CHUNK, coords), (self._generation, True))
+            names.put((self.ident, _CHUNK, coords), (self._generation, True))
             for depth in range(len(parts) - 1, -1, -1):
                 listed = self._listed(parts[:depth])
                 if listed is None:
@@ -537,7 +539,7 @@ class ArrayView:
                 if name in listed.children:
                     continue
                 listed.children[name] = coords if depth == len(parts) - 1 else None
-                names.update((id(self), _DIR, parts[:depth]), listed, len(listed.children) + 1)
+                names.update((self.ident, _DIR, parts[:depth]), listed, len(listed.children) + 1)
 
     def remove_chunk(self, coords: Coords) -> None:
         """A chunk was deleted: listed directories drop it (and directories it emptied)."""
@@ -547,12 +549,12 @@ class ArrayView:
         names = self.caches.names
         with self._lock:
             self._changes += 1
-            names.put((id(self), _CHUNK, coords), (self._generation, False))
+            names.put((self.ident, _CHUNK, coords), (self._generation, False))
             for depth in range(len(parts) - 1, -1, -1):
                 listed = self._listed(parts[:depth])
                 if listed is None or listed.children.pop(parts[depth], ...) is ...:
                     break
-                names.update((id(self), _DIR, parts[:depth]), listed, len(listed.children) + 1)
+                names.update((self.ident, _DIR, parts[:depth]), listed, len(listed.children) + 1)
                 if listed.children or depth == 0:
                     break
                 # emptied: the parent's listing drops this directory too (as a re-listing would)
@@ -594,7 +596,7 @@ class ArrayView:
         return total
 
     def is_cached(self, coords: Coords) -> bool:
-        return self.cache.contains((id(self), coords))
+        return self.cache.contains((self.ident, coords))
 
     @property
     def fetches_remotely(self) -> bool:
@@ -638,7 +640,7 @@ class ArrayView:
     def cached_pixels(self, coords: Coords) -> memoryview | None:
         """`pixel_bytes` if the chunk is decoded already (no I/O), else None."""
         assert self.layout is not None
-        data = self.cache.peek((id(self), coords))
+        data = self.cache.peek((self.ident, coords))
         return None if data is None else memoryview(data).toreadonly()[self.layout.header_size :]
 
     def file_bytes(self, coords: Coords) -> memoryview:
@@ -647,7 +649,7 @@ class ArrayView:
         The cache holds each file as one buffer, so a read of any range is a
         slice of it: no bytes are copied between decoding and the FUSE reply.
         """
-        key = (id(self), coords)
+        key = (self.ident, coords)
         data = self.cache.get(key)
         if data is not None:
             return memoryview(data).toreadonly()
@@ -687,7 +689,7 @@ class ArrayView:
             return b""
         if end <= hsize:
             return self.header(coords)[offset:end]
-        data = self.cache.peek((id(self), coords))
+        data = self.cache.peek((self.ident, coords))
         return None if data is None else memoryview(data).toreadonly()[offset:end]
 
     def read(self, coords: Coords, offset: int, size: int) -> bytes | memoryview:
@@ -760,7 +762,7 @@ class ArrayView:
         return advise_willneed_fd(fd)
 
     def forget(self, coords: Coords) -> None:
-        self.cache.drop((id(self), coords))
+        self.cache.drop((self.ident, coords))
         self.changes += 1  # whole-image files with stored byte counts re-plan
 
     # -- metadata -----------------------------------------------------------

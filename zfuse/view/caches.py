@@ -11,6 +11,7 @@ listings, bytes for shard indexes). Evictions are counted into the mount's
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
@@ -18,6 +19,16 @@ from contextlib import contextmanager
 from typing import Any
 
 from zfuse.stats import Stats
+
+_owner_idents = itertools.count(1)
+
+
+def owner_ident() -> int:
+    """A number no other owner of cache entries (an array's view, its shard indexes)
+    ever gets, for the keys of what it puts in shared caches. Not id(): a forgotten
+    view's entries outlive it, and a new object may be given its id.
+    (`next` on a count is atomic under the GIL: any thread may call this.)"""
+    return next(_owner_idents)
 
 
 class SingleFlight:

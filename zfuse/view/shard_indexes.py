@@ -17,7 +17,7 @@ from zarr.storage import StorePath
 
 from zfuse.errors import CorruptDataError
 from zfuse.ext import zarr_private
-from zfuse.view.caches import BoundedLRU
+from zfuse.view.caches import BoundedLRU, owner_ident
 
 Coords = tuple[int, ...]
 DEFAULT_INDEX_CACHE_BYTES = 64 * 1024 * 1024
@@ -36,8 +36,10 @@ class ShardIndexes:
         self._store = store
         self._sharding = sharding
         self._chunks_per_shard = chunks_per_shard
-        # bounded, shared by the view's arrays once `use_cache` is called
+        # bounded, shared by the view's arrays once `use_cache` is called; keyed by
+        # `_ident` and the shard's key
         self._cache = BoundedLRU(DEFAULT_INDEX_CACHE_BYTES)
+        self._ident = owner_ident()
         self._loading: dict[str, asyncio.Future[Any]] = {}  # index reads in flight
 
     def use_cache(self, cache: BoundedLRU) -> None:
@@ -46,18 +48,18 @@ class ShardIndexes:
 
     def cached(self, shard: Coords) -> Any:
         """The shard's index if it is cached (memory only), else None."""
-        return self._cache.get((id(self), self._key_of(shard)))
+        return self._cache.get((self._ident, self._key_of(shard)))
 
     def keep(self, shard: Coords, index: Any) -> None:
         """Cache `index` as the shard's (one just written: no need to read it back)."""
         self._keep(self._key_of(shard), index)
 
     def _keep(self, key: str, index: Any) -> None:
-        self._cache.put((id(self), key), index, index.offsets_and_lengths.nbytes + 256)
+        self._cache.put((self._ident, key), index, index.offsets_and_lengths.nbytes + 256)
 
     def forget(self, shard: Coords) -> None:
         """Drop the shard's cached index (it was rewritten, or is wrong)."""
-        self._cache.pop((id(self), self._key_of(shard)))
+        self._cache.pop((self._ident, self._key_of(shard)))
 
     def clear(self) -> None:
         """Drop every cached index (of every array sharing the cache)."""
@@ -76,7 +78,7 @@ class ShardIndexes:
     async def get(self, shard: Coords) -> Any:
         """The shard's index, cached or read (and cached); None: the shard is not stored."""
         key = self._key_of(shard)
-        cached = self._cache.get((id(self), key))
+        cached = self._cache.get((self._ident, key))
         if cached is not None:
             return cached
         # one read per index, however many requests want it at once (listings of the
