@@ -334,6 +334,137 @@ def test_a_group_of_at_most_the_bound_opens_its_members_together(
     assert calls == [["codec", "dtype", "fill", "good", "stray", "sub"]]
 
 
+def _nested_store(tmp_path: Path, groups: int, arrays: int) -> Path:
+    """`groups` groups of `arrays` arrays each; array gGG/aA's values are 10*G + A + 1."""
+    src = tmp_path / "n.zarr"
+    root = zarr.open_group(str(src), mode="w")
+    for g in range(groups):
+        sub = root.create_group(f"g{g:02d}")
+        for a in range(arrays):
+            sub.create_array(f"a{a}", shape=(2,), chunks=(2,), dtype="u1")[...] = 10 * g + a + 1
+    return src
+
+
+def _held(node) -> int:  # type: ignore[no-untyped-def]
+    """Members held opened below `node`, all the way down."""
+    return sum(1 + _held(child) for child in node.opened_children().values())
+
+
+@pytest.mark.parametrize("remote", [False, True])
+def test_a_view_holds_a_bounded_number_of_members_opened(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, remote: bool
+) -> None:
+    """[hostile-5] however many members a walk looks up (`find` over a crafted store of
+    a million), the view holds at most `members_kept` opened, plus one group's worth:
+    the groups used least lately forget theirs; a member looked up again is opened
+    again and reads the same; what is on the walker's path is never forgotten."""
+    from zfuse.stats import Stats
+
+    src = _nested_store(tmp_path, 12, 5)
+    calls = _opened_names(monkeypatch)
+    stats = Stats()
+    options = ViewOptions(members_kept=12)
+    if remote:
+        monkeypatch.setattr("zfuse.view.tree.store_access", lambda store: __import__(
+            "zfuse.view.source", fromlist=["StoreAccess"]).StoreAccess(remote=True))
+    view = build_view(zarr.open_group(str(src), mode="r"), options, stats)
+    if not remote:  # a local store opens members at mount only while the bound has room
+        assert _held(view.root) <= 12 + 5
+    most = 0
+    for _ in range(2):  # the second walk finds the first's members forgotten
+        for g in range(12):
+            for a in range(5):
+                assert view.entry((f"g{g:02d}", f"a{a}", "zarr.json")) is not None
+                entry = view.entry((f"g{g:02d}", f"a{a}", "c", "0.tiff"))
+                assert entry is not None and entry.array is not None
+                assert bytes(entry.array.pixel_bytes((0,))) == bytes([10 * g + a + 1]) * 2
+                most = max(most, _held(view.root))
+    assert most <= 12 + 5 + 1  # (the bound, one group's members, and that group itself)
+    assert stats.snapshot()["group_members_forgotten"] > 0
+    assert sum(len(c) for c in calls) > 12 * 6  # members were opened again
+
+
+def test_an_array_forgotten_while_in_use_is_found_again_not_made_anew(tmp_path: Path) -> None:
+    """[hostile-5] a group forgets an array its walker moved past, but an open file still
+    holds that array's view: looked up again it is that same view (one set of caches,
+    so what a write through the open file changes, reads through the path see), and
+    `arrays()` (what SIGHUP refreshes) still has it; a view nothing holds is made anew."""
+    src = _nested_store(tmp_path, 6, 5)
+    view = build_view(zarr.open_group(str(src), mode="r"), ViewOptions(members_kept=6))
+    held = view.array_at(("g00", "a1"))[0]
+    unheld_ident = view.array_at(("g00", "a2"))[0].ident
+    for g in range(1, 6):  # walk on: g00's members are forgotten
+        for a in range(5):
+            assert view.entry((f"g{g:02d}", f"a{a}", "c", "0.tiff")) is not None
+    assert "g00" not in [name for name, node in view.root.opened_children().items()
+                         if node.opened_children()]
+    assert view.array_at(("g00", "a1"))[0] is held
+    assert ("g00", "a1") in dict(view.arrays())
+    gc.collect()
+    assert view.array_at(("g00", "a2"))[0].ident != unheld_ident
+
+
+def test_a_big_group_walked_whole_keeps_only_its_latest_members(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[hostile-5] one group of more members than the bound (looked up one by one, as a
+    walker does): it forgets its oldest opened members, in batches, and keeps the rest."""
+    from zfuse.stats import Stats
+    from zfuse.view import tree
+
+    src = tmp_path / "big.zarr"
+    root = zarr.open_group(str(src), mode="w")
+    for i in range(60):
+        root.create_array(f"a{i:02d}", shape=(2,), chunks=(2,), dtype="u1")[...] = i + 1
+    monkeypatch.setattr(tree, "MEMBERS_OPENED_TOGETHER", 10)
+    monkeypatch.setattr(tree, "MEMBERS_OPENED_AHEAD", 4)
+    stats = Stats()
+    view = build_view(zarr.open_group(str(src), mode="r"), ViewOptions(members_kept=20), stats)
+    most = 0
+    for i in range(60):
+        entry = view.entry((f"a{i:02d}", "c", "0.tiff"))
+        assert entry is not None and bytes(entry.array.pixel_bytes((0,))) == bytes([i + 1]) * 2
+        most = max(most, len(view.root.opened_children()))
+    assert most <= 20 + 4 and stats.snapshot()["group_members_forgotten"] >= 30
+    assert len([n for n, _ in view.list_dir(())]) == 61  # (and zarr.json): all still listed
+
+
+def test_whole_images_stay_planned_for_a_bounded_number_of_directories(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[hostile-5] the whole-image files of at most IMAGE_DIRS_KEPT directories stay
+    planned (a walker looks at every directory); the others are planned again, the
+    same, when next looked at."""
+    from zfuse.view import tree
+
+    monkeypatch.setattr(tree, "IMAGE_DIRS_KEPT", 2)
+    src = _nested_store(tmp_path, 1, 5)
+    view = build_view(zarr.open_group(str(src), mode="r"), ViewOptions())
+    first = {a: view.entry(("g00", f"a{a}", "image.ome.tif")).size for a in range(5)}
+    assert len(view._images) == 2  # (the two looked at last)
+    again = {a: view.entry(("g00", f"a{a}", "image.ome.tif")).size for a in range(5)}
+    assert again == first and len(view._images) == 2
+
+
+def test_problems_kept_are_bounded_and_the_rest_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[hostile-5] a store of many broken members: the first PROBLEMS_KEPT are listed
+    (`.zfuse/errors`, `zfuse info`) and logged; the rest are counted in stats only."""
+    from zfuse.stats import Stats
+    from zfuse.view import tree
+
+    src = tmp_path / "broken.zarr"
+    root = zarr.open_group(str(src), mode="w")
+    for i in range(8):
+        root.create_array(f"b{i}", shape=(2,), chunks=(2,), dtype="u1")
+        _edit(src / f"b{i}" / "zarr.json", data_type="int4")
+    monkeypatch.setattr(tree, "PROBLEMS_KEPT", 5)
+    stats = Stats()
+    view = build_view(zarr.open_group(str(src), mode="r"), ViewOptions(), stats)
+    assert [p.path for p in view.problems] == [f"b{i}" for i in range(5)]
+    assert stats.snapshot()["problems_not_listed"] == 3
+    assert view.entry(("b7", README_NAME)) is not None  # still shown, with its reason
+
+
 def test_member_names_no_directory_entry_can_have_are_not_shown(caplog: pytest.LogCaptureFixture) -> None:
     """[outside-1] an object store's listing of a group may name `..`, `.`, an empty name
     or one with a backslash (keys `g/../x`, `g//x`): no such member is shown, opened or

@@ -356,3 +356,35 @@ def test_mount_of_a_group_of_50000_members_opens_only_those_looked_up(tmp_path: 
     assert opened() == 16 + 16 + 1  # each with the names after it (up to MEMBERS_OPENED_AHEAD)
     assert _peak_rss(m.pid) < 400 * 2**20  # (81 MB here; opening them all: 26 s at mount)
     assert "Traceback" not in m.log()
+
+
+@pytest.mark.mount
+def test_find_over_many_members_holds_a_bounded_number_opened(tmp_path: Path, mount) -> None:
+    """[hostile-5] `find` over 40 groups of 40 arrays (small groups, each opened whole
+    when listed) with `-o members_kept=200`: every path is found, the daemon holds at
+    most about 200 members opened at any time (before: all 1,640, about 15 KB each, so
+    a crafted store of a million cost 15 GB), and a member forgotten on the way reads
+    as before when looked up again."""
+    store = _group(tmp_path / "n.zarr")
+    meta = {"zarr_format": 3, "node_type": "array", "shape": [4], "data_type": "uint8",
+            "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [4]}},
+            "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+            "fill_value": 3, "codecs": [{"name": "bytes"}], "attributes": {}}
+    group = json.dumps({"zarr_format": 3, "node_type": "group", "attributes": {}})
+    for g in range(40):
+        os.mkdir(store / f"g{g:02d}")
+        (store / f"g{g:02d}" / "zarr.json").write_text(group)
+        for a in range(40):
+            os.mkdir(store / f"g{g:02d}" / f"a{a:02d}")
+            (store / f"g{g:02d}" / f"a{a:02d}" / "zarr.json").write_text(json.dumps({**meta, "fill_value": a}))
+    m = mount(store, "-o", "ro", "-o", "members_kept=200")
+    stats = lambda: json.loads((m.path / ".zfuse" / "stats").read_bytes())  # noqa: E731
+    held = []
+    for g in range(40):  # `find`, one group at a time, watching what the daemon holds
+        found = subprocess.run(["find", str(m.path / f"g{g:02d}")], capture_output=True, text=True, check=True)
+        assert sum(line.endswith("/zarr.json") for line in found.stdout.splitlines()) == 41
+        held.append(stats()["group_members_held"])
+    assert max(held) <= 200 + 40 + 1 and stats()["group_members_forgotten"] > 0
+    assert (tifffile.imread(m.path / "g00" / "a07" / "image.ome.tif") == 7).all()  # forgotten, opened again
+    _good_reads(m)
+    assert "Traceback" not in m.log()

@@ -42,6 +42,7 @@ class MountConfig:
     cache_bytes: int = defaults.CACHE_BYTES
     listing_cache_names: int = defaults.LISTING_CACHE_NAMES
     index_cache_bytes: int = defaults.INDEX_CACHE_BYTES
+    members_kept: int = defaults.MEMBERS_KEPT
     all_chunks: bool = False
     crop_edges: bool = False
     max_threads: int = defaults.THREADS

@@ -9,6 +9,9 @@ from __future__ import annotations
 CACHE_BYTES = 256 * 2**20  # decoded chunks kept (cache_size)
 LISTING_CACHE_NAMES = 200_000  # names of listings and existence answers kept (~190 bytes each)
 INDEX_CACHE_BYTES = 64 * 2**20  # shard indexes kept (index_cache_size)
+#: group members (arrays, groups) held opened across the mount, about 15 KB each
+#: (members_kept): past it the groups used least lately forget theirs
+MEMBERS_KEPT = 10_000
 #: bytes the disk cache of a remote store (`cache=DIR`) may hold on disk (cache_limit)
 DISK_CACHE_BYTES = 10 * 2**30
 THREADS = 8  # worker threads for store I/O and decoding

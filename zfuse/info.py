@@ -11,7 +11,7 @@ if TYPE_CHECKING:
 
 
 def describe_source(config: MountConfig) -> dict[str, Any]:
-    view = make_view(config)
+    view = make_view(config, all_members=True)
     view.open_all()  # (a remote store's groups open lazily on a mount; info shows them all)
     reasons = {problem.path: problem.reason for problem in view.problems}
     arrays = []

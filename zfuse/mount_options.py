@@ -145,6 +145,9 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
                 _field("cache_bytes", _size)),
     MountOption("listing_cache", "N", f"chunk names kept from store listings, e.g. 1M (default {defaults.LISTING_CACHE_NAMES // 1000}k)",
                 _field("listing_cache_names", _size)),
+    MountOption("members_kept", "N", f"group members (arrays, groups) held opened, about 15 KB each; past it "
+                f"the least used are opened again when next looked up (default {defaults.MEMBERS_KEPT // 1000}k)",
+                _field("members_kept", _size)),
     MountOption("index_cache_size", "SIZE", f"bounded cache of shard indexes, e.g. 256M (default {_mib(defaults.INDEX_CACHE_BYTES)})",
                 _field("index_cache_bytes", _size)),
     MountOption("cache", "DIR", "keep what remote stores (s3://, gs://, https://) sent in DIR, across "

@@ -130,7 +130,9 @@ def _open_node(store: Any, source: str, mode: str) -> Any:
 READ_ONLY_SCHEMES = ("http://", "https://")
 
 
-def make_view(config: MountConfig, stats: Stats | None = None) -> View:
+def make_view(config: MountConfig, stats: Stats | None = None, *, all_members: bool = False) -> View:
+    """The view of the config's sources. `all_members`: keep every group member opened
+    (`zfuse info` describes them all), not a mount's bounded number."""
     if not config.read_only and any(s.startswith(READ_ONLY_SCHEMES) for s in config.sources):
         log.info("http(s) sources are read-only: mounting read-only")
         config.read_only = True
@@ -144,6 +146,7 @@ def make_view(config: MountConfig, stats: Stats | None = None) -> View:
         listing_cache_names=config.listing_cache_names,
         shard_index_cache_bytes=config.index_cache_bytes,
         read_ahead_bytes=config.read_ahead_kb * 1024,
+        members_kept=None if all_members else config.members_kept,
     )
     unsettled: list[MeteredStore] = []
     obj = open_source(config.sources, config.concat_axis, read_only=config.read_only,

@@ -76,6 +76,9 @@ class ViewOptions:
     shard_index_cache_bytes: int = defaults.INDEX_CACHE_BYTES
     # the kernel's read-ahead window of the mount: how far past a read it may ask
     read_ahead_bytes: int = defaults.READ_AHEAD_KB * 1024
+    # group members held opened across the view, about 15 KB each (None: no bound);
+    # past it the groups used least lately forget theirs (`tree.OpenedMembers`)
+    members_kept: int | None = defaults.MEMBERS_KEPT
 
 
 # preadv2(RWF_NOWAIT): a read that only takes what the OS page cache holds (Linux)

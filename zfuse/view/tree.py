@@ -21,11 +21,13 @@ Invariants:
 from __future__ import annotations
 
 import bisect
+import collections
 import enum
 import json
 import logging
 import operator
 import threading
+import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -66,6 +68,8 @@ CHUNK_ENTRIES_KEPT = 16384  # chunk files remembered as existing (View.entry)
 # a group with more member names opens each member when first looked up, not all at once
 MEMBERS_OPENED_TOGETHER = 1000
 MEMBERS_OPENED_AHEAD = 16  # a lookup there opens the member and the next ones listed (one wave)
+PROBLEMS_KEPT = 10_000  # nodes shown without chunk files that are listed with their reason
+IMAGE_DIRS_KEPT = 4096  # directories whose whole-image files stay planned (the least used are forgotten)
 
 class MemberOpener(NamedTuple):
     """How a group's members are found and opened (made by `build_view`)."""
@@ -74,6 +78,83 @@ class MemberOpener(NamedTuple):
     # the nodes of these names (store I/O); names that are no node are left out
     open: Callable[[list[str]], dict[str, _Node]]
     datasets: list[str]  # relative paths of multiscale datasets, opened with the group
+    kept: OpenedMembers  # the view's bound on members held opened
+
+
+class OpenedMembers:
+    """The members a view's groups hold opened: at most `limit` together (None: no
+    bound, for `zfuse info`, which describes them all).
+
+    Past the bound, the groups used least lately forget their opened members (a
+    crafted store of a million members, walked by `find`, would otherwise keep every
+    one, about 15 KB each); a forgotten member is opened again when next looked up, and
+    an array's view still in use (an open file, a pending write) is found again rather
+    than made anew (`build_view`'s `alive`). A lookup marks the groups on its path used,
+    deepest first (`View._split`), so a group is always more recent than the groups
+    below it: members are forgotten from the leaves up. The groups a lookup is going
+    through (`walking`) are never forgotten by what it opens."""
+
+    def __init__(self, limit: int | None, stats: Stats | None = None) -> None:
+        self.limit = limit
+        self.stats = stats
+        self._held: collections.OrderedDict[_Node, int] = collections.OrderedDict()  # least used first
+        self._total = 0
+        self._lock = threading.Lock()
+        self._local = threading.local()  # .path: the groups this thread's lookup goes through
+        if stats is not None and limit is not None:
+            stats.gauge("group_members_held", lambda: self._total)
+
+    def walking(self, path: list[_Node] | None) -> list[_Node] | None:
+        """This thread's lookup goes through the groups in `path` (a list it appends to;
+        None: no lookup). Returns the one it replaces, to be set back after."""
+        before = getattr(self._local, "path", None)
+        self._local.path = path
+        return before
+
+    def has_room(self) -> bool:
+        """Whether members may be opened with nothing forgotten (a local store's groups
+        open theirs at mount while there is room)."""
+        return self.limit is None or self._total < self.limit
+
+    def used(self, groups: list[_Node]) -> None:
+        """These groups were looked through, the deepest first."""
+        if self.limit is None:
+            return
+        with self._lock:
+            held = self._held
+            for group in groups:
+                if group in held:
+                    held.move_to_end(group)
+
+    def opened(self, group: _Node, count: int) -> None:
+        """`group` holds `count` more members opened: past the bound, others forget."""
+        if self.limit is None or count <= 0:
+            return
+        walked = getattr(self._local, "path", None) or ()
+        with self._lock:
+            self._held[group] = self._held.get(group, 0) + count
+            self._held.move_to_end(group)
+            self._total += count
+            over = self._total - self.limit
+            victims = []
+            for other, held in self._held.items():
+                if over <= 0:
+                    break
+                if other is not group and not any(other is on_path for on_path in walked):
+                    victims.append(other)
+                    over -= held
+            for other in victims:
+                self._total -= self._held.pop(other)
+        forgotten = sum(other.forget_members() for other in victims)
+        if over > 0 and group.is_big:  # this group alone is past the bound (a big one walked): its oldest
+            own = group.forget_members(over + self.limit // 4)  # (a quarter more: not one per lookup)
+            forgotten += own
+            with self._lock:
+                if group in self._held:
+                    self._held[group] -= own
+                    self._total -= own
+        if forgotten and self.stats is not None:
+            self.stats.count("group_members_forgotten", forgotten)
 
 
 class _Node:
@@ -84,7 +165,11 @@ class _Node:
     all at once (a metadata read each, side by side). A bigger one (a plate of
     thousands of wells, a crafted store of a million) opens each member when it is
     first looked up, so listing it costs the listing alone and memory grows with what
-    is looked at, not with what the store holds."""
+    is looked at, not with what the store holds. Either forgets its opened members
+    when the view holds too many (`OpenedMembers`), and opens them again when asked.
+
+    (Threads: what a group holds is replaced, never changed in place, except a big
+    group's `_opened`, added to under its lock: a reader takes each attribute once.)"""
 
     __slots__ = ("_children", "_lock", "_names", "_opened", "_opener", "array", "kind", "metadata", "readme")
 
@@ -111,13 +196,14 @@ class _Node:
         them to be listed on the next ask): one listing for every thread that asks."""
         if self.loaded:
             return
+        opener = self._opener
+        assert opener is not None
         with self._lock:
             if self.loaded:
                 return
-            opener = self._opener
-            assert opener is not None
             names = opener.names()
             children = opener.open(names) if len(names) <= MEMBERS_OPENED_TOGETHER else None
+            opened = {}
             # the groups this one's multiscale datasets lie in (ngff-zarr's scale0/image)
             # open with it: its pyramid file is then planned from memory
             for rel in opener.datasets:
@@ -125,97 +211,133 @@ class _Node:
                 if children is not None:
                     node = children.get(first)
                 else:
-                    node = self._opened.get(first) if first in self._opened else \
-                        self._opened.setdefault(first, opener.open([first]).get(first))
+                    node = opened[first] if first in opened else opened.setdefault(first, opener.open([first]).get(first))
                 for name in below[:-1]:
                     node = None if node is None else node.member(name)
             if children is not None:
                 self._children = children
-                self._opener = None
             else:
+                self._opened = opened
                 self._names = names
+        # (outside the lock: other groups may be told to forget theirs)
+        opener.kept.opened(self, len(children) if children is not None else len(opened))
+
+    def _listed_now(self) -> tuple[dict[str, _Node] | None, list[str], dict[str, _Node | None]]:
+        """(every member, or None for a big group; its names; those opened so far),
+        listed first if they are not (store I/O)."""
+        while True:
+            self._list()
+            children, names, opened = self._children, self._names, self._opened
+            if children is not None:
+                return children, [], {}
+            if names is not None:
+                return None, names, opened
+            # (forgotten meanwhile: listed again)
 
     def member(self, name: str) -> _Node | None:
         """The member `name`, None if there is none (store I/O while not listed, and for a
         big group while `name` is not opened yet)."""
-        self._list()
-        if self._children is not None:
-            return self._children.get(name)
-        assert self._names is not None and self._opener is not None
-        if name in self._opened:
-            return self._opened[name]
-        names, opened = self._names, self._opened
+        children, names, opened = self._listed_now()
+        if children is not None:
+            return children.get(name)
+        if name in opened:
+            return opened[name]
         i = bisect.bisect_left(names, name)
         if i == len(names) or names[i] != name:
             return None
         # with the names after it (a walker's next lookups, in listing order), side by side
         batch = [name, *[n for n in names[i + 1:i + 2 * MEMBERS_OPENED_AHEAD] if n not in opened]]
-        self._open_into_opened(batch[:MEMBERS_OPENED_AHEAD])
-        return opened[name]
+        return self._open_into_opened(batch[:MEMBERS_OPENED_AHEAD]).get(name)
 
     def member_in_memory(self, name: str) -> _Node | None | NeedsIO:
         """`member(name)` if memory answers it, else NEEDS_IO."""
-        children = self._children
+        children, names, opened = self._children, self._names, self._opened
         if children is not None:
             return children.get(name)
-        names = self._names
         if names is None:
             return NEEDS_IO
-        if name in self._opened:
-            return self._opened[name]
+        if name in opened:
+            return opened[name]
         return NEEDS_IO if _listed(names, name) else None
 
     def has_member(self, name: str) -> bool:
         """Whether a member may be called `name` (from the listing: nothing is opened)."""
-        self._list()
-        if self._children is not None:
-            return name in self._children
-        assert self._names is not None
-        return _listed(self._names, name)
+        children, names, _ = self._listed_now()
+        return name in children if children is not None else _listed(names, name)
 
     def listing(self) -> list[tuple[str, _Node | None]]:
         """(name, member) by name; for a big group a member not looked up yet is None:
         a directory, neither opened nor known to be a node (store I/O: the listing)."""
-        self._list()
-        if self._children is not None:
-            return list(self._children.items())
-        assert self._names is not None
-        opened = self._opened
-        return [(name, opened.get(name)) for name in self._names if opened.get(name, True) is not None]
+        children, names, opened = self._listed_now()
+        if children is not None:
+            return list(children.items())
+        return [(name, opened.get(name)) for name in names if opened.get(name, True) is not None]
 
     @property
     def children(self) -> dict[str, _Node]:
         """Every member by name, all opened now if they are not yet (store I/O: for a big
-        group, a metadata read per member; `zfuse info` describes them all)."""
-        self._list()
-        if self._children is not None:
-            return self._children
-        assert self._names is not None and self._opener is not None
-        missing = [name for name in self._names if name not in self._opened]
+        group, a metadata read per member; `zfuse info` describes them all; with the
+        view's bound on opened members, those it kept)."""
+        children, names, opened = self._listed_now()
+        if children is not None:
+            return children
+        missing = [name for name in names if name not in opened]
         for start in range(0, len(missing), MEMBERS_OPENED_TOGETHER):
             self._open_into_opened(missing[start:start + MEMBERS_OPENED_TOGETHER])
         return self.opened_children()
 
-    def _open_into_opened(self, names: list[str]) -> None:
+    def _open_into_opened(self, names: list[str]) -> dict[str, _Node | None]:
         """(A big group.) Open these members side by side, outside the lock (lookups go
         on meanwhile), and keep them (a name opened meanwhile by another thread keeps
-        that node)."""
+        that node). Returns each name's node."""
         assert self._opener is not None
         found = self._opener.open(names)
+        added = 0
         with self._lock:
+            opened = self._opened
             for name in names:
-                self._opened.setdefault(name, found.get(name))
+                if name not in opened:
+                    opened[name] = found.get(name)
+                    added += 1
+            nodes = {name: opened[name] for name in names}
+        self._opener.kept.opened(self, added)
+        return nodes
+
+    @property
+    def is_big(self) -> bool:
+        """A group whose members are opened one lookup at a time (more than
+        MEMBERS_OPENED_TOGETHER names)."""
+        return self._names is not None
+
+    def forget_members(self, count: int | None = None) -> int:
+        """Forget the opened members (`count`: a big group's oldest ones only), to be
+        listed and opened again when asked. Returns how many were forgotten."""
+        if self._opener is None:
+            return 0  # (an array, or a node without members)
+        with self._lock:
+            if self._children is not None:
+                forgotten = len(self._children)
+                self._children = None
+            elif count is None or count >= len(self._opened):
+                forgotten = len(self._opened)
+                self._names, self._opened = None, {}
+            else:
+                kept = list(self._opened.items())[count:]
+                forgotten = len(self._opened) - len(kept)
+                self._opened = dict(kept)
+        return forgotten
 
     def opened_children(self) -> dict[str, _Node]:
         """The members opened so far ({} before the group is listed)."""
-        if self._children is not None:
-            return self._children
+        children = self._children
+        if children is not None:
+            return children
         return {name: node for name, node in list(self._opened.items()) if node is not None}
 
     def is_empty(self) -> bool:
         """Whether no member is listed (store I/O: the listing)."""
-        self._list()
-        return not (self._children or self._names)
+        children, names, _ = self._listed_now()
+        return not (children if children is not None else names)
 
 
 def _listed(names: list[str], name: str) -> bool:
@@ -232,21 +354,32 @@ class Problem(NamedTuple):
 
 class Problems:
     """The nodes shown without chunk files, found as groups open their members (from
-    worker threads), kept in path order; watchers hear of each new one."""
+    worker threads), kept in path order; watchers hear of each new one. At most
+    PROBLEMS_KEPT are kept and told (a crafted store may hold a million broken
+    members); the rest are counted (`problems_not_listed` in `.zfuse/stats`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stats: Stats | None = None) -> None:
         self._found: list[Problem] = []
+        self._seen: set[Problem] = set()
         self._watchers: list[Callable[[Problem], None]] = []
         self._lock = threading.Lock()
+        self._stats = stats
 
-    def add(self, problem: Problem) -> None:
+    def add(self, problem: Problem) -> bool:
+        """Whether `problem` is new and kept (the caller then logs it)."""
         with self._lock:
-            if problem in self._found:
-                return  # (found again: a group whose opening failed part way is opened anew)
+            if problem in self._seen:
+                return False  # (found again: a member forgotten and opened anew, a group whose opening failed part way)
+            if len(self._found) >= PROBLEMS_KEPT:
+                if self._stats is not None:
+                    self._stats.count("problems_not_listed")
+                return False
+            self._seen.add(problem)
             bisect.insort(self._found, problem, key=_problem_path)
             watchers = list(self._watchers)
         for seen in watchers:
             seen(problem)
+        return True
 
     def found(self) -> list[Problem]:
         with self._lock:
@@ -260,20 +393,48 @@ class Problems:
 _problem_path = operator.attrgetter("path")
 
 
+class LiveArrays:
+    """Every array view a view has made and that is still held (by its group, or by an
+    open file or a pending write after its group forgot it), by path: a member opened
+    again gets the view still in use, never a second one with caches of its own."""
+
+    def __init__(self) -> None:
+        self._views: weakref.WeakValueDictionary[tuple[str, ...], ArrayView] = weakref.WeakValueDictionary()
+        self._lock = threading.Lock()
+
+    def get(self, path: tuple[str, ...]) -> ArrayView | None:
+        with self._lock:
+            return self._views.get(path)
+
+    def add(self, path: tuple[str, ...], view: ArrayView) -> None:
+        with self._lock:
+            self._views[path] = view
+
+    def items(self) -> list[tuple[tuple[str, ...], ArrayView]]:
+        """(path, view) by path."""
+        with self._lock:
+            return sorted(self._views.items(), key=operator.itemgetter(0))
+
+
 class View:
     """The whole mount: a hierarchy of groups and arrays, addressed by path."""
 
     def __init__(
-        self, root: _Node, options: ViewOptions, cache: ChunkCache, problems: Problems | None = None
+        self, root: _Node, options: ViewOptions, cache: ChunkCache, problems: Problems | None = None,
+        kept: OpenedMembers | None = None, alive: LiveArrays | None = None,
     ) -> None:
         self.root = root
         self.options = options
         self.cache = cache
         # every array (or group) shown without chunk files, with the reason, as found
         self._problems = problems or Problems()
-        # directory path -> why it has no whole-image file (planned when first looked at)
+        self._kept = kept or OpenedMembers(options.members_kept)
+        self._alive = alive or LiveArrays()
+        # directory path -> why it has no whole-image file (planned when first looked at;
+        # at most IMAGE_DIRS_KEPT reasons)
         self.images_not_shown: dict[str, str] = {}
-        self._images: dict[tuple[str, ...], dict[str, WholeImage]] = {}
+        # (least used first: at most IMAGE_DIRS_KEPT directories)
+        self._images: collections.OrderedDict[tuple[str, ...], dict[str, WholeImage]] = collections.OrderedDict()
         self._images_lock = threading.Lock()
         # the threads whole-image files use (read ahead, decode side by side): the view's,
         # for as long as it is the mount's
@@ -294,14 +455,9 @@ class View:
         self._problems.watch(seen)
 
     def arrays(self) -> Iterator[tuple[tuple[str, ...], ArrayView]]:
-        """Every array of the groups opened so far (`open_all` first for all of them)."""
-        def walk(node: _Node, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], ArrayView]]:
-            if node.array is not None:
-                yield path, node.array
-            for name, child in node.opened_children().items():
-                yield from walk(child, (*path, name))
-
-        yield from walk(self.root, ())
+        """Every array opened so far and still held, by path (`open_all` first for all
+        of them): the opened members' and those forgotten but still in use."""
+        yield from self._alive.items()
 
     def open_all(self) -> None:
         """Open every group's members (store I/O: the whole hierarchy, as `zfuse info`
@@ -326,20 +482,29 @@ class View:
         the way open their members if they have not (store I/O), unless `memory_only`:
         then None, the answer needs that I/O."""
         node = self.root
-        for i, name in enumerate(path):
-            if memory_only:
-                if not node.loaded:
-                    # (a group's own zarr.json is no member's name: answered as it is)
-                    return (node, path[i:]) if path[i:] == (META_NAME,) else None
-                child = node.member_in_memory(name)
-                if child is NEEDS_IO:
-                    return None
-            else:
-                child = node.member(name)
-            if child is None:
-                return node, path[i:]
-            node = child  # type: ignore[assignment]
-        return node, ()
+        through: list[_Node] = []  # the groups looked through: marked used, the deepest first
+        before = self._kept.walking(through)  # (what they open forgets none of them)
+        try:
+            for i, name in enumerate(path):
+                through.append(node)
+                if memory_only:
+                    if not node.loaded:
+                        # (a group's own zarr.json is no member's name: answered as it is)
+                        return (node, path[i:]) if path[i:] == (META_NAME,) else None
+                    child = node.member_in_memory(name)
+                    if child is NEEDS_IO:
+                        return None
+                else:
+                    child = node.member(name)
+                if child is None:
+                    return node, path[i:]
+                node = child  # type: ignore[assignment]
+            return node, ()
+        finally:
+            self._kept.walking(before)
+            if through:
+                through.reverse()
+                self._kept.used(through)
 
     def _split_opening(self, path: tuple[str, ...]) -> tuple[_Node, tuple[str, ...]]:
         split = self._split(path)
@@ -539,15 +704,20 @@ class View:
         with self._images_lock:
             images = self._images.get(path)
             if images is not None and not any(i.stale for i in images.values()):
+                self._images.move_to_end(path)
                 return images
         if node is None:
             node, rest = self._split_opening(path)
             if rest:
                 return {}
         parent = self._split_opening(path[:-1])[0] if path else None
-        images = plan_whole_images(path, node, parent, self.images_not_shown, workers=self.image_workers)
+        not_shown = self.images_not_shown if len(self.images_not_shown) < IMAGE_DIRS_KEPT else {}
+        images = plan_whole_images(path, node, parent, not_shown, workers=self.image_workers)
         with self._images_lock:
             self._images[path] = images
+            self._images.move_to_end(path)
+            while len(self._images) > IMAGE_DIRS_KEPT:  # (a file open keeps its own)
+                self._images.popitem(last=False)
         return images
 
     def all_whole_images(self) -> Iterator[tuple[tuple[str, ...], WholeImage]]:
@@ -664,7 +834,9 @@ def build_view(
     """
     cache = ChunkCache(options.cache_bytes)
     caches = ViewCaches(options.listing_cache_names, options.shard_index_cache_bytes, stats)
-    problems = Problems()
+    problems = Problems(stats)
+    kept = OpenedMembers(options.members_kept, stats)
+    alive = LiveArrays()
     # a remote store's groups open their members when first looked at: a mount is
     # live once the root is read, not after a listing and a request per member
     lazy = isinstance(obj, zarr.Group) and store_access(obj.store_path.store).remote
@@ -673,13 +845,16 @@ def build_view(
         return "/".join(path) or "/"
 
     def not_shown(path: tuple[str, ...], kind: str, reason: str, metadata: bytes) -> _Node:
-        problems.add(Problem(shown_path(path), reason))
-        log.warning("%s", reason)
+        if problems.add(Problem(shown_path(path), reason)):
+            log.warning("%s", reason)
         return _Node(kind, metadata=metadata, readme=_readme(reason))
 
     def array_node(source: ChunkSource, ome: dict[str, Any] | None, path: tuple[str, ...]) -> _Node:
         try:
-            view = ArrayView(source, options, cache, ome, stats, caches)
+            view = alive.get(path)  # opened before, forgotten by its group, still in use
+            if view is None:
+                view = ArrayView(source, options, cache, ome, stats, caches)
+                alive.add(path, view)
         except Exception as exc:  # metadata the view cannot lay out: this array only
             doc = source.stored_form()
             reason = unsupported_reason(shown_path(path), exc, doc)
@@ -728,10 +903,10 @@ def build_view(
                     children[name] = array_node(source, ome, member_path)
             return children
 
-        opener = MemberOpener(lambda: member_names(group), open_named, [rel for rel in here if rel])
+        opener = MemberOpener(lambda: member_names(group), open_named, [rel for rel in here if rel], kept)
         node = _Node("group", metadata=_group_metadata(group), opener=opener)
-        if not lazy:
-            node.is_empty()  # a local store's members are listed (and opened, up to a bound) now
+        if not lazy and kept.has_room():
+            node.is_empty()  # a local store's members are listed (and opened, up to bounds) now
         return node
 
     if isinstance(obj, zarr.Group):
@@ -740,4 +915,4 @@ def build_view(
         root = array_node(ZarrChunkSource(obj, name=obj.path), None, ())
     else:
         root = array_node(obj, None, ())
-    return View(root, options, cache, problems)
+    return View(root, options, cache, problems, kept, alive)
