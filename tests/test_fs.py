@@ -1225,3 +1225,21 @@ def test_re_opens_within_the_attribute_timeout_read_the_stored_file_seen(tmp_pat
     replace_stored(src, (0, 0), new)
     k.call(fs.refresh)  # a reload: seen at once
     np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), new)
+
+
+def test_whole_image_versions_remembered_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """[hostile-5] the version each whole-image file was last opened at is remembered for
+    at most VERSIONS_KEPT files (a walker opening every image of a crafted store); a file
+    forgotten keeps nothing cached from before, which is safe, and one remembered keeps
+    its pages while its version stands."""
+    from zfuse.fs import image_push
+
+    monkeypatch.setattr(image_push, "VERSIONS_KEPT", 4)
+    pages = image_push.ImagePages(Stats(), None, None, lambda ino: None)
+    assert not pages.opened(("a", "image.ome.tif"), 1)  # first open: nothing to keep
+    assert pages.opened(("a", "image.ome.tif"), 1)  # same version: keep the pages
+    assert not pages.opened(("a", "image.ome.tif"), 2)  # changed: drop them
+    for i in range(100):
+        pages.opened((f"g{i}", "image.ome.tif"), 1)
+        assert len(pages.versions) <= 4
+    assert not pages.opened(("a", "image.ome.tif"), 2)  # forgotten: dropped, never stale

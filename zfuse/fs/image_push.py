@@ -24,6 +24,10 @@ from zfuse.stats import Stats
 
 log = logging.getLogger("zfuse.fs")
 
+#: whole-image files whose last opened version is remembered (past it all are
+#: forgotten: an open of a file not remembered drops its cached pages, which is safe)
+VERSIONS_KEPT = 16384
+
 
 class ImagePages:
     """Which whole-image bytes the kernel caches, and the tiles pushed into it."""
@@ -41,6 +45,8 @@ class ImagePages:
         """A whole-image file is opened at `version`: whether the kernel may keep the
         pages it caches of it (the array did not change since the last open)."""
         unchanged = self.versions.get(path) == version
+        if len(self.versions) >= VERSIONS_KEPT and path not in self.versions:
+            self.versions.clear()  # (a walker opening every image of a crafted store)
         self.versions[path] = version
         return unchanged
 
