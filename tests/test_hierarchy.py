@@ -446,6 +446,41 @@ def test_whole_images_stay_planned_for_a_bounded_number_of_directories(
     assert again == first and len(view._images) == 2
 
 
+@pytest.mark.parametrize("remote", [False, True])
+def test_a_hierarchy_deeper_than_the_bound_is_shown_to_it_and_no_deeper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, remote: bool
+) -> None:
+    """[hostile-6] 300 nested directories with no metadata, and 70 nested groups with an
+    array at the bottom (before: RecursionError, and the mount failed): the view is
+    built; what lies DEPTH_MAX levels down is shown, the next level is a node shown
+    without members, with a README saying why; the rest of the store is as it was."""
+    from zfuse.view.tree import DEPTH_MAX
+
+    src = tmp_path / "deep.zarr"
+    root = zarr.open_group(str(src), mode="w")
+    root.create_array("good", shape=(2,), chunks=(2,), dtype="u1")[...] = 5
+    stray = src / "/".join(["d"] * 300)
+    stray.mkdir(parents=True)
+    (stray / "x").write_bytes(b"stray")
+    group = root
+    for _ in range(70):
+        group = group.create_group("g")
+    group.create_array("a", shape=(2,), chunks=(2,), dtype="u1")[...] = 7
+    if remote:
+        view, _ = _lazy_view(monkeypatch, src)
+    else:
+        view = build_view(zarr.open_group(str(src), mode="r"), ViewOptions())
+    assert view.entry(("good", "c", "0.tiff")) is not None
+    shown = ("g",) * DEPTH_MAX
+    assert view.entry(shown).node.value == "group" and view.entry((*shown, README_NAME)) is None
+    too_deep = (*shown, "g")
+    readme = view.entry((*too_deep, README_NAME))
+    assert readme is not None and f"more than {DEPTH_MAX} levels" in readme.content.decode()
+    assert view.entry((*too_deep, "g")) is None
+    assert f"group '{'/'.join(too_deep)}'" in dict(view.problems)["/".join(too_deep)]
+    assert view.entry(("d",) * DEPTH_MAX) is not None and view.entry(("d",) * (DEPTH_MAX + 2)) is None
+
+
 def test_problems_kept_are_bounded_and_the_rest_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """[hostile-5] a store of many broken members: the first PROBLEMS_KEPT are listed
     (`.zfuse/errors`, `zfuse info`) and logged; the rest are counted in stats only."""

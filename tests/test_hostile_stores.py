@@ -359,6 +359,24 @@ def test_mount_of_a_group_of_50000_members_opens_only_those_looked_up(tmp_path: 
 
 
 @pytest.mark.mount
+def test_mount_of_a_store_nested_300_levels_deep(tmp_path: Path, mount) -> None:
+    """[hostile-6] 300 nested directories (before: RecursionError while the mount opened
+    them, and no mount): the mount is live, `find` walks it, what lies more than
+    DEPTH_MAX levels down is a directory with a README saying why."""
+    store = _group(tmp_path / "deep.zarr")
+    stray = store / "/".join(["d"] * 300)
+    stray.mkdir(parents=True)
+    (stray / "x").write_bytes(b"stray")
+    m = mount(store, "-o", "ro")
+    _good_reads(m)
+    found = subprocess.run(["find", str(m.path / "d")], capture_output=True, text=True, check=True)
+    readmes = [line for line in found.stdout.splitlines() if line.endswith("/README")]
+    assert len(readmes) == 1 and readmes[0].count("/d") == 65
+    assert "more than 64 levels" in Path(readmes[0]).read_text()
+    assert "Traceback" not in m.log()
+
+
+@pytest.mark.mount
 def test_find_over_many_members_holds_a_bounded_number_opened(tmp_path: Path, mount) -> None:
     """[hostile-5] `find` over 40 groups of 40 arrays (small groups, each opened whole
     when listed) with `-o members_kept=200`: every path is found, the daemon holds at

@@ -68,6 +68,9 @@ CHUNK_ENTRIES_KEPT = 16384  # chunk files remembered as existing (View.entry)
 # a group with more member names opens each member when first looked up, not all at once
 MEMBERS_OPENED_TOGETHER = 1000
 MEMBERS_OPENED_AHEAD = 16  # a lookup there opens the member and the next ones listed (one wave)
+# levels of groups shown below the root: a crafted hierarchy nested deeper (200 empty
+# directories do it) would open members recursively past Python's stack
+DEPTH_MAX = 64
 PROBLEMS_KEPT = 10_000  # nodes shown without chunk files that are listed with their reason
 IMAGE_DIRS_KEPT = 4096  # directories whose whole-image files stay planned (the least used are forgotten)
 
@@ -886,7 +889,13 @@ def build_view(
             children: dict[str, _Node] = {}
             for name, member in open_members(group, names):
                 member_path = (*path, name)
-                if isinstance(member, BaseException):
+                if len(member_path) > DEPTH_MAX:
+                    kind = "group" if isinstance(member, zarr.Group) else "array"
+                    reason = unsupported_reason(shown_path(member_path), f"more than {DEPTH_MAX} levels of "
+                                                "groups below the mount's root", {"node_type": kind})
+                    doc = {"zarr_format": 3, "node_type": kind}
+                    children[name] = not_shown(member_path, kind, reason, unsupported_metadata(doc, reason))
+                elif isinstance(member, BaseException):
                     children[name] = failed_node(group, name, member, member_path)
                 elif isinstance(member, zarr.Group):
                     child = group_node(member, member_path, datasets)
