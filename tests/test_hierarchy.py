@@ -481,6 +481,37 @@ def test_a_hierarchy_deeper_than_the_bound_is_shown_to_it_and_no_deeper(
     assert view.entry(("d",) * DEPTH_MAX) is not None and view.entry(("d",) * (DEPTH_MAX + 2)) is None
 
 
+def test_a_multiscale_of_ten_thousand_datasets_opens_the_first_64_together(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[hostile-7] a group's multiscale naming 10,000 datasets (a crafted zarr.json;
+    before: each dataset's group opened one after another with the listing, a request
+    each, under the group's lock): the first MULTISCALE_LEVELS_MAX are taken, and a big
+    group opens them in one batch, side by side; the rest of the group is as it was."""
+    from zfuse.view import tree
+    from zfuse.view.tiff_meta import MULTISCALE_LEVELS_MAX
+
+    src = tmp_path / "ms.zarr"
+    root = zarr.open_group(str(src), mode="w")
+    for level, size in enumerate((64, 32)):
+        root.create_array(str(level), shape=(size, size), chunks=(32, 32), dtype="u1")[...] = 1
+    for i in range(5):
+        root.create_group(f"m{i}")
+    datasets = [{"path": str(level), "coordinateTransformations": [{"type": "scale", "scale": [2.0**level] * 2}]}
+                for level in range(2)]
+    datasets += [{"path": f"x{i}/y", "coordinateTransformations": [{"type": "scale", "scale": [8.0, 8.0]}]}
+                 for i in range(10_000)]
+    axes = [{"name": "y", "type": "space"}, {"name": "x", "type": "space"}]
+    _edit(src / "zarr.json", attributes={"multiscales": [{"version": "0.4", "axes": axes, "datasets": datasets}]})
+    monkeypatch.setattr(tree, "MEMBERS_OPENED_TOGETHER", 3)
+    calls = _opened_names(monkeypatch)
+    view = build_view(zarr.open_group(str(src), mode="r"), ViewOptions())
+    assert len(calls) == 1 and len(calls[0]) == MULTISCALE_LEVELS_MAX
+    assert calls[0][:3] == ["0", "1", "x0"]
+    assert view.entry(("pyramid.ome.tif",)) is None, view.images_not_shown  # (levels missing)
+    assert view.entry(("0", "image.ome.tif")) is not None and view.entry(("0", "c", "0", "0.tiff")) is not None
+
+
 def test_problems_kept_are_bounded_and_the_rest_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """[hostile-5] a store of many broken members: the first PROBLEMS_KEPT are listed
     (`.zfuse/errors`, `zfuse info`) and logged; the rest are counted in stats only."""

@@ -291,6 +291,11 @@ def ome_axes(group_attrs: dict[str, Any], array_name: str) -> dict[str, Any] | N
     return datasets.get(array_name) or {**datasets[""], "scales": None}
 
 
+#: datasets of a multiscale taken (the first ones): far past any pyramid (2x per level),
+#: and a crafted list of a million is not a million lookups and copies
+MULTISCALE_LEVELS_MAX = 64
+
+
 def ome_datasets(group_attrs: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
     """{dataset path: axis names/types/units and scales} of the first OME-Zarr multiscale
     in a group's attributes (OME-Zarr 0.4 attributes, or 0.5's under "ome"), with the
@@ -311,7 +316,8 @@ def ome_datasets(group_attrs: dict[str, Any]) -> dict[str, dict[str, Any]] | Non
     common = _scale_of(ms.get("coordinateTransformations"))
     base = {"axes": names or None, "axis_types": types or None, "units": units or None, "scales": None}
     out = {"": base}
-    for ds in ms.get("datasets") or []:
+    datasets = ms.get("datasets")
+    for ds in datasets[:MULTISCALE_LEVELS_MAX] if isinstance(datasets, list) else []:
         if not isinstance(ds, dict) or not isinstance(ds.get("path"), str):
             continue
         scales = _scale_of(ds.get("coordinateTransformations"))

@@ -206,15 +206,16 @@ class _Node:
                 return
             names = opener.names()
             children = opener.open(names) if len(names) <= MEMBERS_OPENED_TOGETHER else None
-            opened = {}
+            opened: dict[str, _Node | None] = {}
             # the groups this one's multiscale datasets lie in (ngff-zarr's scale0/image)
-            # open with it: its pyramid file is then planned from memory
+            # open with it, side by side: its pyramid file is then planned from memory
+            if children is None:
+                firsts = list(dict.fromkeys(rel.split("/")[0] for rel in opener.datasets))
+                found = opener.open(firsts) if firsts else {}
+                opened.update((first, found.get(first)) for first in firsts)
             for rel in opener.datasets:
                 first, *below = rel.split("/")
-                if children is not None:
-                    node = children.get(first)
-                else:
-                    node = opened[first] if first in opened else opened.setdefault(first, opener.open([first]).get(first))
+                node = children.get(first) if children is not None else opened[first]
                 for name in below[:-1]:
                     node = None if node is None else node.member(name)
             if children is not None:
