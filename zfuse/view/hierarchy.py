@@ -21,6 +21,7 @@ import base64
 import importlib.util
 import json
 import logging
+import os
 import re
 import warnings
 from typing import Any
@@ -34,6 +35,7 @@ from zfuse import defaults
 from zfuse.ext import zarr_private
 from zfuse.ext.metadata_json import metadata_problem
 from zfuse.view.codec_packages import register_imagecodecs
+from zfuse.view.entry import NAME_MAX
 
 log = logging.getLogger("zfuse.view")
 
@@ -164,7 +166,9 @@ async def _member_names(group: Any) -> list[str]:
 
 
 def _is_file_name(name: str) -> bool:
-    return name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+    # (longer than NAME_MAX bytes: the kernel fails the whole directory's listing with EIO)
+    return name not in ("", ".", "..") and not any(c in name for c in "/\\\0") and \
+        len(os.fsencode(name)) <= NAME_MAX
 
 
 async def _members(group: Any, names: list[str]) -> list[tuple[str, Member]]:

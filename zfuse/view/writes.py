@@ -51,7 +51,7 @@ from zfuse.errors import (
 )
 from zfuse.stats import Stats
 from zfuse.view.array_view import ArrayView
-from zfuse.view.entry import META_NAME, Entry, Node
+from zfuse.view.entry import META_NAME, NAME_MAX, Entry, Node
 from zfuse.view.tiff_complete import EARLY_LOOKS, early_refusal, incomplete_reason, walk_tiff
 from zfuse.view.tiff_input import decode_tiff, max_file_size
 
@@ -68,7 +68,6 @@ log = logging.getLogger("zfuse.writes")
 Run = Callable[..., Awaitable[Any]]
 Path = tuple[str, ...]
 SCRATCH_MAX_BYTES = 8 * 1024**3
-NAME_MAX = 255
 RENAME_NOREPLACE = 1
 REPLACE_WINDOW = defaults.REPLACE_WINDOW
 PENDING_TIMEOUT = defaults.PENDING_TIMEOUT
