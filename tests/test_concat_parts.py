@@ -412,6 +412,8 @@ def test_block_longer_than_all_sized_parts(tmp_path: Path) -> None:
         ([{"key_suffix": "", "size": -1}], r"parts\[0\]\.size"),
         ([{"key_suffix": "", "size": "4"}], r"parts\[0\]\.size"),
         ([{"key_suffix": ""}, {"key_suffix": ".x"}], r"parts: 2 parts without 'size'"),
+        # [hostile-8] a chunk read costs a request per part
+        ([{"key_suffix": f".{i}", "size": 1} for i in range(1025)], r"parts: 1025 parts, more than zfuse reads \(1024"),
     ],
 )
 def test_bad_config_refused_before_anything_is_stored(

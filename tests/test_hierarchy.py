@@ -512,6 +512,27 @@ def test_a_multiscale_of_ten_thousand_datasets_opens_the_first_64_together(
     assert view.entry(("0", "image.ome.tif")) is not None and view.entry(("0", "c", "0", "0.tiff")) is not None
 
 
+def test_an_array_of_more_chunk_parts_than_zfuse_reads_is_not_shown(tmp_path: Path) -> None:
+    """[hostile-8] a concat-parts array whose chunks are 5,000 parts each (a crafted
+    zarr.json: a chunk read would cost 5,000 requests) is a directory with a README
+    saying why; the rest of the group is shown."""
+    import zfuse
+
+    src = tmp_path / "p.zarr"
+    root = zarr.open_group(str(src), mode="w")
+    root.create_array("good", shape=(4,), chunks=(2,), dtype="u1")[...] = 5
+    zfuse.open_array(str(src / "parts"), mode="w", shape=(4,), chunks=(4,), dtype="u1",
+                     codecs=[{"name": "bytes"}],
+                     storage_transformers=[{"name": "concat-parts", "configuration": {"parts": [{"key_suffix": ""}]}}])
+    doc = json.loads((src / "parts" / "zarr.json").read_text())
+    doc["storage_transformers"][0]["configuration"]["parts"] = [{"key_suffix": f".{i}", "size": 1} for i in range(5000)]
+    (src / "parts" / "zarr.json").write_text(json.dumps(doc))
+    view = make_view(MountConfig([str(src)], "/nonexistent", read_only=True))
+    readme = view.entry(("parts", README_NAME))
+    assert readme is not None and "5000 parts, more than zfuse reads (1024" in readme.content.decode()
+    assert view.entry(("good", "c", "0.tiff")) is not None
+
+
 def test_problems_kept_are_bounded_and_the_rest_counted(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """[hostile-5] a store of many broken members: the first PROBLEMS_KEPT are listed
     (`.zfuse/errors`, `zfuse info`) and logged; the rest are counted in stats only."""

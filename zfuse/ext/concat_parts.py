@@ -5,8 +5,10 @@ for every configured part.
 
 Invariants
 ----------
-* Configuration: a non-empty ``parts`` list; every part has a string
-  ``key_suffix`` (distinct) and optionally a non-negative integer ``size``.
+* Configuration: a non-empty ``parts`` list of at most PARTS_MAX parts (a chunk
+  read costs a request per part: a crafted list of 400,000 fits a 16 MB
+  ``zarr.json``); every part has a string ``key_suffix`` (distinct) and
+  optionally a non-negative integer ``size``.
   Reading works with any number of unsized parts; writing needs at most one
   (MetadataError otherwise, naming ``parts``).
 * Read: a chunk whose parts are all absent is absent; some present and some
@@ -44,7 +46,9 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 from zfuse.errors import CorruptDataError, MetadataError
 from zfuse.ext.layers import ChunkIO, slice_for_request
 
-__all__ = ["ConcatPartsConfig", "ConcatPartsIO", "Part", "parse_concat_parts"]
+__all__ = ["PARTS_MAX", "ConcatPartsConfig", "ConcatPartsIO", "Part", "parse_concat_parts"]
+
+PARTS_MAX = 1024  # parts of one chunk: each costs a request when the chunk is read
 
 
 @dataclass(frozen=True)
@@ -94,6 +98,9 @@ def parse_concat_parts(
     parts = conf.get("parts")
     if not isinstance(parts, list) or not parts:
         raise MetadataError(f"{field}.configuration.parts: must be a non-empty list, got {parts!r}")
+    if len(parts) > PARTS_MAX:
+        raise MetadataError(f"{field}.configuration.parts: {len(parts)} parts, more than zfuse reads "
+                            f"({PARTS_MAX}: a chunk read costs a request per part)")
     out: list[Part] = []
     seen: set[str] = set()
     for i, p in enumerate(parts):
