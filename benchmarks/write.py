@@ -191,7 +191,7 @@ MODES = {"disk": (), "process": ("-o", "durability=process")}  # what close() pr
 def bench_write(cfg: Config) -> list[Result]:
     """Per array: each client (CLIENTS) at each durability (MODES) against zarr-python
     writing the same chunks at the same durability, every mount fresh, interleaved."""
-    from zfuse.store import AtomicLocalStore
+    from zfuse.local_store import AtomicLocalStore
 
     results = []
     for spec in read_specs(cfg):

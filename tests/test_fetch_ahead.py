@@ -483,7 +483,7 @@ def test_parts_are_handed_on_only_from_a_response_that_answers_the_range() -> No
     inner chunks. Then nothing is handed on, and the length check refuses the body."""
     from zarr.abc.store import RangeByteRequest, SuffixByteRequest
 
-    from zfuse.store import _answers_range
+    from zfuse.remote_objects import _answers_range
 
     asked = RangeByteRequest(100, 200)
     assert _answers_range({"ContentRange": "bytes 100-199/1000", "ContentLength": 100}, asked)

@@ -46,6 +46,29 @@ def test_no_import_cycles() -> None:
         visit(name, [name])
 
 
+# the store layer's modules (README's layout table): which of the others each may use
+STORE_PARTS = {
+    "zfuse.local_store": set(),  # a local directory, read beneath it only; atomic writes
+    "zfuse.remote_objects": set(),  # remote objects with their versions; conditional writes
+    "zfuse.store": {"zfuse.local_store", "zfuse.remote_objects"},  # open_store, MeteredStore
+}
+
+
+def test_store_layers_know_no_fuse() -> None:
+    """The store layer's modules use only the store modules they are declared to (the
+    local store and remote objects know nothing of each other, nor of the metered store
+    that wraps them), and nothing of FUSE, trio, the view, the filesystem layer or the
+    open files: they are plain zarr stores."""
+    modules = {module_name(p): p for p in PACKAGE.glob("*.py")}
+    for name, allowed in STORE_PARTS.items():
+        found = imports_of(modules[name])
+        parts = {m for m in found if m in STORE_PARTS}
+        assert parts == allowed, f"{name} uses {parts}, declared {allowed}"
+        bad = {m for m in found if m.split(".")[0] in ("pyfuse3", "trio") or m.startswith(
+            ("zfuse.fs", "zfuse.fuse_ops", "zfuse.daemon", "zfuse.handles", "zfuse.view", "zfuse.open_view"))}
+        assert not bad, f"{name} imports {bad}"
+
+
 def test_only_the_adapter_and_the_daemon_import_pyfuse3() -> None:
     users = {module_name(p) for p in PACKAGE.rglob("*.py") if any(
         m.split(".")[0] == "pyfuse3" for m in imports_of(p))}
@@ -71,7 +94,7 @@ def test_handles_know_no_listing_and_no_fuse() -> None:
     only the filesystem layer uses them."""
     listing = ("zfuse.view.tree", "zfuse.view.caches", "zfuse.view.hierarchy", "zfuse.fs")
     bad = {m for m in imports_of(PACKAGE / "handles.py") if m.split(".")[0] in ("pyfuse3", "trio", "zarr")
-           or m.startswith((*listing, "zfuse.fuse_ops", "zfuse.daemon", "zfuse.store"))}
+           or m.startswith((*listing, "zfuse.fuse_ops", "zfuse.daemon", *STORE_PARTS))}
     assert not bad, f"handles.py imports {bad}"
     users = {module_name(p) for p in PACKAGE.rglob("*.py") if any(
         m.startswith("zfuse.handles") for m in imports_of(p))}
@@ -103,7 +126,7 @@ def test_filesystem_parts_own_their_state_apart() -> None:
             {"zfuse.fs.filesystem"} & found)
         assert parts == allowed, f"{name} uses {parts}, declared {allowed}"
         bad = {m for m in found if m.split(".")[0] == "pyfuse3"
-               or m.startswith(("zfuse.handles", "zfuse.store", "zfuse.fuse_ops", "zfuse.daemon"))}
+               or m.startswith(("zfuse.handles", *STORE_PARTS, "zfuse.fuse_ops", "zfuse.daemon"))}
         assert not bad, f"{name} imports {bad}"
         if name != "zfuse.fs.listing_ahead":
             assert "zfuse.view.tree.DirReader" not in found, f"{name} reads listings"
@@ -121,7 +144,7 @@ def test_whole_image_parts() -> None:
     part = "zfuse.view.whole_image."
     for path in pkg.glob("*.py"):
         bad = {m for m in imports_of(path) if m.split(".")[0] in ("pyfuse3", "trio") or m.startswith(
-            ("zfuse.fs", "zfuse.fuse_ops", "zfuse.daemon", "zfuse.handles", "zfuse.view.tree", "zfuse.store"))}
+            ("zfuse.fs", "zfuse.fuse_ops", "zfuse.daemon", "zfuse.handles", "zfuse.view.tree", *STORE_PARTS))}
         assert not bad, f"whole_image/{path.name} imports {bad}"
     own = {p.stem: {m.removeprefix(part).split(".")[0] for m in imports_of(p) if m.startswith(part)}
            for p in pkg.glob("*.py")}

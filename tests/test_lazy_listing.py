@@ -13,8 +13,8 @@ import zarr
 
 from zfuse.fs import LIST_AHEAD, ROOT_INODE, FileSystem, encode_names
 from zfuse.fs.listing_ahead import let_go as _let_go
+from zfuse.local_store import AtomicLocalStore
 from zfuse.stats import Stats
-from zfuse.store import AtomicLocalStore
 from zfuse.testing import CountingStore
 from zfuse.view.array_view import ViewOptions
 from zfuse.view.tree import DirReader, View, build_view

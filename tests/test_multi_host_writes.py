@@ -21,7 +21,7 @@ import pytest
 import tifffile
 
 from zfuse.conditional import CONFLICT_RETRIES, backoff, retry_lost_races
-from zfuse.store import WriteConflictError
+from zfuse.remote_objects import WriteConflictError
 
 # -- plain calls -----------------------------------------------------------------------
 
@@ -271,7 +271,7 @@ def test_a_write_is_conditional_on_the_version_read(s3, aws_env) -> None:
     from zarr.core.buffer import default_buffer_prototype
     from zarr.core.sync import sync
 
-    from zfuse.store import WriteConflictError
+    from zfuse.remote_objects import WriteConflictError
 
     bucket = s3_tests.new_bucket(s3)
     client = s3_tests.make_bucket(s3, bucket)
@@ -304,7 +304,7 @@ def test_a_range_is_read_from_the_version_its_index_came_from(s3, aws_env) -> No
     from zarr.core.buffer import default_buffer_prototype
     from zarr.core.sync import sync
 
-    from zfuse.store import ObjectChangedError
+    from zfuse.remote_objects import ObjectChangedError
 
     bucket = s3_tests.new_bucket(s3)
     client = s3_tests.make_bucket(s3, bucket)
@@ -323,7 +323,7 @@ def test_a_range_is_read_from_the_version_its_index_came_from(s3, aws_env) -> No
 
 
 def test_the_probe_finds_a_store_that_ignores_conditions(s3, aws_env) -> None:
-    from zfuse.store import ConditionsIgnoredError
+    from zfuse.remote_objects import ConditionsIgnoredError
 
     from s3server import ConditionsIgnoredProxy
 

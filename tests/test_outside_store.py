@@ -32,12 +32,13 @@ import zarr
 from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
 from zarr.core.buffer import cpu, default_buffer_prototype
 
-from zfuse import store as store_module
+from zfuse import local_store
 from zfuse.daemon import MountConfig
 from zfuse.errors import CorruptDataError, MetadataError, OutsideStoreError
+from zfuse.local_store import AtomicLocalStore, check_key
 from zfuse.open_view import make_view
 from zfuse.stats import Stats
-from zfuse.store import AtomicLocalStore, MeteredStore, check_key
+from zfuse.store import MeteredStore
 from zfuse.testing import Mounts
 
 SECRET = b"TOPSECRET-0600!!"  # 16 bytes: exactly one 4x4 uint8 chunk, so it would pass through
@@ -48,10 +49,10 @@ def resolver(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) ->
     """Both ways of opening inside the store: openat2, and the O_NOFOLLOW walk of kernels
     without it (which follows no link at all)."""
     if request.param == "openat2":
-        if store_module._openat2 is None:
+        if local_store._openat2 is None:
             pytest.skip("this kernel has no openat2")
     else:
-        monkeypatch.setattr(store_module, "_openat2", None)
+        monkeypatch.setattr(local_store, "_openat2", None)
     return str(request.param)
 
 

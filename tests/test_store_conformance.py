@@ -23,8 +23,9 @@ from zarr.testing.store import StoreTests
 from zfuse.ext.legacy_v3 import LegacyV3Store
 from zfuse.ext.legacy_v3_metadata import LEGACY_FORMAT_URL
 from zfuse.ext.transformers import TransformerStore
+from zfuse.local_store import AtomicLocalStore
 from zfuse.stats import Stats
-from zfuse.store import AtomicLocalStore, MeteredStore
+from zfuse.store import MeteredStore
 
 pytest.importorskip("pytest_asyncio")
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from zarr.core.buffer import cpu
 
-from zfuse import store as store_module
-from zfuse.store import AtomicLocalStore
+from zfuse import local_store
+from zfuse.local_store import AtomicLocalStore
 
 
 def _buffer(data: bytes) -> cpu.Buffer:
@@ -76,7 +76,7 @@ def test_a_filesystem_that_cannot_swap_names_gets_a_plain_rename(
 ) -> None:
     """(Filesystems without RENAME_EXCHANGE, e.g. some network filesystems, answer
     EINVAL once and are remembered; here the memory is set beforehand.)"""
-    monkeypatch.setattr(store_module, "_no_exchange", {os.stat(tmp_path).st_dev})
+    monkeypatch.setattr(local_store, "_no_exchange", {os.stat(tmp_path).st_dev})
     store = AtomicLocalStore(str(tmp_path), durable=False)
     store.set_sync("k", _buffer(b"one"))
     with open(tmp_path / "k", "rb") as reader:
@@ -118,14 +118,14 @@ def test_at_most_a_bounded_number_of_replaced_objects_wait_to_be_freed(tmp_path:
         started.set()
         release.wait(30)
 
-    store_module._freeing.submit(hold, None)  # the freeing thread, busy until released
+    local_store._freeing.submit(hold, None)  # the freeing thread, busy until released
     assert started.wait(30)
     store = AtomicLocalStore(str(tmp_path), durable=False)
     try:
-        for i in range(store_module.FREEING_WAITING + 6):
+        for i in range(local_store.FREEING_WAITING + 6):
             store.set_sync("k", _buffer(bytes([i % 256]) * 1000))
-        assert store_module._freeing.waiting() == store_module.FREEING_WAITING
-        assert len([t for t in _open_deleted_files() if str(tmp_path) in t]) == store_module.FREEING_WAITING
+        assert local_store._freeing.waiting() == local_store.FREEING_WAITING
+        assert len([t for t in _open_deleted_files() if str(tmp_path) in t]) == local_store.FREEING_WAITING
     finally:
         release.set()
     deadline = time.monotonic() + 10

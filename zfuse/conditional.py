@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
-from zfuse.store import WriteConflictError
+from zfuse.remote_objects import WriteConflictError
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

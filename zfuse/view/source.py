@@ -91,7 +91,8 @@ def store_access(store: Any) -> StoreAccess:
 
     from zfuse.ext.open_memo import OpenMemo
     from zfuse.ext.transformers import TransformerStore
-    from zfuse.store import AtomicLocalStore, MeteredStore
+    from zfuse.local_store import AtomicLocalStore
+    from zfuse.store import MeteredStore
 
     inner = store
     # transformer stores pass keys through unless transformers; OpenMemo passes all
@@ -1014,7 +1015,7 @@ class ZarrChunkSource(ChunkSource):
         A shard another host rewrote since its index was read (ObjectChangedError: its
         ranges are pinned to the version the index came from) is read afresh once: its
         new index, then the chunk's range in the new version."""
-        from zfuse.store import ObjectChangedError
+        from zfuse.remote_objects import ObjectChangedError
 
         try:
             return await self._fetch_inner_chunk_once(coords, must_exist)

@@ -1,0 +1,417 @@
+"""Remote objects with their versions, and writes on condition of them.
+
+The disk cache (`-o cache=DIR`) and conditional writes need each object's version
+(its ETag), which zarr's FsspecStore never returns. `RemoteObjects` asks for it with
+the same requests FsspecStore makes (one GET per read, one LIST per listing, one PUT
+per write), reading the ETag off each response; on S3 through s3fs's own client: GETs
+pinned to a version (If-Match) whose body may be handed on part by part, PUTs on
+condition of one (If-Match, If-None-Match: `WriteConflictError`), and the probe that
+finds once per bucket whether the store honours such conditions (`conditions_honoured`).
+`zfuse.store.MeteredStore` counts, bounds and caches these requests; nothing here
+knows of it, of the mount or of FUSE.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import logging
+import random
+import string
+from collections.abc import Callable
+from typing import Any
+
+from zarr.abc.store import (
+    ByteRequest,
+    OffsetByteRequest,
+    RangeByteRequest,
+    SuffixByteRequest,
+)
+
+from zfuse import defaults
+
+log = logging.getLogger("zfuse.store")  # the name its lines always had
+
+S3_PROTOCOLS = ("s3", "s3a")
+ABSENT = ""  # the version of no object: a write on condition that there is none (If-None-Match: *)
+SINGLE_PUT_MAX = 5 * 2**30  # S3's largest PutObject; bigger objects go through s3fs (multipart)
+
+
+def _version_of(info: dict[str, Any]) -> str | None:
+    """An object's version from its listing or HEAD entry: the ETag where the store gives
+    one (S3, HTTP), else GCS's generation or md5, else its size (`size:N`)."""
+    for name in ("ETag", "etag", "generation", "md5Hash"):
+        value = info.get(name)
+        if value:
+            return str(value)
+    size = info.get("size")
+    return None if size is None else f"size:{size}"
+
+
+STREAM_PART = 256 << 10  # bytes of a response body read at a time when its parts are handed on
+
+
+def _answers_range(response: dict[str, Any], byte_range: ByteRequest | None) -> bool:
+    """Whether a GET's response holds exactly the bytes of `byte_range` (a 206 with its
+    Content-Range), so its body's parts can be handed on as they come: a server that
+    sends the whole object instead would have them taken for the range's bytes."""
+    if not isinstance(byte_range, RangeByteRequest):
+        return False
+    expected = f"bytes {byte_range.start}-{byte_range.end - 1}/"
+    return str(response.get("ContentRange") or "").startswith(expected) and \
+        response.get("ContentLength") == byte_range.end - byte_range.start
+
+
+def source_label(source: str) -> str:
+    """A source as log lines show it: a URL without credentials (the probe's lines here,
+    and the metered store's timeouts)."""
+    if "://" not in source:
+        return source
+    import urllib.parse
+
+    parts = urllib.parse.urlsplit(source)
+    if parts.username or parts.password:
+        host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+        return parts._replace(netloc=host).geturl()
+    return source
+
+
+def _http_range(byte_range: ByteRequest | None) -> str | None:
+    if byte_range is None:
+        return None
+    if isinstance(byte_range, RangeByteRequest):
+        return f"bytes={byte_range.start}-{byte_range.end - 1}" if byte_range.end > byte_range.start else None
+    if isinstance(byte_range, OffsetByteRequest):
+        return f"bytes={byte_range.offset}-"
+    if isinstance(byte_range, SuffixByteRequest):
+        return f"bytes=-{byte_range.suffix}"
+    raise TypeError(f"Unexpected byte_range, got {byte_range}.")
+
+
+class RemoteObjects:
+    """A remote FsspecStore's objects with their versions (see above). Reads of any
+    fsspec store; `can_put` (S3, writable) says whether `put` writes with PutObject and
+    returns the new ETag. `cache_dir`/`cache_limit`: the mount's disk cache, if any."""
+
+    def __init__(self, store: Any, protocol: str, cache_dir: str | None, cache_limit: int) -> None:
+        self.store = store
+        self.fs = store.fs
+        self.root = str(store.path).rstrip("/")
+        self.s3 = protocol in S3_PROTOCOLS
+        self.can_put = self.s3 and not store.read_only
+        # writes carry conditions (If-Match/If-None-Match): the store was found to honour
+        # them (`settle_conditions`, after the probe `start_conditions_probe` started)
+        self._conditional = False
+        self._conditions_probe: Any = None  # the probe under way (a concurrent Future, ...), if any
+        self.probe_cleanup: Any = None  # the probe object's deletion (a concurrent Future)
+        self.cache_dir = cache_dir
+        self.cache_limit = cache_limit
+        client_kwargs = getattr(self.fs, "client_kwargs", None) or {}
+        endpoint = client_kwargs.get("endpoint_url") or getattr(self.fs, "endpoint_url", None) or ""
+        # what a cache entry belongs to: the server and the object (never credentials)
+        self._identity_base = f"{protocol}|{endpoint}|{self.root}/"
+
+    @property
+    def conditional(self) -> bool:
+        """Whether writes carry conditions. Asked before the probe has decided (not
+        settled yet): yes, the safe answer (a store that ignores them loses nothing)."""
+        return self._conditional or self._conditions_probe is not None
+
+    @conditional.setter
+    def conditional(self, value: bool) -> None:
+        self._conditional = value
+
+    def start_conditions_probe(self, source: str, last_writer_wins: bool) -> None:
+        """Find out, in the background on zarr's event loop, whether the store honours
+        conditional writes (`conditions_honoured`): a mount opens the source's metadata
+        meanwhile, and waits for both (`settle_conditions`), so the probe's round trips
+        are not added to the metadata's."""
+        from zfuse.ext.zarr_private import event_loop
+
+        place = self._probe_place()
+        if place in _probed:
+            self._conditional = _decide_conditions(_probed[place], source, last_writer_wins)
+            return
+        self._conditions_probe = (asyncio.run_coroutine_threadsafe(_probe(self), event_loop()),
+                                  place, source, last_writer_wins)
+
+    def settle_conditions(self) -> None:
+        """Wait for the probe `start_conditions_probe` started and apply its answer:
+        ConditionsIgnoredError for a store that ignores conditions (unless the mount
+        accepts that: `last_writer_wins`). A probe that failed decides nothing: writes
+        stay conditional, and fail as the store answers them."""
+        probe = self._conditions_probe
+        if probe is None:
+            return
+        future, place, source, last_writer_wins = probe
+        try:
+            honoured = future.result(timeout=defaults.REMOTE_TIMEOUT)
+        except Exception as e:  # noqa: BLE001 - any failure: undecided, logged
+            log.warning("%s: could not find whether the store honours conditional writes (%s): "
+                        "writes are made conditional", source_label(source), e)
+            self._conditions_probe, self._conditional = None, True
+            return
+        _probed[place] = honoured
+        self._conditions_probe = None
+        self._conditional = _decide_conditions(honoured, source, last_writer_wins)
+
+    def _probe_place(self) -> tuple[str, str]:
+        return (self._identity_base, self.fs.split_path(self.path(""))[0])
+
+    def path(self, key: str) -> str:
+        return f"{self.root}/{key}".rstrip("/") if self.root else key
+
+    def identity(self, key: str, byte_range: ByteRequest | None) -> str:
+        """What a cached byte range is of: server, object and range (the version apart)."""
+        return f"{self._identity_base}{key}\n{_http_range(byte_range) or 'all'}"
+
+    async def head(self, key: str) -> str | None:
+        """`key`'s current version, or None if there is no such object."""
+        try:
+            info = await self.fs._info(self.path(key))
+        except FileNotFoundError:
+            return None
+        if info.get("type") == "directory":
+            return None
+        return _version_of(info)
+
+    async def get(self, key: str, byte_range: ByteRequest | None,
+                  if_match: str | None = None,
+                  on_bytes: Callable[[bytes], None] | None = None) -> tuple[bytes | None, str | None]:
+        """(bytes, the version they are of); (None, None) if absent. Stores other than
+        S3 give no version with the bytes: (bytes, None). `if_match`: the bytes must be
+        of that version (S3: If-Match), else ObjectChangedError. `on_bytes`: called with
+        each part of the body as it arrives, in order (all of it at once, off S3), once
+        the response is known to be of the right version."""
+        if not self.s3:
+            from zarr.core.buffer import default_buffer_prototype
+
+            buf = await self.store.get(key, default_buffer_prototype(), byte_range)
+            if buf is None:
+                return None, None
+            data = buf.to_bytes()
+            if on_bytes is not None and isinstance(byte_range, RangeByteRequest) and \
+                    len(data) == byte_range.end - byte_range.start:
+                on_bytes(data)  # (only bytes of the right length: a server may ignore a Range)
+            return data, None
+        bucket, name, _ = self.fs.split_path(self.path(key))
+        extra = {}
+        http_range = _http_range(byte_range)
+        if http_range is not None:
+            extra["Range"] = http_range
+        elif byte_range is not None:
+            return b"", None  # an empty range
+        if if_match:
+            extra["IfMatch"] = if_match
+        try:
+            response = await self.fs._call_s3("get_object", Bucket=bucket, Key=name, **extra)
+        except FileNotFoundError:
+            if if_match:
+                raise ObjectChangedError(key) from None  # (deleted since)
+            return None, None
+        except OSError as e:
+            if if_match and _precondition_failed(e):
+                raise ObjectChangedError(key) from e
+            if "InvalidRange" in str(e) or "not satisfiable" in str(e):
+                return b"", None  # (what FsspecStore answers for a range past the end)
+            raise
+        body = response["Body"]
+        version = response.get("ETag")
+        if on_bytes is not None and http_range is not None and not _answers_range(response, byte_range):
+            on_bytes = None  # (a server that ignored the Range: its caller finds the length wrong)
+        try:
+            if if_match and version and version != if_match:
+                raise ObjectChangedError(key)  # (a store that ignores If-Match on reads)
+            if on_bytes is None:
+                data = await body.read()
+            else:
+                # the body part by part: a shard's inner chunks are handed on as they come
+                # (decoded while the rest arrives), not when the last byte has
+                parts = []
+                while part := await body.read(STREAM_PART):
+                    parts.append(part)
+                    on_bytes(part)
+                data = b"".join(parts)
+        finally:
+            body.close()
+        return data, version
+
+    async def put(self, key: str, data: bytes, condition: str | None = None) -> str | None:
+        """Store `data` as `key` (S3 PutObject); the new object's version. `condition`: the
+        version the object must still be (its ETag; ABSENT: none may exist), else
+        WriteConflictError and nothing written; None: unconditional."""
+        if len(data) > SINGLE_PUT_MAX and condition is None:
+            from zarr.core.buffer import default_buffer_prototype
+
+            await self.store.set(key, default_buffer_prototype().buffer.from_bytes(data))
+            return None
+        bucket, name, _ = self.fs.split_path(self.path(key))
+        extra = {} if condition is None else {"IfNoneMatch": "*"} if condition == ABSENT else {"IfMatch": condition}
+        try:
+            response = await self.fs._call_s3("put_object", Bucket=bucket, Key=name, Body=data, **extra)
+        except OSError as e:
+            if condition is not None and _precondition_failed(e):
+                raise WriteConflictError(key) from e
+            raise
+        return response.get("ETag")
+
+    async def not_modified(self, key: str, byte_range: ByteRequest | None, version: str) -> bool:
+        """Whether `key` is still `version` (S3: a GET with If-None-Match answered 304 Not
+        Modified, no bytes sent). False: it is another version, or absent."""
+        bucket, name, _ = self.fs.split_path(self.path(key))
+        extra = {"IfNoneMatch": version}
+        http_range = _http_range(byte_range)
+        if http_range is not None:
+            extra["Range"] = http_range
+        try:
+            response = await self.fs._call_s3("get_object", Bucket=bucket, Key=name, **extra)
+        except FileNotFoundError:
+            return False
+        except OSError as e:
+            if _status(e) == 304 or "Not Modified" in str(e):
+                return True
+            raise
+        response["Body"].close()  # (another version: its bytes are fetched by the GET that follows)
+        return False
+
+    async def delete(self, key: str) -> None:
+        bucket, name, _ = self.fs.split_path(self.path(key))
+        await self.fs._call_s3("delete_object", Bucket=bucket, Key=name)
+
+    async def list_dir(self, prefix: str) -> list[tuple[str, str | None]]:
+        """(name, version) of a directory's entries, as FsspecStore.list_dir names them
+        (one listing; subdirectories have no version)."""
+        path = f"{self.root}/{prefix.rstrip('/')}" if self.root else prefix.rstrip("/")
+        try:
+            entries = await self.fs._ls(path, detail=True)
+        except FileNotFoundError:
+            return []
+        out = []
+        for entry in entries:
+            name = entry["name"].replace(path + "/", "").removeprefix(self.root).removeprefix("/")
+            out.append((name, None if entry.get("type") == "directory" else _version_of(entry)))
+        return out
+
+    async def list_prefix(self, prefix: str) -> list[tuple[str, str | None]]:
+        """(key, version) of every object whose key starts with `prefix` (FsspecStore's listing)."""
+        found = await self.fs._find(f"{self.root}/{prefix}", detail=True, maxdepth=None, withdirs=False)
+        return [(name.removeprefix(f"{self.root}/"), _version_of(info)) for name, info in found.items()]
+
+
+class WriteConflictError(OSError):
+    """Another writer changed an object between this mount's read of it and its write
+    (the store refused the conditional write): nothing was written. ESTALE, as NFS
+    answers for a file changed on the server; the write path redoes a shard's or
+    part's read-modify-write from the new version, and fails close() with it when
+    that keeps losing."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(errno.ESTALE, f"{key}: changed by another writer since it was read "
+                         "(the store refused the conditional write)")
+
+
+class ObjectChangedError(OSError):
+    """A byte range of an object that changed (another writer) since this mount read
+    its version (and the shard index that gave the range): not read, since bytes of the
+    new version at the old offsets are no chunk. ESTALE until the mount is reloaded
+    (metadata_ttl, SIGHUP), which reads the new version's index."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(errno.ESTALE, f"{key}: changed on the store since this mount read it "
+                         "(another writer): reload the mount (SIGHUP, zfuse reload, metadata_ttl) "
+                         "to read the new version")
+
+
+class ConditionsIgnoredError(ValueError):
+    """A store that accepts conditional writes it does not check, mounted read-write
+    without `-o last_writer_wins`."""
+
+
+def _status(exc: BaseException | None) -> int | None:
+    """The HTTP status of a failed S3 request (the botocore error s3fs translated)."""
+    for _ in range(8):
+        if exc is None:
+            return None
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict):
+            return (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def _precondition_failed(exc: BaseException) -> bool:
+    """Whether a failed request was S3's answer to a condition that does not hold (412
+    PreconditionFailed, or 409 ConditionalRequestConflict: a race between two of them)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        response = getattr(exc, "response", None)
+        if isinstance(response, dict):
+            error = response.get("Error") or {}
+            status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+            if error.get("Code") in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
+                return True
+        if isinstance(exc, FileExistsError):  # (s3fs's translation of a failed If-None-Match)
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        seen += 1
+    return False
+
+
+# (endpoint, bucket) -> whether it honours conditions: each is probed once per process
+_probed: dict[tuple[str, str], bool] = {}
+PROBE_PREFIX = defaults.CONDITIONS_PROBE_PREFIX
+PROBE_NAME_CHARS = string.ascii_lowercase + string.digits  # a probe object's name: the prefix and 12 of these
+
+
+def conditions_honoured(remote: RemoteObjects, source: str, last_writer_wins: bool) -> bool:
+    """Whether writes to `remote` carry conditions, probed now (see
+    `RemoteObjects.start_conditions_probe`, which a mount uses instead: in the
+    background). Found by a probe the first time a bucket is mounted read-write (a
+    probe object written twice with If-None-Match: *, once with If-Match of a wrong
+    ETag, then deleted). A store that honours them: True. One that ignores them: with
+    `last_writer_wins` False and a warning logged (two hosts writing one shard can lose
+    an update); without it ConditionsIgnoredError. A probe that fails outright (no
+    permission to write, a hung server) decides nothing: writes are then conditional,
+    and fail as the store answers them."""
+    remote.start_conditions_probe(source, last_writer_wins)
+    remote.settle_conditions()
+    return remote.conditional
+
+
+def _decide_conditions(honoured: bool, source: str, last_writer_wins: bool) -> bool:
+    if honoured:
+        return True
+    if not last_writer_wins:
+        raise ConditionsIgnoredError(
+            f"{source_label(source)}: the store ignores conditional writes (If-Match, If-None-Match): "
+            "two hosts writing one shard or part could silently lose an update. Mount it with "
+            "-o ro, or with -o last_writer_wins to accept that (SEMANTICS [remote-3])")
+    log.warning("%s: the store ignores conditional writes: mounted with last_writer_wins, two hosts "
+                "writing one shard or part can lose an update", source_label(source))
+    return False
+
+
+async def _probe(remote: RemoteObjects) -> bool:
+    key = PROBE_PREFIX + "".join(random.choices(PROBE_NAME_CHARS, k=12))
+    try:
+        etag = await remote.put(key, b"zfuse probe 1", ABSENT)
+        # both must be refused: over an existing object (If-None-Match), on a wrong ETag
+        # (If-Match); asked at once (one round trip: a mount waits for the probe)
+        answers = await asyncio.gather(remote.put(key, b"zfuse probe 2", ABSENT),
+                                       remote.put(key, b"zfuse probe 3", '"00000000000000000000000000000000"'),
+                                       return_exceptions=True)
+        for answer in answers:
+            if isinstance(answer, BaseException) and not isinstance(answer, WriteConflictError):
+                raise answer
+        return etag is not None and all(isinstance(a, WriteConflictError) for a in answers)
+    finally:
+        # deleted after the answer, not before it: the mount does not wait for this
+        remote.probe_cleanup = asyncio.run_coroutine_threadsafe(_remove_probe(remote, key),
+                                                                asyncio.get_running_loop())
+
+
+async def _remove_probe(remote: RemoteObjects, key: str) -> None:
+    try:
+        await remote.delete(key)
+    except Exception as e:  # noqa: BLE001 - logged: a probe object left behind
+        log.warning("%s: could not remove the probe object: %s", remote.path(key), e)
