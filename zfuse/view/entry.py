@@ -15,7 +15,6 @@ if TYPE_CHECKING:
     from zfuse.view.source import Coords
 
 META_NAME = "zarr.json"  # every group's and array's metadata file
-NAME_MAX = 255  # bytes of one name in a path (Linux): the kernel refuses a longer one in a listing
 
 
 class Node(Enum):

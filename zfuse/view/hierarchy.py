@@ -35,7 +35,6 @@ from zfuse import defaults
 from zfuse.ext import zarr_private
 from zfuse.ext.metadata_json import metadata_problem
 from zfuse.view.codec_packages import register_imagecodecs
-from zfuse.view.entry import NAME_MAX
 
 log = logging.getLogger("zfuse.view")
 
@@ -163,6 +162,9 @@ async def _member_names(group: Any) -> list[str]:
                     store_path.path or "/", len(bad), bad[0])
         names = [n for n in names if _is_file_name(n)]
     return sorted(names)
+
+
+NAME_MAX = 255  # bytes of one name in a path (Linux): the kernel refuses a longer one in a listing
 
 
 def _is_file_name(name: str) -> bool:

@@ -51,7 +51,8 @@ from zfuse.errors import (
 )
 from zfuse.stats import Stats
 from zfuse.view.array_view import ArrayView
-from zfuse.view.entry import META_NAME, NAME_MAX, Entry, Node
+from zfuse.view.entry import META_NAME, Entry, Node
+from zfuse.view.hierarchy import NAME_MAX
 from zfuse.view.tiff_complete import EARLY_LOOKS, early_refusal, incomplete_reason, walk_tiff
 from zfuse.view.tiff_input import decode_tiff, max_file_size
 

@@ -31,7 +31,7 @@ import numpy as np
 from zfuse.stats import Stats
 from zfuse.view.tiff import tiff_unsupported_reason
 from zfuse.view.tiff_ifd import COMPRESSION_NONE
-from zfuse.view.tiff_meta import ome_axes  # the chunk files' reading of OME-Zarr axes
+from zfuse.view.tiff_meta import MULTISCALE_LEVELS_MAX, ome_axes
 from zfuse.view.whole_image.file import ImageFile
 from zfuse.view.whole_image.header import Counts, render
 from zfuse.view.whole_image.layout import (
@@ -520,8 +520,8 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
                 log.warning("%s: no %s: %s", label, STRIPPED_NAME, e)
         elif node.kind == "group" and not node.has_member(PYRAMID_NAME):
             attrs = _node_attrs(node)
-            paths = multiscale_paths(attrs)
-            arrays = [_descend(node, p) for p in paths or ()]
+            paths = (multiscale_paths(attrs) or [])[:MULTISCALE_LEVELS_MAX]  # (a crafted list of thousands)
+            arrays = [_descend(node, p) for p in paths]
             if arrays and all(a is not None and a.layout is not None for a in arrays):
                 levels = pyramid_levels(arrays, label)  # type: ignore[arg-type]
                 out[PYRAMID_NAME] = WholeImage(PYRAMID_NAME, levels, ome_axes(attrs, paths[0]),  # type: ignore[index]

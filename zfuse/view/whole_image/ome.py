@@ -15,7 +15,6 @@ from xml.sax.saxutils import quoteattr
 
 import numpy as np
 
-from zfuse.view.tiff_meta import MULTISCALE_LEVELS_MAX
 from zfuse.view.whole_image.layout import image_dims
 
 _OME_TYPES = {
@@ -200,10 +199,7 @@ def multiscale_paths(attrs: dict[str, Any]) -> list[str] | None:
     ms = attrs.get("multiscales") if isinstance(attrs, dict) else None
     if not isinstance(ms, list) or not ms or not isinstance(ms[0], dict):
         return None
-    datasets = ms[0].get("datasets")
-    if not isinstance(datasets, list):
-        return None
-    paths = [d.get("path") for d in datasets[:MULTISCALE_LEVELS_MAX] if isinstance(d, dict)]
+    paths = [d.get("path") for d in ms[0].get("datasets") or [] if isinstance(d, dict)]
     return [str(p) for p in paths if p] or None
 
 
