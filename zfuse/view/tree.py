@@ -115,9 +115,11 @@ class OpenedMembers:
         return before
 
     def has_room(self) -> bool:
-        """Whether members may be opened with nothing forgotten (a local store's groups
-        open theirs at mount while there is room)."""
-        return self.limit is None or self._total < self.limit
+        """Whether a local store's groups may still open their members at mount: while
+        fewer than half the bound are held. (Up to the bound, a walker going through the
+        store in listing order would find each group forgotten just before it got
+        there, as the ones after it were opened: every member opened twice.)"""
+        return self.limit is None or self._total < self.limit // 2
 
     def used(self, groups: list[_Node]) -> None:
         """These groups were looked through, the deepest first."""
