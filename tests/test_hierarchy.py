@@ -285,12 +285,11 @@ def test_a_big_group_opens_each_member_when_it_is_looked_up(
     listed, not opened: its directory shows the listed names; a lookup opens that one
     member (a stray name is then no longer shown; a bad member is then a problem); the
     rest stay unopened until looked up, or until `open_all` (`zfuse info`)."""
-    from zfuse.view import tree
 
     src = _group_with_bad_members(tmp_path)  # codec, dtype, fill, good, sub
     (src / "stray").mkdir()  # a directory with nothing below it: no node
-    monkeypatch.setattr(tree, "MEMBERS_OPENED_TOGETHER", 3)
-    monkeypatch.setattr(tree, "MEMBERS_OPENED_AHEAD", 2)
+    monkeypatch.setattr("zfuse.view.members.MEMBERS_OPENED_TOGETHER", 3)
+    monkeypatch.setattr("zfuse.view.members.MEMBERS_OPENED_AHEAD", 2)
     calls = _opened_names(monkeypatch)
     if remote:
         view, _ = _lazy_view(monkeypatch, src)
@@ -310,7 +309,7 @@ def test_a_big_group_opens_each_member_when_it_is_looked_up(
     assert [p.path for p in view.problems] == ["codec", "dtype"]
     assert [path for path, _ in view.arrays()] == [("good",)]
     view.open_all()  # then as the view of a group opened whole
-    monkeypatch.setattr(tree, "MEMBERS_OPENED_TOGETHER", 1000)
+    monkeypatch.setattr("zfuse.view.members.MEMBERS_OPENED_TOGETHER", 1000)
     whole = build_view(zarr.open_group(str(src), mode="r"), ViewOptions())
     whole.open_all()
     assert view.problems == whole.problems and len(whole.problems) == 4
@@ -323,11 +322,10 @@ def test_a_group_of_at_most_the_bound_opens_its_members_together(
 ) -> None:
     """[hostile-4] up to MEMBERS_OPENED_TOGETHER names, a group opens all its members in
     one go when listed (side by side), and shows only those that are nodes."""
-    from zfuse.view import tree
 
     src = _group_with_bad_members(tmp_path)
     (src / "stray").mkdir()
-    monkeypatch.setattr(tree, "MEMBERS_OPENED_TOGETHER", 6)
+    monkeypatch.setattr("zfuse.view.members.MEMBERS_OPENED_TOGETHER", 6)
     calls = _opened_names(monkeypatch)
     view, _ = _lazy_view(monkeypatch, src)
     assert [n for n, _ in view.list_dir(())] == ["codec", "dtype", "fill", "good", "sub", "zarr.json"]
@@ -410,14 +408,13 @@ def test_a_big_group_walked_whole_keeps_only_its_latest_members(
     """[hostile-5] one group of more members than the bound (looked up one by one, as a
     walker does): it forgets its oldest opened members, in batches, and keeps the rest."""
     from zfuse.stats import Stats
-    from zfuse.view import tree
 
     src = tmp_path / "big.zarr"
     root = zarr.open_group(str(src), mode="w")
     for i in range(60):
         root.create_array(f"a{i:02d}", shape=(2,), chunks=(2,), dtype="u1")[...] = i + 1
-    monkeypatch.setattr(tree, "MEMBERS_OPENED_TOGETHER", 10)
-    monkeypatch.setattr(tree, "MEMBERS_OPENED_AHEAD", 4)
+    monkeypatch.setattr("zfuse.view.members.MEMBERS_OPENED_TOGETHER", 10)
+    monkeypatch.setattr("zfuse.view.members.MEMBERS_OPENED_AHEAD", 4)
     stats = Stats()
     view = build_view(zarr.open_group(str(src), mode="r"), ViewOptions(members_kept=20), stats)
     most = 0
@@ -488,7 +485,6 @@ def test_a_multiscale_of_ten_thousand_datasets_opens_the_first_64_together(
     before: each dataset's group opened one after another with the listing, a request
     each, under the group's lock): the first MULTISCALE_LEVELS_MAX are taken, and a big
     group opens them in one batch, side by side; the rest of the group is as it was."""
-    from zfuse.view import tree
     from zfuse.view.tiff_meta import MULTISCALE_LEVELS_MAX
 
     src = tmp_path / "ms.zarr"
@@ -503,7 +499,7 @@ def test_a_multiscale_of_ten_thousand_datasets_opens_the_first_64_together(
                  for i in range(10_000)]
     axes = [{"name": "y", "type": "space"}, {"name": "x", "type": "space"}]
     _edit(src / "zarr.json", attributes={"multiscales": [{"version": "0.4", "axes": axes, "datasets": datasets}]})
-    monkeypatch.setattr(tree, "MEMBERS_OPENED_TOGETHER", 3)
+    monkeypatch.setattr("zfuse.view.members.MEMBERS_OPENED_TOGETHER", 3)
     calls = _opened_names(monkeypatch)
     view = build_view(zarr.open_group(str(src), mode="r"), ViewOptions())
     assert len(calls) == 1 and len(calls[0]) == MULTISCALE_LEVELS_MAX

@@ -89,10 +89,10 @@ def test_extensions_and_view_know_no_fuse() -> None:
 
 def test_handles_know_no_listing_and_no_fuse() -> None:
     """zfuse/handles.py, the kinds of open file: each reads what it owns. No listing code
-    (the tree and its listings, the listing caches, the hierarchy, the filesystem layer
-    with its directory handles and listing ahead), no FUSE, no event loop, no store;
-    only the filesystem layer uses them."""
-    listing = ("zfuse.view.tree", "zfuse.view.caches", "zfuse.view.hierarchy", "zfuse.fs")
+    (the tree and its listings, a group's members, the listing caches, the hierarchy,
+    the filesystem layer with its directory handles and listing ahead), no FUSE, no
+    event loop, no store; only the filesystem layer uses them."""
+    listing = ("zfuse.view.tree", "zfuse.view.members", "zfuse.view.caches", "zfuse.view.hierarchy", "zfuse.fs")
     bad = {m for m in imports_of(PACKAGE / "handles.py") if m.split(".")[0] in ("pyfuse3", "trio", "zarr")
            or m.startswith((*listing, "zfuse.fuse_ops", "zfuse.daemon", *STORE_PARTS))}
     assert not bad, f"handles.py imports {bad}"

@@ -77,7 +77,7 @@ class ViewOptions:
     # the kernel's read-ahead window of the mount: how far past a read it may ask
     read_ahead_bytes: int = defaults.READ_AHEAD_KB * 1024
     # group members held opened across the view, about 15 KB each (None: no bound);
-    # past it the groups used least lately forget theirs (`tree.OpenedMembers`)
+    # past it the groups used least lately forget theirs (`members.OpenedMembers`)
     members_kept: int | None = defaults.MEMBERS_KEPT
 
 

@@ -6,8 +6,10 @@ directories that chunk keys imply (``c/``, ``c/0/``) and chunk files named by
 the array's own chunk key plus ``.tiff``.
 
 Each array's chunk files (names, which exist, bytes) are its `ArrayView`
-(`array_view.py`); this module puts the arrays, groups, metadata files and
-whole-image files at their paths, and builds the view from a zarr hierarchy.
+(`array_view.py`), and each group's members its `HierarchyNode` (`members.py`:
+listed and opened when asked, forgotten past a bound); this module puts the
+arrays, groups, metadata files and whole-image files at their paths, and builds
+the view from a zarr hierarchy.
 
 Invariants:
 - `entry()` never reads chunk data: a chunk file's size comes from metadata
@@ -22,12 +24,10 @@ from __future__ import annotations
 
 import bisect
 import collections
-import enum
 import json
 import logging
 import operator
 import threading
-import weakref
 from collections.abc import Callable, Iterator
 from typing import Any, NamedTuple
 
@@ -47,6 +47,14 @@ from zfuse.view.hierarchy import (
     unsupported_metadata,
     unsupported_reason,
 )
+from zfuse.view.members import (
+    NEEDS_IO,
+    HierarchyNode,
+    LiveArrays,
+    MemberOpener,
+    NeedsIO,
+    OpenedMembers,
+)
 from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, ZarrChunkSource, store_access
 from zfuse.view.tiff_meta import ome_axes, ome_datasets
 from zfuse.view.whole_image import NAMES as IMAGE_NAMES
@@ -57,299 +65,12 @@ log = logging.getLogger("zfuse.view")
 README_NAME = "README"  # in the directory of a node shown without chunk files: why
 
 
-class NeedsIO(enum.Enum):
-    """`View.entry(..., memory_only=True)`: the answer needs store I/O."""
-
-    NEEDS_IO = "needs store I/O"
-
-
-NEEDS_IO = NeedsIO.NEEDS_IO
 CHUNK_ENTRIES_KEPT = 16384  # chunk files remembered as existing (View.entry)
-# a group with more member names opens each member when first looked up, not all at once
-MEMBERS_OPENED_TOGETHER = 1000
-MEMBERS_OPENED_AHEAD = 16  # a lookup there opens the member and the next ones listed (one wave)
 # levels of groups shown below the root: a crafted hierarchy nested deeper (200 empty
 # directories do it) would open members recursively past Python's stack
 DEPTH_MAX = 64
 PROBLEMS_KEPT = 10_000  # nodes shown without chunk files that are listed with their reason
 IMAGE_DIRS_KEPT = 4096  # directories whose whole-image files stay planned (the least used are forgotten)
-
-class MemberOpener(NamedTuple):
-    """How a group's members are found and opened (made by `build_view`)."""
-
-    names: Callable[[], list[str]]  # the names members may have, sorted (store I/O: a listing)
-    # the nodes of these names (store I/O); names that are no node are left out
-    open: Callable[[list[str]], dict[str, _Node]]
-    datasets: list[str]  # relative paths of multiscale datasets, opened with the group
-    kept: OpenedMembers  # the view's bound on members held opened
-
-
-class OpenedMembers:
-    """The members a view's groups hold opened: at most `limit` together (None: no
-    bound, for `zfuse info`, which describes them all).
-
-    Past the bound, the groups used least lately forget their opened members (a
-    crafted store of a million members, walked by `find`, would otherwise keep every
-    one, about 15 KB each); a forgotten member is opened again when next looked up, and
-    an array's view still in use (an open file, a pending write) is found again rather
-    than made anew (`build_view`'s `alive`). A lookup marks the groups on its path used,
-    deepest first (`View._split`), so a group is always more recent than the groups
-    below it: members are forgotten from the leaves up. The groups a lookup is going
-    through (`walking`) are never forgotten by what it opens."""
-
-    def __init__(self, limit: int | None, stats: Stats | None = None) -> None:
-        self.limit = limit
-        self.stats = stats
-        self._held: collections.OrderedDict[_Node, int] = collections.OrderedDict()  # least used first
-        self._total = 0
-        self._lock = threading.Lock()
-        self._local = threading.local()  # .path: the groups this thread's lookup goes through
-        if stats is not None and limit is not None:
-            stats.gauge("group_members_held", lambda: self._total)
-
-    def walking(self, path: list[_Node] | None) -> list[_Node] | None:
-        """This thread's lookup goes through the groups in `path` (a list it appends to;
-        None: no lookup). Returns the one it replaces, to be set back after."""
-        before = getattr(self._local, "path", None)
-        self._local.path = path
-        return before
-
-    def has_room(self) -> bool:
-        """Whether a local store's groups may still open their members at mount: while
-        fewer than half the bound are held. (Up to the bound, a walker going through the
-        store in listing order would find each group forgotten just before it got
-        there, as the ones after it were opened: every member opened twice.)"""
-        return self.limit is None or self._total < self.limit // 2
-
-    def used(self, groups: list[_Node]) -> None:
-        """These groups were looked through, the deepest first."""
-        if self.limit is None:
-            return
-        with self._lock:
-            held = self._held
-            for group in groups:
-                if group in held:
-                    held.move_to_end(group)
-
-    def opened(self, group: _Node, count: int) -> None:
-        """`group` holds `count` more members opened: past the bound, others forget."""
-        if self.limit is None or count <= 0:
-            return
-        walked = getattr(self._local, "path", None) or ()
-        with self._lock:
-            self._held[group] = self._held.get(group, 0) + count
-            self._held.move_to_end(group)
-            self._total += count
-            over = self._total - self.limit
-            victims = []
-            for other, held in self._held.items():
-                if over <= 0:
-                    break
-                if other is not group and not any(other is on_path for on_path in walked):
-                    victims.append(other)
-                    over -= held
-            for other in victims:
-                self._total -= self._held.pop(other)
-        forgotten = sum(other.forget_members() for other in victims)
-        if over > 0 and group.is_big:  # this group alone is past the bound (a big one walked): its oldest
-            own = group.forget_members(over + self.limit // 4)  # (a quarter more: not one per lookup)
-            forgotten += own
-            with self._lock:
-                if group in self._held:
-                    self._held[group] -= own
-                    self._total -= own
-        if forgotten and self.stats is not None:
-            self.stats.count("group_members_forgotten", forgotten)
-
-
-class _Node:
-    """A group or array of the hierarchy.
-
-    A group lists its members when first asked (`_list`): a remote store's then, a
-    local store's at mount. A group of at most MEMBERS_OPENED_TOGETHER names opens them
-    all at once (a metadata read each, side by side). A bigger one (a plate of
-    thousands of wells, a crafted store of a million) opens each member when it is
-    first looked up, so listing it costs the listing alone and memory grows with what
-    is looked at, not with what the store holds. Either forgets its opened members
-    when the view holds too many (`OpenedMembers`), and opens them again when asked.
-
-    (Threads: what a group holds is replaced, never changed in place, except a big
-    group's `_opened`, added to under its lock: a reader takes each attribute once.)"""
-
-    __slots__ = ("_children", "_lock", "_names", "_opened", "_opener", "array", "kind", "metadata", "readme")
-
-    def __init__(self, kind: str, *, array: ArrayView | None = None, metadata: bytes = b"", readme: bytes = b"",
-                 opener: MemberOpener | None = None) -> None:
-        self.kind = kind  # "group" | "array"
-        self.array = array
-        self.metadata = metadata
-        self.readme = readme  # why the node is shown without chunk files (empty: it is not)
-        self._opener = opener
-        # every member, opened (a small group, or a node without members); None: not yet
-        self._children: dict[str, _Node] | None = {} if opener is None else None
-        self._names: list[str] | None = None  # a big group: the names listed (sorted)
-        self._opened: dict[str, _Node | None] = {}  # a big group: looked up so far (None: no node)
-        self._lock = threading.Lock()
-
-    @property
-    def loaded(self) -> bool:
-        """Whether the members are listed (their names answer from memory)."""
-        return self._children is not None or self._names is not None
-
-    def _list(self) -> None:
-        """List the members if not yet (store I/O; a failure, such as a timeout, leaves
-        them to be listed on the next ask): one listing for every thread that asks."""
-        if self.loaded:
-            return
-        opener = self._opener
-        assert opener is not None
-        with self._lock:
-            if self.loaded:
-                return
-            names = opener.names()
-            children = opener.open(names) if len(names) <= MEMBERS_OPENED_TOGETHER else None
-            opened: dict[str, _Node | None] = {}
-            # the groups this one's multiscale datasets lie in (ngff-zarr's scale0/image)
-            # open with it, side by side: its pyramid file is then planned from memory
-            if children is None:
-                firsts = list(dict.fromkeys(rel.split("/")[0] for rel in opener.datasets))
-                found = opener.open(firsts) if firsts else {}
-                opened.update((first, found.get(first)) for first in firsts)
-            for rel in opener.datasets:
-                first, *below = rel.split("/")
-                node = children.get(first) if children is not None else opened[first]
-                for name in below[:-1]:
-                    node = None if node is None else node.member(name)
-            if children is not None:
-                self._children = children
-            else:
-                self._opened = opened
-                self._names = names
-        # (outside the lock: other groups may be told to forget theirs)
-        opener.kept.opened(self, len(children) if children is not None else len(opened))
-
-    def _listed_now(self) -> tuple[dict[str, _Node] | None, list[str], dict[str, _Node | None]]:
-        """(every member, or None for a big group; its names; those opened so far),
-        listed first if they are not (store I/O)."""
-        while True:
-            self._list()
-            children, names, opened = self._children, self._names, self._opened
-            if children is not None:
-                return children, [], {}
-            if names is not None:
-                return None, names, opened
-            # (forgotten meanwhile: listed again)
-
-    def member(self, name: str) -> _Node | None:
-        """The member `name`, None if there is none (store I/O while not listed, and for a
-        big group while `name` is not opened yet)."""
-        children, names, opened = self._listed_now()
-        if children is not None:
-            return children.get(name)
-        if name in opened:
-            return opened[name]
-        i = bisect.bisect_left(names, name)
-        if i == len(names) or names[i] != name:
-            return None
-        # with the names after it (a walker's next lookups, in listing order), side by side
-        batch = [name, *[n for n in names[i + 1:i + 2 * MEMBERS_OPENED_AHEAD] if n not in opened]]
-        return self._open_into_opened(batch[:MEMBERS_OPENED_AHEAD]).get(name)
-
-    def member_in_memory(self, name: str) -> _Node | None | NeedsIO:
-        """`member(name)` if memory answers it, else NEEDS_IO."""
-        children, names, opened = self._children, self._names, self._opened
-        if children is not None:
-            return children.get(name)
-        if names is None:
-            return NEEDS_IO
-        if name in opened:
-            return opened[name]
-        return NEEDS_IO if _listed(names, name) else None
-
-    def has_member(self, name: str) -> bool:
-        """Whether a member may be called `name` (from the listing: nothing is opened)."""
-        children, names, _ = self._listed_now()
-        return name in children if children is not None else _listed(names, name)
-
-    def listing(self) -> list[tuple[str, _Node | None]]:
-        """(name, member) by name; for a big group a member not looked up yet is None:
-        a directory, neither opened nor known to be a node (store I/O: the listing)."""
-        children, names, opened = self._listed_now()
-        if children is not None:
-            return list(children.items())
-        return [(name, opened.get(name)) for name in names if opened.get(name, True) is not None]
-
-    @property
-    def children(self) -> dict[str, _Node]:
-        """Every member by name, all opened now if they are not yet (store I/O: for a big
-        group, a metadata read per member; `zfuse info` describes them all; with the
-        view's bound on opened members, those it kept)."""
-        children, names, opened = self._listed_now()
-        if children is not None:
-            return children
-        missing = [name for name in names if name not in opened]
-        for start in range(0, len(missing), MEMBERS_OPENED_TOGETHER):
-            self._open_into_opened(missing[start:start + MEMBERS_OPENED_TOGETHER])
-        return self.opened_children()
-
-    def _open_into_opened(self, names: list[str]) -> dict[str, _Node | None]:
-        """(A big group.) Open these members side by side, outside the lock (lookups go
-        on meanwhile), and keep them (a name opened meanwhile by another thread keeps
-        that node). Returns each name's node."""
-        assert self._opener is not None
-        found = self._opener.open(names)
-        added = 0
-        with self._lock:
-            opened = self._opened
-            for name in names:
-                if name not in opened:
-                    opened[name] = found.get(name)
-                    added += 1
-            nodes = {name: opened[name] for name in names}
-        self._opener.kept.opened(self, added)
-        return nodes
-
-    @property
-    def is_big(self) -> bool:
-        """A group whose members are opened one lookup at a time (more than
-        MEMBERS_OPENED_TOGETHER names)."""
-        return self._names is not None
-
-    def forget_members(self, count: int | None = None) -> int:
-        """Forget the opened members (`count`: a big group's oldest ones only), to be
-        listed and opened again when asked. Returns how many were forgotten."""
-        if self._opener is None:
-            return 0  # (an array, or a node without members)
-        with self._lock:
-            if self._children is not None:
-                forgotten = len(self._children)
-                self._children = None
-            elif count is None or count >= len(self._opened):
-                forgotten = len(self._opened)
-                self._names, self._opened = None, {}
-            else:
-                kept = list(self._opened.items())[count:]
-                forgotten = len(self._opened) - len(kept)
-                self._opened = dict(kept)
-        return forgotten
-
-    def opened_children(self) -> dict[str, _Node]:
-        """The members opened so far ({} before the group is listed)."""
-        children = self._children
-        if children is not None:
-            return children
-        return {name: node for name, node in list(self._opened.items()) if node is not None}
-
-    def is_empty(self) -> bool:
-        """Whether no member is listed (store I/O: the listing)."""
-        children, names, _ = self._listed_now()
-        return not (children if children is not None else names)
-
-
-def _listed(names: list[str], name: str) -> bool:
-    i = bisect.bisect_left(names, name)
-    return i < len(names) and names[i] == name
-
 
 class Problem(NamedTuple):
     """A node shown without chunk files, and why (the reason names its path)."""
@@ -399,34 +120,11 @@ class Problems:
 _problem_path = operator.attrgetter("path")
 
 
-class LiveArrays:
-    """Every array view a view has made and that is still held (by its group, or by an
-    open file or a pending write after its group forgot it), by path: a member opened
-    again gets the view still in use, never a second one with caches of its own."""
-
-    def __init__(self) -> None:
-        self._views: weakref.WeakValueDictionary[tuple[str, ...], ArrayView] = weakref.WeakValueDictionary()
-        self._lock = threading.Lock()
-
-    def get(self, path: tuple[str, ...]) -> ArrayView | None:
-        with self._lock:
-            return self._views.get(path)
-
-    def add(self, path: tuple[str, ...], view: ArrayView) -> None:
-        with self._lock:
-            self._views[path] = view
-
-    def items(self) -> list[tuple[tuple[str, ...], ArrayView]]:
-        """(path, view) by path."""
-        with self._lock:
-            return sorted(self._views.items(), key=operator.itemgetter(0))
-
-
 class View:
     """The whole mount: a hierarchy of groups and arrays, addressed by path."""
 
     def __init__(
-        self, root: _Node, options: ViewOptions, cache: ChunkCache, problems: Problems | None = None,
+        self, root: HierarchyNode, options: ViewOptions, cache: ChunkCache, problems: Problems | None = None,
         kept: OpenedMembers | None = None, alive: LiveArrays | None = None,
     ) -> None:
         self.root = root
@@ -468,7 +166,7 @@ class View:
     def open_all(self) -> None:
         """Open every group's members (store I/O: the whole hierarchy, as `zfuse info`
         describes it)."""
-        def walk(node: _Node) -> None:
+        def walk(node: HierarchyNode) -> None:
             for child in node.children.values():
                 walk(child)
 
@@ -483,12 +181,12 @@ class View:
             except Exception as e:  # (its rebinding then finds nothing: the old node is kept)
                 log.warning("%s: could not open the groups on the way: %s", "/".join(path), e)
 
-    def _split(self, path: tuple[str, ...], *, memory_only: bool = False) -> tuple[_Node, tuple[str, ...]] | None:
+    def _split(self, path: tuple[str, ...], *, memory_only: bool = False) -> tuple[HierarchyNode, tuple[str, ...]] | None:
         """The deepest group/array node on `path`, and the rest of the path. Groups on
         the way open their members if they have not (store I/O), unless `memory_only`:
         then None, the answer needs that I/O."""
         node = self.root
-        through: list[_Node] = []  # the groups looked through: marked used, the deepest first
+        through: list[HierarchyNode] = []  # the groups looked through: marked used, the deepest first
         before = self._kept.walking(through)  # (what they open forgets none of them)
         try:
             for i, name in enumerate(path):
@@ -512,7 +210,7 @@ class View:
                 through.reverse()
                 self._kept.used(through)
 
-    def _split_opening(self, path: tuple[str, ...]) -> tuple[_Node, tuple[str, ...]]:
+    def _split_opening(self, path: tuple[str, ...]) -> tuple[HierarchyNode, tuple[str, ...]]:
         split = self._split(path)
         assert split is not None
         return split
@@ -705,7 +403,7 @@ class View:
         for _, arr in self.arrays():
             arr.refresh()
 
-    def whole_images(self, path: tuple[str, ...], node: _Node | None = None) -> dict[str, WholeImage]:
+    def whole_images(self, path: tuple[str, ...], node: HierarchyNode | None = None) -> dict[str, WholeImage]:
         """The whole-image files directory `path` shows (planned from metadata, no I/O)."""
         with self._images_lock:
             images = self._images.get(path)
@@ -729,7 +427,7 @@ class View:
     def all_whole_images(self) -> Iterator[tuple[tuple[str, ...], WholeImage]]:
         """Every whole-image file of the view, with its path."""
 
-        def walk(node: _Node, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], WholeImage]]:
+        def walk(node: HierarchyNode, path: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], WholeImage]]:
             for name, image in self.whole_images(path, node).items():
                 yield (*path, name), image
             for name, child in node.children.items():
@@ -836,7 +534,7 @@ def build_view(
     with its ``zarr.json`` and a ``README`` saying why, and is listed in
     `View.problems`; its neighbours are shown as usual. A local store's groups are
     opened here, all of them; a remote store's when first looked at. A group of more
-    than MEMBERS_OPENED_TOGETHER names opens each member when it is looked up (`_Node`).
+    than MEMBERS_OPENED_TOGETHER names opens each member when it is looked up (`HierarchyNode`).
     """
     cache = ChunkCache(options.cache_bytes)
     caches = ViewCaches(options.listing_cache_names, options.shard_index_cache_bytes, stats)
@@ -850,12 +548,12 @@ def build_view(
     def shown_path(path: tuple[str, ...]) -> str:
         return "/".join(path) or "/"
 
-    def not_shown(path: tuple[str, ...], kind: str, reason: str, metadata: bytes) -> _Node:
+    def not_shown(path: tuple[str, ...], kind: str, reason: str, metadata: bytes) -> HierarchyNode:
         if problems.add(Problem(shown_path(path), reason)):
             log.warning("%s", reason)
-        return _Node(kind, metadata=metadata, readme=_readme(reason))
+        return HierarchyNode(kind, metadata=metadata, readme=_readme(reason))
 
-    def array_node(source: ChunkSource, ome: dict[str, Any] | None, path: tuple[str, ...]) -> _Node:
+    def array_node(source: ChunkSource, ome: dict[str, Any] | None, path: tuple[str, ...]) -> HierarchyNode:
         try:
             view = alive.get(path)  # opened before, forgotten by its group, still in use
             if view is None:
@@ -870,26 +568,26 @@ def build_view(
             node = not_shown(path, "array", reason, view.metadata_bytes)
             node.array = view
             return node
-        return _Node("array", array=view, metadata=view.metadata_bytes)
+        return HierarchyNode("array", array=view, metadata=view.metadata_bytes)
 
-    def failed_node(group: zarr.Group, name: str, exc: BaseException, path: tuple[str, ...]) -> _Node:
+    def failed_node(group: zarr.Group, name: str, exc: BaseException, path: tuple[str, ...]) -> HierarchyNode:
         doc = stored_metadata(group.store_path.store, "/".join(p for p in (group.path, name) if p))
         kind = node_type_of(doc) or "array"
         reason = unsupported_reason(shown_path(path), exc, doc)
         return not_shown(path, kind, reason, unsupported_metadata(doc, reason))
 
     def group_node(group: zarr.Group, path: tuple[str, ...],
-                   datasets: dict[tuple[str, ...], dict[str, Any]]) -> _Node:
+                   datasets: dict[tuple[str, ...], dict[str, Any]]) -> HierarchyNode:
         """`datasets`: OME axes and scales of the arrays that multiscales of groups above
         name, by path: a dataset may be nested (ngff-zarr's `scale0/image`)."""
         attrs = dict(group.attrs)
         here = ome_datasets(attrs) or {}
         datasets = {**datasets, **{(*path, *rel.split("/")): ome for rel, ome in here.items() if rel}}
 
-        def open_named(names: list[str]) -> dict[str, _Node]:
+        def open_named(names: list[str]) -> dict[str, HierarchyNode]:
             if stats is not None:
                 stats.count("group_members_opened", len(names))
-            children: dict[str, _Node] = {}
+            children: dict[str, HierarchyNode] = {}
             for name, member in open_members(group, names):
                 member_path = (*path, name)
                 if len(member_path) > DEPTH_MAX:
@@ -916,7 +614,7 @@ def build_view(
             return children
 
         opener = MemberOpener(lambda: member_names(group), open_named, [rel for rel in here if rel], kept)
-        node = _Node("group", metadata=_group_metadata(group), opener=opener)
+        node = HierarchyNode("group", metadata=_group_metadata(group), opener=opener)
         if not lazy and kept.has_room():
             node.is_empty()  # a local store's members are listed (and opened, up to bounds) now
         return node
