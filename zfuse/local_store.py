@@ -35,11 +35,11 @@ from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import LocalStore
 
 from zfuse.errors import OutsideStoreError
+from zfuse.ext.chunk_keys import METADATA_NAMES
 from zfuse.workers import WorkerThreads
 
 log = logging.getLogger("zfuse.store")  # the name its lines always had
 
-METADATA_NAMES = ("zarr.json", ".zarray", ".zgroup", ".zattrs", ".zmetadata")
 
 
 def key_kind(key: str) -> str:

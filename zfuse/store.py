@@ -636,7 +636,7 @@ LAST_WRITER_WINS_OPTION = "zfuse_last_writer_wins"
 def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] | None = None,
                durable: bool = True) -> Store:
     """A zarr Store for a local path or a URL (s3://, gs://, https://, ...)."""
-    if "://" in source and not source.startswith("file://"):
+    if is_remote(source):
         from zarr.storage import FsspecStore
 
         protocol = source.split("://", 1)[0].lower()

@@ -18,7 +18,7 @@ from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
-METADATA_NAMES = frozenset({"zarr.json", ".zarray", ".zattrs", ".zgroup", ".zmetadata"})
+from zfuse.ext.chunk_keys import METADATA_NAMES
 
 
 def _is_metadata(key: str) -> bool:
