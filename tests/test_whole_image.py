@@ -135,6 +135,33 @@ def test_plan_from_metadata_alone() -> None:
     assert passthrough_compression([{"name": "transpose"}, *raw], u2) is None
 
 
+def test_names_xml_cannot_hold_never_break_the_ome_xml(tmp_path: Path) -> None:
+    """[hostile-9] a multiscale name with control characters or a lone surrogate, and
+    channel labels with control characters (a crafted store, or a writer's slip; an
+    object store's array name may hold them too): the OME-XML stays well-formed, each
+    such character shown as U+FFFD (before: an XML error in every reader, and with the
+    surrogate no whole-image file at all, for the group or its arrays)."""
+    from zfuse.view.whole_image.ome import ome_xml
+
+    xml = ome_xml("bad\x01name\x00\ud800", (2, 16, 16), np.dtype("u1"),
+                  {"axes": ["c", "y", "x"], "axis_types": ["channel", "space", "space"]},
+                  [{"label": "one\x02"}, {"label": "two\x1b"}])
+    assert xml is not None
+    root = ET.fromstring(xml.encode("utf-8"))
+    ns = {"ome": "http://www.openmicroscopy.org/Schemas/OME/2016-06"}
+    assert root.find("ome:Image", ns).get("Name") == "bad\ufffdname\ufffd\ufffd"
+    assert [c.get("Name") for c in root.iter(f"{{{ns['ome']}}}Channel")] == ["one\ufffd", "two\ufffd"]
+    src = tmp_path / "x.zarr"
+    group = zarr.open_group(str(src), mode="w")
+    group.create_array("0", shape=(16, 16), chunks=(16, 16), dtype="u1")[...] = 1
+    axes = [{"name": "y", "type": "space"}, {"name": "x", "type": "space"}]
+    group.attrs["multiscales"] = [{"version": "0.4", "name": "sur\ud800", "axes": axes, "datasets": [
+        {"path": "0", "coordinateTransformations": [{"type": "scale", "scale": [1, 1]}]}]}]
+    view = make_view(MountConfig([str(src)], "/nonexistent", read_only=True))
+    assert view.entry(("pyramid.ome.tif",)) is not None and view.entry(("0", "image.ome.tif")) is not None
+    assert view.images_not_shown == {}
+
+
 # -- laziness ------------------------------------------------------------------------
 
 

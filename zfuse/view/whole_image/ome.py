@@ -8,6 +8,7 @@ Text only: no tiles, no store, no FUSE.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -100,6 +101,17 @@ def ome_pixel_type(dtype: np.dtype) -> str | None:
     return _OME_TYPES.get(f"{dt.kind}{dt.itemsize}")
 
 
+# what XML 1.0 cannot hold (control characters, lone surrogates, U+FFFE/U+FFFF): a name
+# or label from a store's attributes or keys may (a crafted one, or a writer's slip)
+_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
+
+
+def _xml_attr(value: object) -> str:
+    """`value` as an XML attribute value, quoted; characters XML cannot hold become
+    U+FFFD, so the document stays well-formed (readers parse it) and encodes as UTF-8."""
+    return quoteattr(_NOT_XML.sub("\ufffd", str(value)))
+
+
 def ome_xml(
     name: str,
     shape: Sequence[int],
@@ -151,8 +163,8 @@ def ome_xml(
         'xmlns:xsi="http://www.w3.org/2001/XMLSchema-instance" '
         'xsi:schemaLocation="http://www.openmicroscopy.org/Schemas/OME/2016-06 '
         'http://www.openmicroscopy.org/Schemas/OME/2016-06/ome.xsd" Creator="zfuse">',
-        f"<Image ID=\"Image:0\" Name={quoteattr(name)}>",
-        "<Pixels " + " ".join(f"{k}={quoteattr(str(v))}" for k, v in attrs) + ">",
+        f"<Image ID=\"Image:0\" Name={_xml_attr(name)}>",
+        "<Pixels " + " ".join(f"{k}={_xml_attr(v)}" for k, v in attrs) + ">",
     ]
     size_c = planes.sizes["C"]
     named = channels if channels and len(channels) == size_c else None
@@ -161,7 +173,7 @@ def ome_xml(
         if named is not None and isinstance(named[c], dict):
             label = named[c].get("label")
             if label:
-                extra += f" Name={quoteattr(str(label))}"
+                extra += f" Name={_xml_attr(label)}"
             color = _ome_color(named[c].get("color"))
             if color is not None:
                 extra += f' Color="{color}"'
