@@ -209,3 +209,11 @@ class ConditionsIgnoredProxy:
     def close(self) -> None:
         self.httpd.shutdown()
         self.httpd.server_close()
+
+
+class RangeIgnoredProxy(ConditionsIgnoredProxy):
+    """The same proxy, dropping every request's Range header instead: a GET of a byte
+    range is answered with the whole object (200, no Content-Range), as behind a proxy
+    or a server that does not do ranges."""
+
+    DROPPED = frozenset({"range"})

@@ -699,3 +699,30 @@ def test_a_conditions_probe_object_is_never_taken_for_a_member(
     assert sorted(os.listdir(m.path)) == ["a", "zarr.json"]
     asked = [r.path + "?" + r.query for r in s3.requests()[since:] if "probe-leftover12" in r.path + r.query]
     assert asked == [], asked
+
+
+def test_a_server_that_ignores_ranges_still_gives_each_inner_chunk(
+    s3: S3Server, aws_env: None, mount: Any, tmp_path: Path
+) -> None:
+    """[remote-8] behind a proxy that drops Range headers, every GET of an inner chunk or
+    a shard index brings the whole shard (200, no Content-Range): each range is taken
+    from the body as it streams, keeping only its own bytes, and every chunk file reads
+    as the data (before: the whole body was read into memory, then refused for its
+    length: EIO). The log says so once."""
+    from s3server import RangeIgnoredProxy
+
+    stores.sharded(tmp_path / "s.zarr", shape=(40, 60), shards=(32, 32), chunks=(8, 16))
+    arr = zarr.open_array(str(tmp_path / "s.zarr"))
+    bucket = new_bucket(s3)
+    upload(s3, tmp_path / "s.zarr", bucket, "s.zarr")
+    proxy = RangeIgnoredProxy(s3)
+    try:
+        m = mount(f"s3://{bucket}/s.zarr", "-o", f"endpoint_url={proxy.endpoint_url},timeout=5", "--cache-size", "0")
+        since = len(s3.requests())
+        assert assert_every_chunk_equal(m.path, arr) == 5 * 4  # (every inner chunk of the grid)
+        gets = object_gets(s3, since, f"/{bucket}/s.zarr/c/")
+        assert gets and all(status == 200 for _, status in gets)  # whole objects, every one
+        assert m.log().count("the server sent the whole object for a byte range") == 1
+        assert "Traceback" not in m.log()
+    finally:
+        proxy.close()

@@ -62,6 +62,29 @@ def _answers_range(response: dict[str, Any], byte_range: ByteRequest | None) -> 
         response.get("ContentLength") == byte_range.end - byte_range.start
 
 
+async def _range_of_whole_object(body: Any, byte_range: ByteRequest) -> bytes:
+    """The bytes of `byte_range` taken from a body that holds the whole object (a server,
+    or a proxy before it, that ignored the Range), read part by part and keeping only
+    those bytes: memory is the range's length, never the object's."""
+    suffix = byte_range.suffix if isinstance(byte_range, SuffixByteRequest) else None
+    if isinstance(byte_range, RangeByteRequest):
+        start, stop = byte_range.start, byte_range.end
+    else:
+        start, stop = (byte_range.offset if isinstance(byte_range, OffsetByteRequest) else 0), None
+    out = bytearray()
+    at = 0
+    while (stop is None or at < stop) and (part := await body.read(STREAM_PART)):
+        if suffix is not None:
+            out += part
+            del out[:max(0, len(out) - suffix)]
+        else:
+            low, high = max(start - at, 0), len(part) if stop is None else min(len(part), stop - at)
+            if low < high:
+                out += part[low:high]
+        at += len(part)
+    return bytes(out)
+
+
 def source_label(source: str) -> str:
     """A source as log lines show it: a URL without credentials (the probe's lines here,
     and the metered store's timeouts)."""
@@ -106,6 +129,7 @@ class RemoteObjects:
         self.probe_cleanup: Any = None  # the probe object's deletion (a concurrent Future)
         self.cache_dir = cache_dir
         self.cache_limit = cache_limit
+        self.range_ignored = False  # a GET of a byte range brought the whole object (logged once)
         client_kwargs = getattr(self.fs, "client_kwargs", None) or {}
         endpoint = client_kwargs.get("endpoint_url") or getattr(self.fs, "endpoint_url", None) or ""
         # what a cache entry belongs to: the server and the object (never credentials)
@@ -217,12 +241,23 @@ class RemoteObjects:
             raise
         body = response["Body"]
         version = response.get("ETag")
+        # no Content-Range: the whole object came (a proxy that drops Range headers, a
+        # server that ignores them), however big: the range is taken from it as it streams
+        whole = http_range is not None and not response.get("ContentRange")
         if on_bytes is not None and http_range is not None and not _answers_range(response, byte_range):
-            on_bytes = None  # (a server that ignored the Range: its caller finds the length wrong)
+            on_bytes = None  # (then handed on whole, at the end, once its length is checked)
         try:
             if if_match and version and version != if_match:
                 raise ObjectChangedError(key)  # (a store that ignores If-Match on reads)
-            if on_bytes is None:
+            if whole:
+                assert byte_range is not None
+                if not self.range_ignored:
+                    log.warning("%s: the server sent the whole object for a byte range (does a proxy "
+                                "drop Range headers?); each range is taken from whole objects, which "
+                                "costs their transfer", self.path(key))
+                self.range_ignored = True
+                data = await _range_of_whole_object(body, byte_range)
+            elif on_bytes is None:
                 data = await body.read()
             else:
                 # the body part by part: a shard's inner chunks are handed on as they come
