@@ -63,3 +63,19 @@ def test_http_source_reads_and_is_read_only(http_root: tuple[Path, str], mount) 
     with pytest.raises(OSError) as e:
         (m.path / "c" / "0" / "0.tiff").write_bytes(b"x")
     assert e.value.errno == errno.EROFS
+
+
+def test_a_sharded_array_from_a_server_without_ranges(http_root: tuple[Path, str], mount) -> None:
+    """[remote-8] Python's http.server answers a GET with a Range header with the whole
+    file (200): each inner chunk and shard index is taken from the body as it streams,
+    and every chunk file reads as the source's."""
+    root, url = http_root
+    stores.sharded(root / "s.zarr", shape=(40, 60), shards=(32, 32), chunks=(8, 16))
+    m = mount(f"{url}/s.zarr")
+    arr = stores.open_any(root / "s.zarr")
+    files = sorted(m.path.rglob("*.tiff"))
+    assert len(files) == 5 * 4
+    for f in files:
+        i, j = int(f.parent.name), int(f.stem)
+        np.testing.assert_array_equal(tifffile.imread(f), expected_chunk(arr, (i, j)))
+    assert "Traceback" not in m.log()

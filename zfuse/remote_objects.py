@@ -85,6 +85,43 @@ async def _range_of_whole_object(body: Any, byte_range: ByteRequest) -> bytes:
     return bytes(out)
 
 
+_RANGES_IGNORED: set[str] = set()  # servers (scheme://host) found sending whole objects for ranges
+
+
+def note_range_ignored(url: str) -> None:
+    """A GET of a byte range of `url` brought the whole object: logged once per server."""
+    server = "/".join(url.split("/", 3)[:3])
+    if server not in _RANGES_IGNORED:
+        _RANGES_IGNORED.add(server)
+        log.warning("%s: the server sent the whole object for a byte range (does a proxy drop Range "
+                    "headers, or does the server not do ranges?); each range is taken from whole "
+                    "objects, which costs their transfer", url)
+
+
+async def get_http_range(fs: Any, url: str, byte_range: ByteRequest) -> bytes | None:
+    """A byte range of the http(s) object at `url` through fsspec's HTTPFileSystem `fs`
+    (its session and options); None if there is none. A server without ranges (Python's
+    http.server) answers 200 with the whole file: the range is then taken from it as it
+    streams (fsspec's own read would hand back the whole body as the range)."""
+    http_range = _http_range(byte_range)
+    if http_range is None:
+        return b""  # an empty range
+    options = dict(fs.kwargs)
+    options["headers"] = {**options.get("headers", {}), "Range": http_range}
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(url), **options) as response:
+        if response.status == 416:
+            return b""  # (a range past the end, as FsspecStore answers it)
+        try:
+            fs._raise_not_found_for_status(response, url)
+        except FileNotFoundError:
+            return None
+        if response.status == 206:
+            return await response.read()
+        note_range_ignored(url)
+        return await _range_of_whole_object(response.content, byte_range)
+
+
 def source_label(source: str) -> str:
     """A source as log lines show it: a URL without credentials (the probe's lines here,
     and the metered store's timeouts)."""
@@ -121,6 +158,7 @@ class RemoteObjects:
         self.fs = store.fs
         self.root = str(store.path).rstrip("/")
         self.s3 = protocol in S3_PROTOCOLS
+        self.http = protocol in ("http", "https")
         self.can_put = self.s3 and not store.read_only
         # writes carry conditions (If-Match/If-None-Match): the store was found to honour
         # them (`settle_conditions`, after the probe `start_conditions_probe` started)
@@ -129,7 +167,6 @@ class RemoteObjects:
         self.probe_cleanup: Any = None  # the probe object's deletion (a concurrent Future)
         self.cache_dir = cache_dir
         self.cache_limit = cache_limit
-        self.range_ignored = False  # a GET of a byte range brought the whole object (logged once)
         client_kwargs = getattr(self.fs, "client_kwargs", None) or {}
         endpoint = client_kwargs.get("endpoint_url") or getattr(self.fs, "endpoint_url", None) or ""
         # what a cache entry belongs to: the server and the object (never credentials)
@@ -207,6 +244,11 @@ class RemoteObjects:
         of that version (S3: If-Match), else ObjectChangedError. `on_bytes`: called with
         each part of the body as it arrives, in order (all of it at once, off S3), once
         the response is known to be of the right version."""
+        if self.http and byte_range is not None:
+            data = await get_http_range(self.fs, self.path(key), byte_range)
+            if data is not None and on_bytes is not None:
+                on_bytes(data)  # (only the range's bytes, whatever the server sent)
+            return data, None
         if not self.s3:
             from zarr.core.buffer import default_buffer_prototype
 
@@ -251,11 +293,7 @@ class RemoteObjects:
                 raise ObjectChangedError(key)  # (a store that ignores If-Match on reads)
             if whole:
                 assert byte_range is not None
-                if not self.range_ignored:
-                    log.warning("%s: the server sent the whole object for a byte range (does a proxy "
-                                "drop Range headers?); each range is taken from whole objects, which "
-                                "costs their transfer", self.path(key))
-                self.range_ignored = True
+                note_range_ignored(self.path(key))
                 data = await _range_of_whole_object(body, byte_range)
             elif on_bytes is None:
                 data = await body.read()

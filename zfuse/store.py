@@ -33,6 +33,7 @@ from zfuse.remote_objects import (
     ObjectChangedError,
     RemoteObjects,
     WriteConflictError,
+    get_http_range,
     source_label,
 )
 from zfuse.stats import Stats
@@ -122,6 +123,9 @@ class MeteredStore(WrapperStore[Store]):
             from zfuse.remote_cache import DiskCache
 
             self.cache = DiskCache(self.remote.cache_dir, self.remote.cache_limit, self.stats.count)
+        # an http(s) source's fsspec filesystem: its byte ranges are read by `get_http_range`
+        fs = getattr(store, "fs", None)
+        self._http_fs = fs if {"http", "https"} & set(getattr(fs, "protocol", ())) else None
         if isinstance(store, AtomicLocalStore):  # leftovers of a crashed writer, removed: counted
             stats_ = self.stats
             store.on_leftover = lambda key: stats_.count("leftovers_removed")
@@ -236,7 +240,14 @@ class MeteredStore(WrapperStore[Store]):
             data = await self._get_versioned(key, byte_range)
             return None if data is None else prototype.buffer.from_bytes(data)
         self.stats.count(f"store_get_{kind}{'_ranged' if byte_range is not None else ''}")
-        result = await self._bounded(self._store.get(key, prototype, byte_range), "get", key)
+        if self._http_fs is not None and byte_range is not None:
+            # (not fsspec's read: a server without ranges sends the whole file, which
+            # fsspec would hand back as the range)
+            url = f"{self._store.path.rstrip('/')}/{key}"
+            data = await self._bounded(get_http_range(self._http_fs, url, byte_range), "get", key)
+            result = None if data is None else prototype.buffer.from_bytes(data)
+        else:
+            result = await self._bounded(self._store.get(key, prototype, byte_range), "get", key)
         if result is not None:
             self.stats.count(f"store_bytes_{kind}", len(result))
         return result
