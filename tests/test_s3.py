@@ -726,3 +726,42 @@ def test_a_server_that_ignores_ranges_still_gives_each_inner_chunk(
         assert "Traceback" not in m.log()
     finally:
         proxy.close()
+
+
+@pytest.mark.parametrize("kind", ["range", "offset", "suffix", "past_end"])
+def test_a_range_is_taken_from_a_whole_object_keeping_only_its_bytes(kind: str) -> None:
+    """[remote-8] (no server) the range's bytes out of a whole object streamed in parts of
+    STREAM_PART: every kind of range, a range across part boundaries, and one past the
+    end; and a body longer than the range it answers is cut short, not read whole."""
+    import asyncio
+
+    from zarr.abc.store import OffsetByteRequest, RangeByteRequest, SuffixByteRequest
+
+    from zfuse.remote_objects import STREAM_PART, _range_of_whole_object, _read_at_most
+
+    whole = bytes(range(256)) * (3 * STREAM_PART // 256 + 7)
+
+    class Body:  # an HTTP body as aiohttp and botocore hand it on: read(n) gives at most n bytes
+        def __init__(self, data: bytes) -> None:
+            self.data, self.at, self.reads = data, 0, 0
+
+        async def read(self, n: int = -1) -> bytes:
+            self.reads += 1
+            n = len(self.data) - self.at if n < 0 else n
+            part = self.data[self.at:self.at + n]
+            self.at += len(part)
+            return part
+
+    start, end = STREAM_PART - 5, 2 * STREAM_PART + 9
+    byte_range, expected = {
+        "range": (RangeByteRequest(start, end), whole[start:end]),
+        "offset": (OffsetByteRequest(start), whole[start:]),
+        "suffix": (SuffixByteRequest(1000), whole[-1000:]),
+        "past_end": (RangeByteRequest(len(whole) - 3, len(whole) + 50), whole[-3:]),
+    }[kind]
+    body = Body(whole)
+    assert asyncio.run(_range_of_whole_object(body, byte_range)) == expected
+    if kind == "range":
+        assert body.at <= end + STREAM_PART  # (no further than the range's end)
+    cut = Body(whole)
+    assert len(asyncio.run(_read_at_most(cut, 10))) <= STREAM_PART and cut.reads == 1

@@ -85,6 +85,26 @@ async def _range_of_whole_object(body: Any, byte_range: ByteRequest) -> bytes:
     return bytes(out)
 
 
+def _range_length(byte_range: ByteRequest | None) -> int | None:
+    """How many bytes `byte_range` holds, where that is known without the object's size."""
+    if isinstance(byte_range, RangeByteRequest):
+        return max(0, byte_range.end - byte_range.start)
+    if isinstance(byte_range, SuffixByteRequest):
+        return byte_range.suffix
+    return None
+
+
+async def _read_at_most(body: Any, limit: int | None) -> bytes:
+    """A response body, but no more than one part past `limit` bytes (a server sending
+    more than the range it answers is cut short: its caller finds the length wrong)."""
+    if limit is None:
+        return bytes(await body.read())
+    out = bytearray()
+    while len(out) <= limit and (part := await body.read(STREAM_PART)):
+        out += part
+    return bytes(out)
+
+
 _RANGES_IGNORED: set[str] = set()  # servers (scheme://host) found sending whole objects for ranges
 
 
@@ -95,7 +115,7 @@ def note_range_ignored(url: str) -> None:
         _RANGES_IGNORED.add(server)
         log.warning("%s: the server sent the whole object for a byte range (does a proxy drop Range "
                     "headers, or does the server not do ranges?); each range is taken from whole "
-                    "objects, which costs their transfer", url)
+                    "objects, which costs their transfer", source_label(url))
 
 
 async def get_http_range(fs: Any, url: str, byte_range: ByteRequest) -> bytes | None:
@@ -117,7 +137,7 @@ async def get_http_range(fs: Any, url: str, byte_range: ByteRequest) -> bytes | 
         except FileNotFoundError:
             return None
         if response.status == 206:
-            return await response.read()
+            return await _read_at_most(response.content, _range_length(byte_range))
         note_range_ignored(url)
         return await _range_of_whole_object(response.content, byte_range)
 
@@ -296,7 +316,7 @@ class RemoteObjects:
                 note_range_ignored(self.path(key))
                 data = await _range_of_whole_object(body, byte_range)
             elif on_bytes is None:
-                data = await body.read()
+                data = await _read_at_most(body, _range_length(byte_range))
             else:
                 # the body part by part: a shard's inner chunks are handed on as they come
                 # (decoded while the rest arrives), not when the last byte has
