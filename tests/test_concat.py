@@ -456,3 +456,18 @@ def test_read_only_sources_refuse_writes(base_source: Path) -> None:
         assert "source 0 (" in str(info.value) and how in str(info.value)
     np.testing.assert_array_equal(ca[...], 0)
     assert not concat([base_source, base_source], 0, mode="r+").read_only
+
+
+def test_a_source_listed_thousands_of_times_is_opened_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[hostile-10] a description file listing one source 5,000 times (before: 5,000
+    opens, 25 s for 20,000): the source is opened once and read at every offset."""
+    from zfuse.ext import concat as concat_module
+
+    src = zarr.create_array(str(tmp_path / "a.zarr"), shape=(4, 4), chunks=(2, 2), dtype="u1")
+    src[...] = np.arange(16, dtype="u1").reshape(4, 4)
+    (tmp_path / "c.json").write_text(json.dumps({"zfuse_concat": 1, "axis": 0, "sources": ["a.zarr"] * 5000}))
+    real, opens = concat_module._open, []
+    monkeypatch.setattr(concat_module, "_open", lambda *a, **k: (opens.append(a[0]), real(*a, **k))[1])
+    ca = concat_module.load_concat(tmp_path / "c.json")
+    assert len(opens) == 1 and ca.shape == (20_000, 4)
+    np.testing.assert_array_equal(np.asarray(ca[19_996:20_000]), np.arange(16, dtype="u1").reshape(4, 4))

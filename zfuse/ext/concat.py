@@ -526,13 +526,20 @@ def concat(
         raise ArgumentError(f"{len(names)} names given for {len(sources)} sources")
     arrays: list[zarr.Array] = []
     labels: list[str] = []
+    # a source named again is the array opened before (a description file may list one
+    # source thousands of times: one open, not one each)
+    opened: dict[str, zarr.Array] = {}
     for i, given in enumerate(sources):
         if isinstance(given, zarr.Array):
             arr = given
         else:
             try:
                 target = os.fspath(given) if isinstance(given, os.PathLike) else given
-                arr = _open(target, mode, **open_kwargs)
+                arr = opened.get(target) if isinstance(target, str) else None
+                if arr is None:
+                    arr = _open(target, mode, **open_kwargs)
+                    if isinstance(target, str):
+                        opened[target] = arr
             except Exception as e:
                 e.add_note(f"while opening concat source {i} ({_source_name(None, given)})")
                 raise
