@@ -522,7 +522,13 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
             attrs = _node_attrs(node)
             paths = (multiscale_paths(attrs) or [])[:MULTISCALE_LEVELS_MAX]  # (a crafted list of thousands)
             arrays = [_descend(node, p) for p in paths]
-            if arrays and all(a is not None and a.layout is not None for a in arrays):
+            missing = [p for p, a in zip(paths, arrays, strict=True) if a is None or a.layout is None]
+            if missing and not_shown is not None:
+                # (`zfuse info` says why a multiscale group has no pyramid file)
+                not_shown[label] = (f"no {PYRAMID_NAME}: multiscale dataset {missing[0]!r} is not an array "
+                                    "with chunk files here" + (f" (and {len(missing) - 1} more)" if missing[1:] else ""))
+                log.info("%s: %s", label, not_shown[label])
+            if arrays and not missing:
                 levels = pyramid_levels(arrays, label)  # type: ignore[arg-type]
                 out[PYRAMID_NAME] = WholeImage(PYRAMID_NAME, levels, ome_axes(attrs, paths[0]),  # type: ignore[index]
                                                omero_channels(attrs), label=label,
