@@ -382,6 +382,48 @@ def test_a_view_holds_a_bounded_number_of_members_opened(
     assert sum(len(c) for c in calls) > 12 * 6  # members were opened again
 
 
+def test_walkers_in_many_threads_with_a_tiny_bound_never_wait_on_each_other(tmp_path: Path) -> None:
+    """[hostile-5] eight threads walk a local store of nested groups (6 x 4 groups of 3
+    arrays) in different orders with `members_kept` 8: groups are forgotten and listed
+    again all the time, each listing opening its groups' members while another thread
+    forgets them (a forgetting never waits for a group's lock: a listing thread may hold
+    the locks in the other order); every walk ends, and every lookup finds its array
+    with its data."""
+    import random
+    import threading
+
+    src = tmp_path / "n.zarr"
+    root = zarr.open_group(str(src), mode="w")
+    paths = []
+    for g in range(6):
+        for h in range(4):
+            sub = root.require_group(f"g{g}").require_group(f"h{h}")
+            for a in range(3):
+                sub.create_array(f"a{a}", shape=(2,), chunks=(2,), dtype="u1")[...] = 1 + g * 12 + h * 3 + a
+                paths.append((f"g{g}", f"h{h}", f"a{a}"))
+    view = build_view(zarr.open_group(str(src), mode="r"), ViewOptions(members_kept=8))
+    failures: list[str] = []
+
+    def walk(seed: int) -> None:
+        order = paths * 3
+        random.Random(seed).shuffle(order)
+        for path in order:
+            if view.entry((*path, "zarr.json")) is None:  # (through the groups every time)
+                failures.append("/".join(path))
+            entry = view.entry((*path, "c", "0.tiff"))
+            g, h, a = (int(p[1:]) for p in path)
+            if entry is None or bytes(entry.array.pixel_bytes((0,))) != bytes([1 + g * 12 + h * 3 + a]) * 2:
+                failures.append("/".join(path))
+
+    threads = [threading.Thread(target=walk, args=(seed,), daemon=True) for seed in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a walker never finished (waiting on a lock?)"
+    assert failures == []
+
+
 def test_an_array_forgotten_while_in_use_is_found_again_not_made_anew(tmp_path: Path) -> None:
     """[hostile-5] a group forgets an array its walker moved past, but an open file still
     holds that array's view: looked up again it is that same view (one set of caches,

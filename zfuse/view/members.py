@@ -108,13 +108,27 @@ class OpenedMembers:
                 if over <= 0:
                     break
                 if other is not group and not any(other is on_path for on_path in walked):
-                    victims.append(other)
+                    victims.append((other, held))
                     over -= held
-            for other in victims:
-                self._total -= self._held.pop(other)
-        forgotten = sum(other.forget_members() for other in victims)
+            for other, held in victims:
+                del self._held[other]
+                self._total -= held
+        forgotten = 0
+        busy = []
+        for other, held in victims:
+            done = other.forget_members()
+            if done is None:
+                busy.append((other, held))  # (being listed: still held, forgotten later)
+            else:
+                forgotten += done
+        if busy:
+            with self._lock:
+                for other, held in busy:
+                    self._held[other] = self._held.get(other, 0) + held
+                    self._held.move_to_end(other, last=False)
+                    self._total += held
         if over > 0 and group.is_big:  # this group alone is past the bound (a big one walked): its oldest
-            own = group.forget_members(over + self.limit // 4)  # (a quarter more: not one per lookup)
+            own = group.forget_members(over + self.limit // 4) or 0  # (a quarter more: not one per lookup)
             forgotten += own
             with self._lock:
                 if group in self._held:
@@ -277,12 +291,17 @@ class HierarchyNode:
         MEMBERS_OPENED_TOGETHER names)."""
         return self._names is not None
 
-    def forget_members(self, count: int | None = None) -> int:
+    def forget_members(self, count: int | None = None) -> int | None:
         """Forget the opened members (`count`: a big group's oldest ones only), to be
-        listed and opened again when asked. Returns how many were forgotten."""
+        listed and opened again when asked. Returns how many were forgotten; None, and
+        nothing forgotten, while the group is being listed or opened in another thread
+        (never waited for: that thread may hold a group's lock this one holds too, in
+        the other order: a lookup listing a local group opens its groups' members)."""
         if self._opener is None:
             return 0  # (an array, or a node without members)
-        with self._lock:
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
             if self._children is not None:
                 forgotten = len(self._children)
                 self._children = None
@@ -293,6 +312,8 @@ class HierarchyNode:
                 kept = list(self._opened.items())[count:]
                 forgotten = len(self._opened) - len(kept)
                 self._opened = dict(kept)
+        finally:
+            self._lock.release()
         return forgotten
 
     def opened_children(self) -> dict[str, HierarchyNode]:
