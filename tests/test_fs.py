@@ -1243,3 +1243,23 @@ def test_whole_image_versions_remembered_are_bounded(monkeypatch: pytest.MonkeyP
         pages.opened((f"g{i}", "image.ome.tif"), 1)
         assert len(pages.versions) <= 4
     assert not pages.opened(("a", "image.ome.tif"), 2)  # forgotten: dropped, never stale
+
+
+def test_own_mtimes_remembered_are_the_latest_ones(v3, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[ns-6] the mtime utimes (or a write) gives a file is remembered for the latest
+    MTIMES_KEPT files (a conversion writing a million chunks, a walker touching every
+    file); an older one shows the mount's start time again, and one set again is the
+    latest once more."""
+    from zfuse.view import writes
+
+    monkeypatch.setattr(writes, "MTIMES_KEPT", 3)
+    _, _, fs, k = v3
+    names = [f"c/{i}/{j}.tiff" for i in range(3) for j in range(2)]  # (the 6 chunk files)
+    for n, name in enumerate(names):
+        k.call(fs.setattr, k.walk(name), None, (1_000 + n) * 10**9)
+    assert len(fs.writes.mtimes) == 3
+    assert [k.stat(name).mtime_ns // 10**9 for name in names[3:]] == [1_003, 1_004, 1_005]
+    assert k.stat(names[0]).mtime_ns // 10**9 == fs.started_ns // 10**9  # forgotten: the mount's
+    k.call(fs.setattr, k.walk(names[3]), None, 2_000 * 10**9)  # set again: the latest now
+    k.call(fs.setattr, k.walk(names[0]), None, 3_000 * 10**9)
+    assert k.stat(names[3]).mtime_ns // 10**9 == 2_000 and k.stat(names[4]).mtime_ns // 10**9 == fs.started_ns // 10**9

@@ -69,6 +69,10 @@ log = logging.getLogger("zfuse.writes")
 Run = Callable[..., Awaitable[Any]]
 Path = tuple[str, ...]
 SCRATCH_MAX_BYTES = 8 * 1024**3
+# files whose own mtime (a write's, a utimes') is remembered: the latest ones; an older
+# one shows the mount's start again (a conversion writing a million chunks, a walker
+# touching every file, would otherwise grow this without end, ~150 bytes each)
+MTIMES_KEPT = 100_000
 RENAME_NOREPLACE = 1
 REPLACE_WINDOW = defaults.REPLACE_WINDOW
 PENDING_TIMEOUT = defaults.PENDING_TIMEOUT
@@ -318,7 +322,15 @@ class Writes:
         state = self.states.get(path)
         if state is not None:
             state.mtime_ns = mtime_ns
-        self.mtimes[path] = mtime_ns
+        self._keep_mtime(path, mtime_ns)
+
+    def _keep_mtime(self, path: Path, mtime_ns: int) -> None:
+        """Remember `path`'s own mtime, as the latest (at most MTIMES_KEPT are)."""
+        mtimes = self.mtimes
+        mtimes.pop(path, None)
+        mtimes[path] = mtime_ns
+        if len(mtimes) > MTIMES_KEPT:
+            del mtimes[next(iter(mtimes))]  # (the oldest: dicts keep insertion order)
 
     def chunk_target(self, path: Path) -> tuple[ArrayView, tuple[int, ...] | None]:
         """The array a path is in, and the chunk it names (None: a scratch name)."""
@@ -524,7 +536,7 @@ class Writes:
             if state.generation == generation:
                 state.dirty = False
             state.committed = True
-        self.mtimes[state.path] = state.mtime_ns
+        self._keep_mtime(state.path, state.mtime_ns)
 
     async def store_tiff(self, arr: ArrayView, coords: tuple[int, ...], data: bytes,
                          stored: Callable[[], None] | None = None) -> None:
@@ -738,7 +750,7 @@ class Writes:
             self._detach(new)
             # the chunk has the renamed file's mtime, as on a disk (rsync sets it on its
             # temporary file, then renames it)
-            self.mtimes[new] = src.mtime_ns
+            self._keep_mtime(new, src.mtime_ns)
             return
         old_arr, old_coords = self.view.chunk_at(old)
         if old_arr is None or old_coords is None or not old_arr.exists(old_coords) or old in self.removed:
