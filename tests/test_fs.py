@@ -1263,3 +1263,32 @@ def test_own_mtimes_remembered_are_the_latest_ones(v3, monkeypatch: pytest.Monke
     k.call(fs.setattr, k.walk(names[3]), None, 2_000 * 10**9)  # set again: the latest now
     k.call(fs.setattr, k.walk(names[0]), None, 3_000 * 10**9)
     assert k.stat(names[3]).mtime_ns // 10**9 == 2_000 and k.stat(names[4]).mtime_ns // 10**9 == fs.started_ns // 10**9
+
+
+def test_a_reload_rebinds_open_files_in_more_groups_than_members_kept(tmp_path: Path, clock: Clock) -> None:
+    """[hostile-5] [cons-2] files open in 3 groups of 5 arrays with `members_kept` 4: the
+    reload opens each file's groups in turn, so the first ones are forgotten again
+    before their files are rebound; each file still moves to the new view's array
+    (before: it silently kept the old view's) and reads what the store holds now."""
+    src = tmp_path / "g.zarr"
+    root = zarr.open_group(str(src), mode="w")
+    for g in range(3):
+        for a in range(5):
+            root.require_group(f"g{g}").create_array(f"a{a}", shape=(2,), chunks=(2,), dtype="u1")[...] = 1
+    config = MountConfig(sources=[str(src)], mountpoint="", read_only=False, members_kept=4)
+    fs = FileSystem(make_view(config), read_only=False, stats=Stats(), clock=clock,
+                    reload=lambda: make_view(config))
+    k = Kernel(fs)
+    fs.kernel = k
+    paths = [f"g{g}/a{a}/c/0.tiff" for g in range(3) for a in range(5)]
+    handles = {path: k.open(path) for path in paths}
+    old = {path: fs.handles[fh].array for path, fh in handles.items()}
+    for g in range(3):
+        for a in range(5):
+            zarr.open_array(str(src / f"g{g}" / f"a{a}"), mode="r+")[...] = 10 * g + a + 2
+    k.call(fs.refresh)
+    for path, fh in handles.items():
+        assert fs.handles[fh].array is not old[path], path
+        g, a = int(path[1]), int(path[4])
+        assert pixels(k.read(fh)).ravel().tolist() == [10 * g + a + 2] * 2, path
+        k.close(fh)

@@ -212,7 +212,12 @@ def test_a_remote_groups_members_are_opened_when_first_looked_at(
     assert listed == [""]
     assert sorted(p.path for p in view.problems) == sorted(heard) == ["codec", "dtype", "fill"]
     assert [path for path, _ in view.arrays()] == [("good",)]
-    assert not view.needs_io((), listing=True) and view.entry(("good",), memory_only=True) is not NEEDS_IO
+    assert view.entry(("good",), memory_only=True) is not NEEDS_IO
+    # the root's whole-image files are planned by its first listing (a worker thread:
+    # planning may open members), then memory answers
+    assert view.needs_io((), listing=True) and view.entry(("pyramid.ome.tif",), memory_only=True) is NEEDS_IO
+    view.list_dir(())
+    assert not view.needs_io((), listing=True) and view.entry(("pyramid.ome.tif",), memory_only=True) is None
     assert view.entry(("sub", "broken"), memory_only=True) is NEEDS_IO  # sub: not yet
     assert [name for name, _ in view.list_dir(("sub",))] == ["broken", "zarr.json"]
     assert listed == ["", "sub"] and heard[-1] == "sub/broken"
@@ -231,7 +236,11 @@ def test_a_remote_multiscale_opens_the_groups_its_datasets_lie_in_with_it(
     assert view.needs_io((), listing=True)
     names = [name for name, _ in view.list_dir(())]
     assert "pyramid.ome.tif" in names and sorted(listed) == ["", "scale0", "scale1"]
-    assert not view.needs_io(("pyramid.ome.tif",)) and not view.needs_io(("scale0",), listing=True)
+    assert not view.needs_io(("pyramid.ome.tif",))
+    # scale0's own listing plans its whole-image files first (a worker thread), once
+    assert view.needs_io(("scale0",), listing=True)
+    view.list_dir(("scale0",))
+    assert not view.needs_io(("scale0",), listing=True) and sorted(listed) == ["", "scale0", "scale1"]
 
 
 def test_a_remote_group_that_fails_to_open_is_opened_again_on_the_next_ask(
@@ -424,6 +433,74 @@ def test_walkers_in_many_threads_with_a_tiny_bound_never_wait_on_each_other(tmp_
     assert failures == []
 
 
+def test_a_big_group_past_the_bound_keeps_its_listing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[hostile-5] a big group (30 members) below a group holding more than the bound on
+    its own (9 members, `members_kept` 4, never forgotten while a lookup goes through
+    it): the big group forgets its oldest members, never its listing nor the batch the
+    lookup just opened, so it is listed once (before: once per lookup, and with a
+    multiscale, again and again without end)."""
+    monkeypatch.setattr("zfuse.view.members.MEMBERS_OPENED_TOGETHER", 10)
+    monkeypatch.setattr("zfuse.view.members.MEMBERS_OPENED_AHEAD", 2)
+    src = tmp_path / "big.zarr"
+    root = zarr.open_group(str(src), mode="w")
+    for i in range(8):
+        root.create_array(f"r{i}", shape=(2,), chunks=(2,), dtype="u1")
+    big = root.create_group("big")
+    for i in range(30):
+        big.create_array(f"a{i:02d}", shape=(2,), chunks=(2,), dtype="u1")[...] = i + 1
+    axes = [{"name": "x", "type": "space"}]
+    big.attrs["multiscales"] = [{"version": "0.4", "axes": axes, "datasets": [
+        {"path": f"a{i:02d}", "coordinateTransformations": [{"type": "scale", "scale": [2.0**i]}]} for i in range(3)]}]
+    view, listed = _lazy_view(monkeypatch, src)
+    view._kept.limit = 4  # (as `-o members_kept=4` makes it)
+    import threading
+
+    shapes: list[object] = []
+    walk = threading.Thread(target=lambda: shapes.extend(
+        json.loads(view.entry(("big", f"a{i:02d}", "zarr.json")).content)["shape"] for i in range(30)), daemon=True)
+    walk.start()
+    walk.join(timeout=60)
+    assert not walk.is_alive(), f"the walk never ended: big listed {listed.count('big')} times"
+    assert shapes == [[2]] * 30 and listed.count("big") == 1
+
+
+def test_live_arrays_keep_the_first_view_made_for_a_path() -> None:
+    """[hostile-5] two lookups opening one member side by side each make a view; the one
+    added first is the path's, and the second gets it back (one set of caches)."""
+    from zfuse.view.members import LiveArrays
+
+    class View:  # (any object weak references reach: what LiveArrays keeps track of)
+        pass
+
+    alive, first, second = LiveArrays(), View(), View()
+    assert alive.add(("a",), first) is first and alive.add(("a",), second) is first  # type: ignore[arg-type]
+    assert alive.get(("a",)) is first
+    del first
+    gc.collect()
+    assert alive.get(("a",)) is None and alive.add(("a",), second) is second  # type: ignore[arg-type]
+
+
+def test_whole_images_to_plan_again_are_never_planned_from_an_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """[hostile-5] a directory whose whole-image files were forgotten (past IMAGE_DIRS_KEPT)
+    is planned again by a worker thread: memory-only callers (the event loop) get
+    NEEDS_IO for its image files and its listing, and no store request is made for them."""
+    from zfuse.view import tree
+    from zfuse.view.tree import NEEDS_IO
+
+    src = tmp_path / "n.zarr"
+    stores.ngff_nested(src, "0.5")
+    view, listed = _lazy_view(monkeypatch, src)
+    assert "pyramid.ome.tif" in [n for n, _ in view.list_dir(())]
+    monkeypatch.setattr(tree, "IMAGE_DIRS_KEPT", 1)
+    view.list_dir(("scale0",))  # (the root's plan is forgotten)
+    before = list(listed)
+    assert view.entry(("pyramid.ome.tif",), memory_only=True) is NEEDS_IO and view.needs_io((), listing=True)
+    assert listed == before
+    assert view.entry(("pyramid.ome.tif",)) is not None  # (planned again, in a worker)
+
+
 def test_an_array_forgotten_while_in_use_is_found_again_not_made_anew(tmp_path: Path) -> None:
     """[hostile-5] a group forgets an array its walker moved past, but an open file still
     holds that array's view: looked up again it is that same view (one set of caches,
@@ -594,8 +671,9 @@ def test_problems_kept_are_bounded_and_the_rest_counted(tmp_path: Path, monkeypa
 
 def test_member_names_no_directory_entry_can_have_are_not_shown(caplog: pytest.LogCaptureFixture) -> None:
     """[outside-1] an object store's listing of a group may name `..`, `.`, an empty name,
-    one with a backslash (keys `g/../x`, `g//x`) or one longer than 255 bytes (which the
-    kernel refuses in a listing: EIO for the whole directory): no such member is shown,
+    one with a backslash (keys `g/../x`, `g//x`), one longer than 255 bytes (which the
+    kernel refuses in a listing: EIO for the whole directory) or a lone surrogate (no
+    bytes can name it; a JSON listing may hold one): no such member is shown,
     opened or read through; the rest of the group is, and the log says how many were
     left out."""
     from zarr.storage import MemoryStore, WrapperStore
@@ -605,7 +683,7 @@ def test_member_names_no_directory_entry_can_have_are_not_shown(caplog: pytest.L
             async for name in self._store.list_dir(prefix):
                 yield name
             if prefix == "":
-                for name in ("..", ".", "", "a\\\\..\\\\b", "n" * 256):
+                for name in ("..", ".", "", "a\\\\..\\\\b", "n" * 256, "x\ud800"):
                     yield name
 
     store = Crafted(MemoryStore())
@@ -614,7 +692,7 @@ def test_member_names_no_directory_entry_can_have_are_not_shown(caplog: pytest.L
     view = build_view(zarr.open_group(store, mode="r"), ViewOptions())
     assert [n for n, _ in view.list_dir(())] == ["good", "zarr.json"]
     assert view.entry(("..",)) is None and view.problems == []
-    assert "5 member name(s) that are no file name not shown" in caplog.text
+    assert "6 member name(s) that are no file name not shown" in caplog.text
 
 
 def test_a_group_listing_is_bounded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

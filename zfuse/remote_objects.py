@@ -18,6 +18,7 @@ import errno
 import logging
 import random
 import string
+import urllib.parse
 from collections.abc import Callable
 from typing import Any
 
@@ -108,9 +109,8 @@ async def _read_at_most(body: Any, limit: int | None) -> bytes:
 _RANGES_IGNORED: set[str] = set()  # servers (scheme://host) found sending whole objects for ranges
 
 
-def note_range_ignored(url: str) -> None:
-    """A GET of a byte range of `url` brought the whole object: logged once per server."""
-    server = "/".join(url.split("/", 3)[:3])
+def note_range_ignored(server: str, url: str) -> None:
+    """A GET of a byte range of `url` brought the whole object: logged once per `server`."""
     if server not in _RANGES_IGNORED:
         _RANGES_IGNORED.add(server)
         log.warning("%s: the server sent the whole object for a byte range (does a proxy drop Range "
@@ -138,7 +138,8 @@ async def get_http_range(fs: Any, url: str, byte_range: ByteRequest) -> bytes | 
             return None
         if response.status == 206:
             return await _read_at_most(response.content, _range_length(byte_range))
-        note_range_ignored(url)
+        parts = urllib.parse.urlsplit(url)
+        note_range_ignored(f"{parts.scheme}://{parts.hostname}:{parts.port}", url)
         return await _range_of_whole_object(response.content, byte_range)
 
 
@@ -147,8 +148,6 @@ def source_label(source: str) -> str:
     and the metered store's timeouts)."""
     if "://" not in source:
         return source
-    import urllib.parse
-
     parts = urllib.parse.urlsplit(source)
     if parts.username or parts.password:
         host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
@@ -266,8 +265,8 @@ class RemoteObjects:
         the response is known to be of the right version."""
         if self.http and byte_range is not None:
             data = await get_http_range(self.fs, self.path(key), byte_range)
-            if data is not None and on_bytes is not None:
-                on_bytes(data)  # (only the range's bytes, whatever the server sent)
+            if data is not None and on_bytes is not None and len(data) == _range_length(byte_range):
+                on_bytes(data)  # (only bytes of the range's length: the caller checks the rest)
             return data, None
         if not self.s3:
             from zarr.core.buffer import default_buffer_prototype
@@ -313,7 +312,7 @@ class RemoteObjects:
                 raise ObjectChangedError(key)  # (a store that ignores If-Match on reads)
             if whole:
                 assert byte_range is not None
-                note_range_ignored(self.path(key))
+                note_range_ignored(self._identity_base.rsplit("|", 1)[0], self.path(key))  # (protocol|endpoint)
                 data = await _range_of_whole_object(body, byte_range)
             elif on_bytes is None:
                 data = await _read_at_most(body, _range_length(byte_range))

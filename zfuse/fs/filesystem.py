@@ -865,6 +865,12 @@ class FileSystem:
                 if not isinstance(handle, ChunkHandle):
                     continue
                 arr, coords = view.chunk_at(handle.path, memory_only=True)  # (opened above)
+                if arr is None:  # (forgotten again since: more groups than members_kept)
+                    try:
+                        arr, coords = await self.run(view.chunk_at, handle.path)
+                    except Exception as e:  # (the old array stays: as when the path is gone)
+                        log.warning("%s: not rebound after the reload: %s", "/".join(handle.path), e)
+                        continue
                 if arr is not None and arr.layout is not None and coords is not None:
                     handle.array, handle.coords = arr, coords
                     if isinstance(handle, StoredChunkHandle):  # the store as it is now: reopened

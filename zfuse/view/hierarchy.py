@@ -168,9 +168,14 @@ NAME_MAX = 255  # bytes of one name in a path (Linux): the kernel refuses a long
 
 
 def _is_file_name(name: str) -> bool:
-    # (longer than NAME_MAX bytes: the kernel fails the whole directory's listing with EIO)
-    return name not in ("", ".", "..") and not any(c in name for c in "/\\\0") and \
-        len(os.fsencode(name)) <= NAME_MAX
+    if name in ("", ".", "..") or any(c in name for c in "/\\\0"):
+        return False
+    try:
+        # (longer than NAME_MAX bytes: the kernel fails the whole directory's listing with
+        # EIO; a lone surrogate from a JSON listing has no bytes a directory entry can hold)
+        return len(os.fsencode(name)) <= NAME_MAX
+    except UnicodeEncodeError:
+        return False
 
 
 async def _members(group: Any, names: list[str]) -> list[tuple[str, Member]]:

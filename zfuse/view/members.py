@@ -305,10 +305,15 @@ class HierarchyNode:
             if self._children is not None:
                 forgotten = len(self._children)
                 self._children = None
-            elif count is None or count >= len(self._opened):
+            elif count is None:
                 forgotten = len(self._opened)
                 self._names, self._opened = None, {}
             else:
+                # the oldest only: the listing stays, and so do the latest opened (the
+                # lookup that asked for this is using them)
+                count = min(count, len(self._opened) - MEMBERS_OPENED_AHEAD)
+                if count <= 0:
+                    return 0
                 kept = list(self._opened.items())[count:]
                 forgotten = len(self._opened) - len(kept)
                 self._opened = dict(kept)
@@ -347,9 +352,11 @@ class LiveArrays:
         with self._lock:
             return self._views.get(path)
 
-    def add(self, path: tuple[str, ...], view: ArrayView) -> None:
+    def add(self, path: tuple[str, ...], view: ArrayView) -> ArrayView:
+        """`view` as `path`'s, unless another thread made one first: then that one (two
+        lookups opening the same member side by side keep one view)."""
         with self._lock:
-            self._views[path] = view
+            return self._views.setdefault(path, view)
 
     def items(self) -> list[tuple[tuple[str, ...], ArrayView]]:
         """(path, view) by path."""

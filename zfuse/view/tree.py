@@ -238,8 +238,10 @@ class View:
         if split is None:
             return True
         node, rest = split
-        if not rest and not node.loaded:
-            return True  # a group whose members are not open yet
+        if not rest and (not node.loaded or not self._images_planned(path)):
+            # a group whose members are not open yet, or a directory whose whole-image
+            # files are to be planned (again): that may open members (store I/O)
+            return True
         arr = node.array
         return arr is not None and arr.needs_listing(rest)
 
@@ -262,6 +264,8 @@ class View:
         if rest == (README_NAME,) and node.readme:
             return Entry(Node.META, size=len(node.readme), content=node.readme)
         if len(rest) == 1 and rest[0] in IMAGE_NAMES:
+            if memory_only and not self._images_planned(path[:-1]):
+                return NEEDS_IO  # (planning may open members: store I/O)
             image = self.whole_images(path[:-1], node).get(rest[0])
             if image is not None:
                 return Entry(Node.IMAGE, size=image.size, array=node.array, reader=image)
@@ -403,8 +407,16 @@ class View:
         for _, arr in self.arrays():
             arr.refresh()
 
+    def _images_planned(self, path: tuple[str, ...]) -> bool:
+        """Whether directory `path`'s whole-image files are planned and current (else
+        `whole_images` plans them, which may open members that were forgotten)."""
+        with self._images_lock:
+            images = self._images.get(path)
+            return images is not None and not any(i.stale for i in images.values())
+
     def whole_images(self, path: tuple[str, ...], node: HierarchyNode | None = None) -> dict[str, WholeImage]:
-        """The whole-image files directory `path` shows (planned from metadata, no I/O)."""
+        """The whole-image files directory `path` shows (planned from metadata; opening
+        members the plan needs, if they were forgotten, is store I/O)."""
         with self._images_lock:
             images = self._images.get(path)
             if images is not None and not any(i.stale for i in images.values()):
@@ -557,8 +569,7 @@ def build_view(
         try:
             view = alive.get(path)  # opened before, forgotten by its group, still in use
             if view is None:
-                view = ArrayView(source, options, cache, ome, stats, caches)
-                alive.add(path, view)
+                view = alive.add(path, ArrayView(source, options, cache, ome, stats, caches))
         except Exception as exc:  # metadata the view cannot lay out: this array only
             doc = source.stored_form()
             reason = unsupported_reason(shown_path(path), exc, doc)
