@@ -212,12 +212,7 @@ def test_a_remote_groups_members_are_opened_when_first_looked_at(
     assert listed == [""]
     assert sorted(p.path for p in view.problems) == sorted(heard) == ["codec", "dtype", "fill"]
     assert [path for path, _ in view.arrays()] == [("good",)]
-    assert view.entry(("good",), memory_only=True) is not NEEDS_IO
-    # the root's whole-image files are planned by its first listing (a worker thread:
-    # planning may open members), then memory answers
-    assert view.needs_io((), listing=True) and view.entry(("pyramid.ome.tif",), memory_only=True) is NEEDS_IO
-    view.list_dir(())
-    assert not view.needs_io((), listing=True) and view.entry(("pyramid.ome.tif",), memory_only=True) is None
+    assert not view.needs_io((), listing=True) and view.entry(("good",), memory_only=True) is not NEEDS_IO
     assert view.entry(("sub", "broken"), memory_only=True) is NEEDS_IO  # sub: not yet
     assert [name for name, _ in view.list_dir(("sub",))] == ["broken", "zarr.json"]
     assert listed == ["", "sub"] and heard[-1] == "sub/broken"
@@ -236,11 +231,7 @@ def test_a_remote_multiscale_opens_the_groups_its_datasets_lie_in_with_it(
     assert view.needs_io((), listing=True)
     names = [name for name, _ in view.list_dir(())]
     assert "pyramid.ome.tif" in names and sorted(listed) == ["", "scale0", "scale1"]
-    assert not view.needs_io(("pyramid.ome.tif",))
-    # scale0's own listing plans its whole-image files first (a worker thread), once
-    assert view.needs_io(("scale0",), listing=True)
-    view.list_dir(("scale0",))
-    assert not view.needs_io(("scale0",), listing=True) and sorted(listed) == ["", "scale0", "scale1"]
+    assert not view.needs_io(("pyramid.ome.tif",)) and not view.needs_io(("scale0",), listing=True)
 
 
 def test_a_remote_group_that_fails_to_open_is_opened_again_on_the_next_ask(
@@ -484,8 +475,10 @@ def test_whole_images_to_plan_again_are_never_planned_from_an_event_loop(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """[hostile-5] a directory whose whole-image files were forgotten (past IMAGE_DIRS_KEPT)
-    is planned again by a worker thread: memory-only callers (the event loop) get
-    NEEDS_IO for its image files and its listing, and no store request is made for them."""
+    while the groups its pyramid lies in were forgotten too is planned again by a worker
+    thread: memory-only callers (the event loop) get NEEDS_IO for its image files and
+    its listing, and no store request is made for them. With those groups in memory,
+    the plan is made from memory, on the loop."""
     from zfuse.view import tree
     from zfuse.view.tree import NEEDS_IO
 
@@ -495,6 +488,9 @@ def test_whole_images_to_plan_again_are_never_planned_from_an_event_loop(
     assert "pyramid.ome.tif" in [n for n, _ in view.list_dir(())]
     monkeypatch.setattr(tree, "IMAGE_DIRS_KEPT", 1)
     view.list_dir(("scale0",))  # (the root's plan is forgotten)
+    assert not view.needs_io((), listing=True)  # (scale0 and scale1 are in memory)
+    view.list_dir(("scale0",))  # (forgotten again)
+    view.root.member_in_memory("scale0").forget_members()  # (as past members_kept)
     before = list(listed)
     assert view.entry(("pyramid.ome.tif",), memory_only=True) is NEEDS_IO and view.needs_io((), listing=True)
     assert listed == before

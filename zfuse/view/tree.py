@@ -58,7 +58,12 @@ from zfuse.view.members import (
 from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, ZarrChunkSource, store_access
 from zfuse.view.tiff_meta import ome_axes, ome_datasets
 from zfuse.view.whole_image import NAMES as IMAGE_NAMES
-from zfuse.view.whole_image import ImageWorkers, WholeImage, plan_whole_images
+from zfuse.view.whole_image import (
+    ImageWorkers,
+    WholeImage,
+    plan_whole_images,
+    pyramid_dataset_paths,
+)
 
 log = logging.getLogger("zfuse.view")
 
@@ -408,11 +413,32 @@ class View:
             arr.refresh()
 
     def _images_planned(self, path: tuple[str, ...]) -> bool:
-        """Whether directory `path`'s whole-image files are planned and current (else
-        `whole_images` plans them, which may open members that were forgotten)."""
+        """Whether directory `path`'s whole-image files can be had from memory: planned
+        and current, or to be planned from nodes all in memory (planning looks up the
+        parent, and a group's members and multiscale datasets: a forgotten one would be
+        opened, store I/O)."""
         with self._images_lock:
             images = self._images.get(path)
-            return images is not None and not any(i.stale for i in images.values())
+            if images is not None and not any(i.stale for i in images.values()):
+                return True
+        split = self._split(path, memory_only=True)
+        if split is None or split[1] or (path and self._split(path[:-1], memory_only=True) is None):
+            return False
+        node = split[0]
+        if node.kind != "group":
+            return True
+        if not node.loaded:
+            return False
+        for rel in pyramid_dataset_paths(node):
+            at: HierarchyNode | None = node
+            for name in rel.strip("/").split("/"):
+                found = at.member_in_memory(name) if at is not None and at.loaded else NEEDS_IO
+                if found is NEEDS_IO:
+                    return False
+                at = found  # type: ignore[assignment]
+                if at is None:
+                    break
+        return True
 
     def whole_images(self, path: tuple[str, ...], node: HierarchyNode | None = None) -> dict[str, WholeImage]:
         """The whole-image files directory `path` shows (planned from metadata; opening

@@ -32,6 +32,7 @@ from zfuse.view.whole_image.image import (
     ImageWorkers,
     WholeImage,
     plan_whole_images,
+    pyramid_dataset_paths,
 )
 from zfuse.view.whole_image.layout import (
     MAX_FILE_SIZE,
@@ -72,6 +73,7 @@ __all__ = [
     "omero_channels",
     "passthrough_compression",
     "plan_whole_images",
+    "pyramid_dataset_paths",
     "plane_axes",
     "pyramid_levels",
     "tile_edge",

@@ -520,7 +520,7 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
                 log.warning("%s: no %s: %s", label, STRIPPED_NAME, e)
         elif node.kind == "group" and not node.has_member(PYRAMID_NAME):
             attrs = _node_attrs(node)
-            paths = (multiscale_paths(attrs) or [])[:MULTISCALE_LEVELS_MAX]  # (a crafted list of thousands)
+            paths = pyramid_dataset_paths(node)  # (at most MULTISCALE_LEVELS_MAX: a crafted list of thousands)
             arrays = [_descend(node, p) for p in paths]
             missing = [p for p, a in zip(paths, arrays, strict=True) if a is None or a.layout is None]
             if missing and not_shown is not None:
@@ -547,6 +547,12 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
         if not_shown is not None:
             not_shown[label] = str(e)
     return out
+
+
+def pyramid_dataset_paths(node: Any) -> list[str]:
+    """The dataset paths a group's pyramid file is planned from (what planning looks up
+    below the group: `tree.View` checks they are in memory before planning on a loop)."""
+    return (multiscale_paths(_node_attrs(node)) or [])[:MULTISCALE_LEVELS_MAX]
 
 
 def _node_attrs(node: Any) -> dict[str, Any]:
