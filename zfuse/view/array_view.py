@@ -384,7 +384,7 @@ class ArrayView:
         # first open can tell (whether there are storage transformers may need zarr.json)
         self.serves_stored: bool | None = (
             None if self.layout is not None and not self.layout.permuted and source.may_store_raw() else False)
-        self.metadata_bytes = self._view_metadata()
+        self._metadata_bytes: bytes | None = None  # (`metadata_bytes`: made when first read)
 
     # -- names ------------------------------------------------------------
     def file_parts(self, coords: Coords) -> tuple[str, ...]:
@@ -769,6 +769,16 @@ class ArrayView:
         self.changes += 1  # whole-image files with stored byte counts re-plan
 
     # -- metadata -----------------------------------------------------------
+    @property
+    def metadata_bytes(self) -> bytes:
+        """The view's `zarr.json`, made when first read: a third of what opening an array
+        costs (pretty-printed JSON), and most arrays of a big store are only walked past.
+        (Two threads may both make it: the same bytes.)"""
+        data = self._metadata_bytes
+        if data is None:
+            data = self._metadata_bytes = self._view_metadata()
+        return data
+
     def _view_metadata(self) -> bytes:
         """The view's dual-access zarr.json: chunks are `.tiff` keys holding bytes + pad."""
         if self.layout is None:

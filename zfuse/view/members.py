@@ -152,13 +152,13 @@ class HierarchyNode:
     (Threads: what a group holds is replaced, never changed in place, except a big
     group's `_opened`, added to under its lock: a reader takes each attribute once.)"""
 
-    __slots__ = ("_children", "_lock", "_names", "_opened", "_opener", "array", "kind", "metadata", "readme")
+    __slots__ = ("_children", "_lock", "_metadata", "_names", "_opened", "_opener", "array", "kind", "readme")
 
-    def __init__(self, kind: str, *, array: ArrayView | None = None, metadata: bytes = b"", readme: bytes = b"",
+    def __init__(self, kind: str, *, array: ArrayView | None = None, metadata: bytes | None = b"", readme: bytes = b"",
                  opener: MemberOpener | None = None) -> None:
         self.kind = kind  # "group" | "array"
         self.array = array
-        self.metadata = metadata
+        self._metadata = metadata  # None: the array's view metadata, made when first read
         self.readme = readme  # why the node is shown without chunk files (empty: it is not)
         self._opener = opener
         # every member, opened (a small group, or a node without members); None: not yet
@@ -166,6 +166,14 @@ class HierarchyNode:
         self._names: list[str] | None = None  # a big group: the names listed (sorted)
         self._opened: dict[str, HierarchyNode | None] = {}  # a big group: looked up so far (None: no node)
         self._lock = threading.Lock()
+
+    @property
+    def metadata(self) -> bytes:
+        """The node's `zarr.json` as the view shows it."""
+        if self._metadata is None:
+            assert self.array is not None
+            return self.array.metadata_bytes
+        return self._metadata
 
     @property
     def loaded(self) -> bool:

@@ -605,7 +605,7 @@ def build_view(
             node = not_shown(path, "array", reason, view.metadata_bytes)
             node.array = view
             return node
-        return HierarchyNode("array", array=view, metadata=view.metadata_bytes)
+        return HierarchyNode("array", array=view, metadata=None)  # (made when first read)
 
     def failed_node(group: zarr.Group, name: str, exc: BaseException, path: tuple[str, ...]) -> HierarchyNode:
         doc = stored_metadata(group.store_path.store, "/".join(p for p in (group.path, name) if p))
