@@ -412,42 +412,37 @@ class View:
         for _, arr in self.arrays():
             arr.refresh()
 
-    def _images_planned(self, path: tuple[str, ...]) -> bool:
-        """Whether directory `path`'s whole-image files can be had from memory: planned
-        and current, or to be planned from nodes all in memory (planning looks up the
-        parent, and a group's members and multiscale datasets: a forgotten one would be
-        opened, store I/O)."""
-        with self._images_lock:
-            images = self._images.get(path)
-            if images is not None and not any(i.stale for i in images.values()):
-                return True
-        split = self._split(path, memory_only=True)
-        if split is None or split[1] or (path and self._split(path[:-1], memory_only=True) is None):
-            return False
-        node = split[0]
-        if node.kind != "group":
-            return True
-        if not node.loaded:
-            return False
-        for rel in pyramid_dataset_paths(node):
-            at: HierarchyNode | None = node
-            for name in rel.strip("/").split("/"):
-                found = at.member_in_memory(name) if at is not None and at.loaded else NEEDS_IO
-                if found is NEEDS_IO:
-                    return False
-                at = found  # type: ignore[assignment]
-                if at is None:
-                    break
-        return True
-
-    def whole_images(self, path: tuple[str, ...], node: HierarchyNode | None = None) -> dict[str, WholeImage]:
-        """The whole-image files directory `path` shows (planned from metadata; opening
-        members the plan needs, if they were forgotten, is store I/O)."""
+    def _current_images(self, path: tuple[str, ...]) -> dict[str, WholeImage] | None:
+        """Directory `path`'s whole-image files if they are planned and not stale."""
         with self._images_lock:
             images = self._images.get(path)
             if images is not None and not any(i.stale for i in images.values()):
                 self._images.move_to_end(path)
                 return images
+        return None
+
+    def _images_planned(self, path: tuple[str, ...]) -> bool:
+        """Whether directory `path`'s whole-image files can be had from memory: planned
+        and current, or to be planned from nodes all in memory (planning looks up the
+        path, a group's members and its multiscale datasets: a forgotten one would be
+        opened, store I/O)."""
+        if self._current_images(path) is not None:
+            return True
+        split = self._split(path, memory_only=True)
+        if split is None or split[1]:
+            return False
+        node = split[0]
+        if node.kind != "group":
+            return True
+        return node.loaded and all(self._split((*path, *rel.strip("/").split("/")), memory_only=True) is not None
+                                   for rel in pyramid_dataset_paths(node))
+
+    def whole_images(self, path: tuple[str, ...], node: HierarchyNode | None = None) -> dict[str, WholeImage]:
+        """The whole-image files directory `path` shows (planned from metadata; opening
+        members the plan needs, if they were forgotten, is store I/O)."""
+        images = self._current_images(path)
+        if images is not None:
+            return images
         if node is None:
             node, rest = self._split_opening(path)
             if rest:
