@@ -189,7 +189,8 @@ class RemoteObjects:
         client_kwargs = getattr(self.fs, "client_kwargs", None) or {}
         endpoint = client_kwargs.get("endpoint_url") or getattr(self.fs, "endpoint_url", None) or ""
         # what a cache entry belongs to: the server and the object (never credentials)
-        self._identity_base = f"{protocol}|{endpoint}|{self.root}/"
+        self._server = f"{protocol}|{endpoint}"  # (what a note about the server is keyed by)
+        self._identity_base = f"{self._server}|{self.root}/"
 
     @property
     def conditional(self) -> bool:
@@ -312,7 +313,7 @@ class RemoteObjects:
                 raise ObjectChangedError(key)  # (a store that ignores If-Match on reads)
             if whole:
                 assert byte_range is not None
-                note_range_ignored(self._identity_base.rsplit("|", 1)[0], self.path(key))  # (protocol|endpoint)
+                note_range_ignored(self._server, self.path(key))
                 data = await _range_of_whole_object(body, byte_range)
             elif on_bytes is None:
                 data = await _read_at_most(body, _range_length(byte_range))
