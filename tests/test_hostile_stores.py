@@ -92,6 +92,45 @@ def deep_store(root: Path) -> Path:
     return root
 
 
+def bounds_store(root: Path) -> Path:
+    """Members small on disk whose metadata costs zarr-python time or memory out of
+    proportion (rank, codec count, a v2 element of 1.5 GB), attributes that are no
+    object, and OME-Zarr multiscales of the wrong JSON types (which must cost only
+    their OME decoration, never the store)."""
+    _group(root)
+    _array(root, "rank33", [1] * 33, [1] * 33)
+    _array(root, "codecs65", [8], [8])
+    doc = json.loads((root / "codecs65" / "zarr.json").read_text())
+    doc["codecs"] += [{"name": "crc32c"}] * 65
+    (root / "codecs65" / "zarr.json").write_text(json.dumps(doc))
+    _array(root, "attrlist", [8], [8])
+    doc = json.loads((root / "attrlist" / "zarr.json").read_text())
+    doc["attributes"] = [1, 2]
+    (root / "attrlist" / "zarr.json").write_text(json.dumps(doc))
+    for name, dtype in (("void", "|V1500000000"), ("record", [["a", "|V1500000000"]])):
+        (root / name).mkdir()
+        (root / name / ".zarray").write_text(json.dumps(
+            {"zarr_format": 2, "shape": [4], "chunks": [4], "dtype": dtype, "compressor": None,
+             "fill_value": None, "filters": None, "order": "C"}))
+    (root / "v2attrlist").mkdir()
+    (root / "v2attrlist" / ".zarray").write_text(json.dumps(
+        {"zarr_format": 2, "shape": [8], "chunks": [8], "dtype": "<u2", "compressor": None,
+         "fill_value": 0, "filters": None, "order": "C"}))
+    (root / "v2attrlist" / ".zattrs").write_text("[1, 2]")
+    crafted = {"axes5": {"axes": 5}, "ct7": {"coordinateTransformations": 7},
+               "datasets5": {"datasets": 5},
+               "huge_scale": {"datasets": [{"path": "0", "coordinateTransformations": [
+                   {"type": "scale", "scale": [10**400, 1]}]}]}}
+    for name, multiscale in crafted.items():
+        (root / name).mkdir()
+        (root / name / "zarr.json").write_text(json.dumps(
+            {"zarr_format": 3, "node_type": "group", "attributes": {"ome": {
+                "version": "0.5", "multiscales": [{"axes": [{"name": "y"}, {"name": "x"}],
+                                                   "datasets": [{"path": "0"}], **multiscale}]}}}))
+        _array(root / name, "0", [16, 16], [8, 8])
+    return root
+
+
 def _info(source: Path) -> dict:
     return describe_source(MountConfig([str(source)], "/unused", read_only=True))
 
@@ -211,6 +250,29 @@ def test_metadata_too_deep_or_large_hides_only_its_member(tmp_path: Path) -> Non
     view = make_view(MountConfig([str(store)], "/unused", read_only=True), Stats())
     readme = view.entry(("deep", "README"))
     assert readme is not None
+
+
+def test_metadata_past_zfuse_bounds_hides_only_its_member(tmp_path: Path) -> None:
+    """33 dimensions, 65 codecs, a v2 element of 1.5 GB (which zarr-python would
+    allocate as the fill value), attributes that are a JSON list: that member is not
+    shown, with the reason, before zarr-python parses it. OME-Zarr multiscales whose
+    fields are the wrong JSON types (axes: 5, a 400-digit scale) cost only the OME
+    reading of that group: the store and its arrays are shown."""
+    store = bounds_store(tmp_path / "b.zarr")
+    report = _info(store)
+    why = {p["path"]: p["reason"] for p in report["not_shown"]}
+    assert "33 dimensions: zfuse reads arrays of at most 32" in why["rank33"]
+    assert "66 codecs: zfuse reads lists of at most 64" in why["codecs65"]
+    assert "attributes are a JSON list, not an object" in why["attrlist"]
+    assert "is 1500000000 bytes: zfuse reads elements of at most" in why["void"]
+    assert "is 1500000000 bytes" in why["record"]
+    assert "v2attrlist/.zattrs holds a JSON list" in why["v2attrlist"]
+    shown = {a["path"] for a in report["arrays"] if a["shown"]}
+    assert {"good", "axes5/0", "ct7/0", "datasets5/0", "huge_scale/0"} <= shown
+    view = make_view(MountConfig([str(store)], "/unused", read_only=True), Stats())
+    for name in ("axes5", "ct7", "datasets5", "huge_scale"):
+        assert view.entry((name, "0", "image.ome.tif")) is not None, name
+    assert view.entry(("void", "README")) is not None
 
 
 # -- real mounts ----------------------------------------------------------------------

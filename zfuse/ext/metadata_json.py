@@ -12,6 +12,14 @@ an OME-Zarr image's ``zarr.json`` nests about 10 deep (attributes, ome,
 multiscales, datasets, coordinateTransformations, scale), consolidated
 metadata about 15. A document past either limit raises `MetadataError` naming
 the key and the limit; the member it belongs to is shown as not supported.
+
+A parsed document is then checked for what costs zarr-python time or memory out of
+proportion to its size (`structure_problem`): more than `MAX_RANK` dimensions (a regex
+group, a tuple entry and more per dimension, in every key zfuse parses), a codec list
+longer than `MAX_CODECS` (zarr-python's pipeline is built in quadratic time), a v2 data
+type whose element is past `MAX_ELEMENT_BYTES` (zarr-python allocates the default fill
+value, one element: `|V1500000000` is 1.5 GB for a 200-byte ``.zarray``), and attributes
+that are not a JSON object.
 """
 
 from __future__ import annotations
@@ -27,6 +35,13 @@ from zfuse.ext.chunk_keys import METADATA_NAMES
 
 MAX_METADATA_BYTES = 16 * 1024**2
 MAX_METADATA_DEPTH = 64
+#: dimensions of an array (numpy holds at most 64; real images have up to 6)
+MAX_RANK = 32
+#: codecs (v2: filters) in one list; a real pipeline has fewer than 10
+MAX_CODECS = 64
+#: bytes of one element of a v2 data type (a structured record, a void, a string)
+MAX_ELEMENT_BYTES = 1024**2
+_CODEC_LISTS = ("codecs", "index_codecs", "filters")
 
 # A JSON string (escapes included): its brackets are not nesting
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"', re.DOTALL)
@@ -69,7 +84,60 @@ def check_metadata(raw: bytes, key: str) -> None:
 
 
 def load_metadata(raw: bytes, key: str) -> Any:
-    """The document stored at `key`, parsed (MetadataError if too large or too deep;
-    ValueError if it is not JSON)."""
+    """The document stored at `key`, parsed (MetadataError if too large or too deep, or
+    if its structure is past what zfuse reads: `structure_problem`; ValueError if it is
+    not JSON)."""
     check_metadata(raw, key)
-    return json.loads(raw)
+    doc = json.loads(raw)
+    problem = structure_problem(doc, key)
+    if problem is not None:
+        raise MetadataError(problem)
+    return doc
+
+
+def structure_problem(doc: Any, key: str) -> str | None:
+    """Why the parsed document stored at `key` is not read (see the module's doc); None
+    if it is. Anything else wrong with it is left to zarr-python to say."""
+    name = key.rsplit("/", 1)[-1]
+    if name == ".zattrs":
+        if doc is not None and not isinstance(doc, dict):
+            return f"{key} holds a JSON {type(doc).__name__}: attributes are a JSON object"
+        return None
+    if not isinstance(doc, dict):
+        return None
+    if name == "zarr.json" and doc.get("attributes") is not None and not isinstance(doc["attributes"], dict):
+        return f"{key}: attributes are a JSON {type(doc['attributes']).__name__}, not an object"
+    shape = doc.get("shape")
+    if isinstance(shape, list) and len(shape) > MAX_RANK:
+        return f"{key}: {len(shape)} dimensions: zfuse reads arrays of at most {MAX_RANK}"
+    if name == ".zarray":
+        itemsize = _v2_itemsize(doc.get("dtype"))
+        if itemsize is not None and itemsize > MAX_ELEMENT_BYTES:
+            return (f"{key}: an element of data type {str(doc.get('dtype'))[:80]} is {itemsize} bytes: "
+                    f"zfuse reads elements of at most {MAX_ELEMENT_BYTES} bytes")
+    # codec lists, nested ones (sharding's) too, walked without recursion
+    pending: list[Any] = [doc]
+    while pending:
+        node = pending.pop()
+        if not isinstance(node, dict):
+            continue
+        for field in _CODEC_LISTS:
+            codecs = node.get(field)
+            if isinstance(codecs, list):
+                if len(codecs) > MAX_CODECS:
+                    return f"{key}: {len(codecs)} {field}: zfuse reads lists of at most {MAX_CODECS}"
+                pending.extend(c.get("configuration") for c in codecs if isinstance(c, dict))
+    return None
+
+
+def _v2_itemsize(dtype: Any) -> int | None:
+    """Bytes per element of a v2 `dtype` (a string, or a structured list of fields);
+    None where numpy cannot say (zarr-python then refuses it)."""
+    def spec(value: Any) -> Any:  # JSON lists are numpy's tuples (fields, shapes)
+        if isinstance(value, list):
+            return [tuple(spec(v) for v in field) if isinstance(field, list) else field for field in value]
+        return value
+    try:
+        return int(np.dtype(spec(dtype)).itemsize)
+    except Exception:  # noqa: BLE001 - any refusal of numpy's is zarr-python's to report
+        return None

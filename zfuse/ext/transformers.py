@@ -42,10 +42,11 @@ from typing import TYPE_CHECKING, Any
 from zarr.abc.store import ByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype, default_buffer_prototype
 
+from zfuse.errors import MetadataError
 from zfuse.ext.chunk_keys import METADATA_NAMES, ChunkKeyDecoder, chunk_key_encoding_of
 from zfuse.ext.layers import ChunkIO, StoreIO
 from zfuse.ext.mapped_store import MappedStore
-from zfuse.ext.metadata_json import check_metadata, is_metadata_key, metadata_problem
+from zfuse.ext.metadata_json import is_metadata_key, load_metadata, metadata_problem
 from zfuse.ext.stack import build_stack, is_transformed_array
 
 if TYPE_CHECKING:
@@ -319,7 +320,12 @@ class TransformerStore(MappedStore):
         if routed is None:
             buf = await self._store.get(key, prototype, byte_range)
             if buf is not None and byte_range is None and is_metadata_key(key):
-                check_metadata(buf.to_bytes(), key)  # v2 documents: zarr-python parses them next
+                try:  # v2 documents: zarr-python parses them next
+                    load_metadata(buf.to_bytes(), key)
+                except MetadataError:
+                    raise
+                except ValueError:
+                    pass  # not JSON: zarr-python says so
             return buf
         stack, rel = routed
         data = await stack.get(rel, byte_range)
@@ -333,11 +339,12 @@ class TransformerStore(MappedStore):
             self._registry.put(_dirname(key), _NOT_ARRAY)
             return None
         raw = buf.to_bytes()
-        check_metadata(raw, key)  # too large or too deep: the node is not read (MetadataError)
-        try:
-            doc = json.loads(raw)
+        try:  # too large, too deep or past zfuse's bounds: the node is not read (MetadataError)
+            doc = load_metadata(raw, key)
+        except MetadataError:
+            raise
         except ValueError:
-            doc = None  # not ours to judge; zarr will complain
+            doc = None  # not JSON: not ours to judge; zarr will complain
         await self._register(_dirname(key), doc)
         if isinstance(doc, dict) and (
             is_transformed_array(doc) or _has_transformed_consolidated(doc)

@@ -32,8 +32,9 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
 from zfuse import defaults
+from zfuse.errors import MetadataError
 from zfuse.ext import zarr_private
-from zfuse.ext.metadata_json import metadata_problem
+from zfuse.ext.metadata_json import load_metadata
 from zfuse.view.codec_packages import register_imagecodecs
 
 log = logging.getLogger("zfuse.view")
@@ -62,11 +63,10 @@ async def _get_json(store: Any, key: str) -> Any:
     if buf is None:
         return None
     raw = buf.to_bytes()
-    problem = metadata_problem(raw, key)  # too large or too deep: never parsed
-    if problem is not None:
-        return {"zfuse_unparsable": problem}
-    try:
-        return json.loads(raw)
+    try:  # too large or too deep: never parsed; past zfuse's bounds: not opened
+        return load_metadata(raw, key)
+    except MetadataError as exc:
+        return {"zfuse_unparsable": str(exc)}
     except ValueError as exc:
         return {"zfuse_unparsable": f"{key} is not JSON: {exc}"}
 
@@ -348,7 +348,6 @@ def _missing_v3_field(doc: dict[str, Any]) -> bool:
 
 def _invalid_v3(doc: dict[str, Any]) -> str | None:
     """The validator's list of problems and fixes for v3 array metadata, if it has any."""
-    from zfuse.errors import MetadataError
     from zfuse.ext.validate import validate_array_metadata
 
     try:

@@ -309,7 +309,7 @@ def ome_datasets(group_attrs: dict[str, Any]) -> dict[str, dict[str, Any]] | Non
     if not multiscales or not isinstance(multiscales, list) or not isinstance(multiscales[0], dict):
         return None
     ms = multiscales[0]
-    axes = ms.get("axes") or []
+    axes = ms.get("axes") if isinstance(ms.get("axes"), list) else []  # (crafted: any JSON)
     names = [a.get("name") if isinstance(a, dict) else str(a) for a in axes]
     types = [a.get("type") if isinstance(a, dict) else None for a in axes]
     units = [a.get("unit") if isinstance(a, dict) else None for a in axes]
@@ -328,10 +328,10 @@ def ome_datasets(group_attrs: dict[str, Any]) -> dict[str, dict[str, Any]] | Non
 
 
 def _scale_of(transformations: Any) -> list[float] | None:
-    for t in transformations or []:
+    for t in transformations if isinstance(transformations, list) else []:
         if isinstance(t, dict) and t.get("type") == "scale" and isinstance(t.get("scale"), list):
             try:
                 return [float(v) for v in t["scale"]]
-            except (TypeError, ValueError):
+            except (TypeError, ValueError, OverflowError):  # (OverflowError: a 400-digit integer)
                 return None
     return None

@@ -613,7 +613,12 @@ def build_view(
         """`datasets`: OME axes and scales of the arrays that multiscales of groups above
         name, by path: a dataset may be nested (ngff-zarr's `scale0/image`)."""
         attrs = dict(group.attrs)
-        here = ome_datasets(attrs) or {}
+        try:
+            here = ome_datasets(attrs) or {}
+        except Exception as e:  # noqa: BLE001 - crafted attributes: that group shown plain, not the store refused
+            log.warning("%s: OME-Zarr multiscales not understood, shown without them: %s: %s",
+                        shown_path(path), type(e).__name__, e)
+            here = {}
         datasets = {**datasets, **{(*path, *rel.split("/")): ome for rel, ome in here.items() if rel}}
 
         def open_named(names: list[str]) -> dict[str, HierarchyNode]:

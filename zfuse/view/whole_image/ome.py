@@ -211,7 +211,8 @@ def multiscale_paths(attrs: dict[str, Any]) -> list[str] | None:
     ms = attrs.get("multiscales") if isinstance(attrs, dict) else None
     if not isinstance(ms, list) or not ms or not isinstance(ms[0], dict):
         return None
-    paths = [d.get("path") for d in ms[0].get("datasets") or [] if isinstance(d, dict)]
+    datasets = ms[0].get("datasets")
+    paths = [d.get("path") for d in datasets if isinstance(d, dict)] if isinstance(datasets, list) else []
     return [str(p) for p in paths if p] or None
 
 
