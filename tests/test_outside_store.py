@@ -179,6 +179,80 @@ def test_a_fifo_chunk_is_refused_not_waited_on(tmp_path: Path) -> None:
         store.get_local("c/0")
 
 
+def test_a_socket_is_refused_and_crafted_sizes_are_never_allocated(tmp_path: Path) -> None:
+    """A socket (open(2) says ENXIO) is refused as a FIFO is; a range a crafted index
+    gives (2**40 bytes, an offset past 2**63) is clamped to the file; a whole object
+    larger than its reader's bound (a sparse terabyte) is refused without reading."""
+    import socket
+
+    root = tmp_path / "store"
+    (root / "c").mkdir(parents=True)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(root / "c" / "sock"))
+        store = MeteredStore(AtomicLocalStore(str(root), read_only=True), Stats())
+        with pytest.raises(OutsideStoreError, match="c/sock: not a regular file"):
+            store.get_local("c/sock")
+    (root / "c" / "small").write_bytes(b"0123456789")
+    assert store.get_local("c/small", (4, 2**40)) == b"456789"
+    assert store.get_local("c/small", (2**63 + 5, 2**64)) == b""
+    with open(root / "c" / "sparse", "wb") as f:
+        f.truncate(2**40)
+    with pytest.raises(CorruptDataError, match="c/sparse: stored object of 1099511627776 bytes"):
+        store.get_local("c/sparse", max_bytes=1 << 20)
+
+
+def test_odd_chunk_files_and_sparse_terabytes_cost_nothing(tmp_path: Path) -> None:
+    """The view (no FUSE): a FIFO and a socket as chunks of a raw array fail their
+    chunk and whole-image reads at once (the whole image's passthrough opened the FIFO
+    blocking, and waited for a writer forever); a sparse terabyte as a zstd chunk is
+    refused unread, naming its key."""
+    import socket
+    import threading
+
+    root = tmp_path / "odd.zarr"
+    zarr.open_group(str(root), mode="w")
+    raw = zarr.create_array(str(root / "raw"), shape=(8, 8), chunks=(4, 4), dtype="u1",
+                            compressors=None, fill_value=0)
+    raw[...] = 1
+    zstd = zarr.create_array(str(root / "zstd"), shape=(8, 8), chunks=(4, 4), dtype="u1", fill_value=0)
+    zstd[...] = 1
+    (root / "raw" / "c" / "0" / "0").unlink()
+    os.mkfifo(root / "raw" / "c" / "0" / "0")
+    (root / "raw" / "c" / "0" / "1").unlink()
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(root / "raw" / "c" / "0" / "1"))
+        with open(root / "zstd" / "c" / "1" / "1", "wb") as f:
+            f.truncate(2**40)
+        view = make_view(MountConfig([str(root)], "/nonexistent", read_only=True))
+        arrays = dict(view.arrays())
+        for coords in ((0, 0), (0, 1)):
+            with pytest.raises(OutsideStoreError, match=f"raw/c/{coords[0]}/{coords[1]}: not a regular file"):
+                arrays[("raw",)].pixel_bytes(coords)
+        with pytest.raises(CorruptDataError, match="zstd/c/1/1: stored object of 1099511627776 bytes"):
+            arrays[("zstd",)].pixel_bytes((1, 1))
+        assert bytes(arrays[("zstd",)].pixel_bytes((0, 0))) == b"\x01" * 16
+
+        image = view.whole_images(("raw",))["image.ome.tif"]
+        size = view.entry(("raw", "image.ome.tif")).size  # type: ignore[union-attr]
+        failures: list[BaseException] = []
+
+        def read_all() -> None:
+            for offset in range(0, size, 1 << 16):
+                try:
+                    image.read(offset, 1 << 16)
+                except CorruptDataError as e:
+                    failures.append(e)
+
+        reader = threading.Thread(target=read_all, daemon=True)
+        reader.start()
+        reader.join(60)
+        if reader.is_alive():
+            with open(root / "raw" / "c" / "0" / "0", "wb"):  # (lets the blocked open go)
+                pass
+            pytest.fail("reading the whole image waited on the FIFO chunk")
+        assert failures and all("not a regular file" in str(e) for e in failures), failures
+
+
 def test_a_suffix_that_leaves_the_store_is_refused() -> None:
     from zfuse.ext.suffix import SuffixChunkKeyEncoding
 

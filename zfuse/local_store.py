@@ -34,7 +34,7 @@ from zarr.abc.store import (
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import LocalStore
 
-from zfuse.errors import OutsideStoreError
+from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.ext.chunk_keys import METADATA_NAMES
 from zfuse.workers import WorkerThreads
 
@@ -164,18 +164,27 @@ def _open_walking(root_fd: int, key: str, flags: int) -> int:
             os.close(at)
 
 
-def _read_fd(fd: int, size: int) -> bytes:
+def _read_fd(fd: int, size: int, key: str, max_bytes: int | None = None) -> bytes:
     """The whole file behind `fd`, `size` bytes as fstat said (one read in the usual
-    case: a short read of a regular file is its end; one that grew is read on)."""
+    case: a short read of a regular file is its end; one that grew is read on, up to
+    `max_bytes`)."""
     data = os.read(fd, size + 1)
     if len(data) <= size:
         return data
-    parts = [data]
+    parts, held = [data], len(data)
     while True:
         more = os.read(fd, 1 << 20)
         if not more:
             return b"".join(parts)
+        held += len(more)
+        if max_bytes is not None and held > max_bytes:
+            raise _too_large(key, held, max_bytes)
         parts.append(more)
+
+
+def _too_large(key: str, size: int, max_bytes: int) -> CorruptDataError:
+    return CorruptDataError(f"{key}: stored object of {size} bytes or more, past the {max_bytes} "
+                            "that what it holds can be stored in: not read")
 
 
 # zfuse's temporary files (`_atomic_write`): ".NAME.XXXXXXXX.tmp", XXXXXXXX from
@@ -271,14 +280,22 @@ class AtomicLocalStore(LocalStore):
         check_key(key)
         return open_beneath(self.root_fd(), key, flags)
 
-    def read_key(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes | None:
-        """A stored object's bytes (or [start, end) of them); None if absent or a directory
-        (what zarr's LocalStore answers). Not a regular file (a FIFO would block the
-        reader forever, a device is not the store's): OutsideStoreError."""
+    def read_key(self, key: str, byte_range: tuple[int, int] | None = None,
+                 max_bytes: int | None = None) -> bytes | None:
+        """A stored object's bytes (or [start, end) of them, as far as the file goes);
+        None if absent or a directory (what zarr's LocalStore answers). Not a regular
+        file (a FIFO would block the reader forever, a device is not the store's):
+        OutsideStoreError. Whole, larger than `max_bytes` (a crafted sparse file of a
+        terabyte): CorruptDataError, nothing read."""
         try:
             fd = self.open_key(key, os.O_RDONLY | os.O_NONBLOCK)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
+        except OSError as e:
+            if e.errno == errno.ENXIO:  # a socket: open(2) refuses it before fstat could say
+                raise OutsideStoreError(f"{key}: not a regular file (a FIFO, socket or device): "
+                                        "not read") from e
+            raise
         try:
             st = os.fstat(fd)
             if not stat.S_ISREG(st.st_mode):
@@ -286,9 +303,14 @@ class AtomicLocalStore(LocalStore):
                     return None
                 raise OutsideStoreError(f"{key}: not a regular file (a FIFO, socket or device): not read")
             if byte_range is None:
-                return _read_fd(fd, st.st_size)
-            start, end = byte_range
-            return os.pread(fd, end - start, start)
+                if max_bytes is not None and st.st_size > max_bytes:
+                    raise _too_large(key, st.st_size, max_bytes)
+                return _read_fd(fd, st.st_size, key, max_bytes)
+            # clamped to the file: a crafted shard index's 2**40-byte piece is not allocated
+            # (its reader finds it short), nor is an offset past 2**63 passed to pread
+            start = max(0, byte_range[0])
+            length = min(byte_range[1], st.st_size) - start
+            return os.pread(fd, length, start) if length > 0 else b""
         finally:
             os.close(fd)
 

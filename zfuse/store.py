@@ -419,15 +419,17 @@ class MeteredStore(WrapperStore[Store]):
         stored files inside the store only)."""
         return self._store if type(self._store) is AtomicLocalStore else None
 
-    def get_local(self, key: str, byte_range: tuple[int, int] | None = None) -> bytes | None:
+    def get_local(self, key: str, byte_range: tuple[int, int] | None = None,
+                  max_bytes: int | None = None) -> bytes | None:
         """`get` of a local store, synchronously, counted the same way. The calling
         worker thread reads the file itself: `get` would hop onto zarr's event
         loop and from there to its executor, three thread switches per chunk.
-        (A local read is not bounded by `timeout`; there is no server to hang.)"""
+        (A local read is not bounded by `timeout`; there is no server to hang.)
+        `max_bytes`: see `AtomicLocalStore.read_key`."""
         assert isinstance(self._store, AtomicLocalStore)
         kind = key_kind(key)
         self.stats.count(f"store_get_{kind}{'_ranged' if byte_range is not None else ''}")
-        result = self._store.read_key(key, byte_range)
+        result = self._store.read_key(key, byte_range, max_bytes)
         if result is not None:
             self.stats.count(f"store_bytes_{kind}", len(result))
         return result

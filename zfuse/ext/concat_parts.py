@@ -155,12 +155,21 @@ class ConcatPartsIO(ChunkIO):
             )
 
     def _check_size(self, key: str, i: int, data: bytes, expected: int) -> None:
+        """`data`: the part read as `_sized` asks (one byte past its size, if there is one)."""
         if len(data) != expected:
             part = self.config.parts[i]
+            held = f"more than {expected}" if len(data) > expected else str(len(data))
             raise CorruptDataError(
-                f"concat-parts: part {self.full_key(self._pk(key, part))!r} holds {len(data)} bytes, "
+                f"concat-parts: part {self.full_key(self._pk(key, part))!r} holds {held} bytes, "
                 f"expected {expected}"
             )
+
+    @staticmethod
+    def _sized(size: int | None) -> ByteRequest | None:
+        """How a part read whole is asked for: a sized part to one byte past its size, so
+        that a part far longer than it should be (a crafted 3 GB `.crc32c`) is found
+        wrong without being read; the unsized part whole."""
+        return None if size is None else RangeByteRequest(0, size + 1)
 
     # -- read ------------------------------------------------------------------------
 
@@ -197,7 +206,7 @@ class ConcatPartsIO(ChunkIO):
 
     async def _get_whole(self, key: str) -> bytes | None:
         parts = self.config.parts
-        values = await asyncio.gather(*(self.inner.get(self._pk(key, p)) for p in parts))
+        values = await asyncio.gather(*(self.inner.get(self._pk(key, p), self._sized(p.size)) for p in parts))
         got = dict(enumerate(values))
         if all(v is None for v in values):
             return None
@@ -238,7 +247,7 @@ class ConcatPartsIO(ChunkIO):
             lo, hi = requests[i]
             size = parts[i].size
             if lo == 0 and size is not None and hi == size:
-                data = await self.inner.get(self._pk(key, parts[i]))
+                data = await self.inner.get(self._pk(key, parts[i]), self._sized(size))
                 if data is not None:
                     self._check_size(key, i, data, size)
                 return data

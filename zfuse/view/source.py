@@ -25,6 +25,7 @@ state of their own are modules of their own, each held by the source:
 
 from __future__ import annotations
 
+import errno
 import functools
 import math
 import os
@@ -685,6 +686,12 @@ class ZarrChunkSource(ChunkSource):
     def _chunk_nbytes(self) -> int:
         return math.prod(self.chunk_shape) * np.dtype(self.dtype).itemsize
 
+    @functools.cached_property
+    def _stored_max(self) -> int:
+        """Bytes a stored (inner) chunk is read up to: twice its values and a MiB, far past
+        what any codec's framing adds; a crafted terabyte-sized file is refused unread."""
+        return 2 * self._chunk_nbytes + (1 << 20)
+
     def _decode_v2_bounded(self, buf: Any) -> np.ndarray | None:
         """A v2 chunk (C order, no filters) whose compressor zfuse bounds, decoded as
         zarr's V2Codec does (decompress, view as the dtype, reshape) with the output
@@ -861,7 +868,18 @@ class ZarrChunkSource(ChunkSource):
         files = self._local_files()
         if files is None:
             raise OutsideStoreError(f"{self.name}: chunk {coords} is not in a local store")
-        return int(files.open_key(self._storage_key(coords), flags))
+        key = self._storage_key(coords)
+        try:  # non-blocking: opening a FIFO would wait for a writer forever
+            fd = int(files.open_key(key, flags | os.O_NONBLOCK))
+        except OSError as e:
+            if e.errno != errno.ENXIO:
+                raise
+            fd = -1  # (a socket: open(2) refuses it)
+        if fd < 0 or not stat_mod.S_ISREG(os.fstat(fd).st_mode):
+            if fd >= 0:
+                os.close(fd)
+            raise OutsideStoreError(f"{key}: not a regular file (a FIFO, socket, device or directory): not read")
+        return fd
 
     def raw_chunk_path(self, coords: Coords) -> str | None:
         """The local file whose bytes are chunk `coords`'s values exactly as a chunk file
@@ -962,7 +980,7 @@ class ZarrChunkSource(ChunkSource):
         proto = default_buffer_prototype()
         if self.sharding is None:
             key = self._storage_key(coords)
-            data = local.get_local(key)
+            data = local.get_local(key, max_bytes=self._stored_max)
             if data is None:
                 if must_exist:
                     raise self._vanished(key)
@@ -978,8 +996,12 @@ class ZarrChunkSource(ChunkSource):
             if must_exist:
                 raise self._vanished(f"{key} (inner chunk {coords})")
             return None
-        data = local.get_local(key, byte_slice)
         start, end = byte_slice
+        if end - start > self._stored_max:
+            self._indexes.forget(shard)
+            raise CorruptDataError(f"{key}: inner chunk {coords} is {end - start} bytes in the shard's "
+                                   f"index, past the {self._stored_max} it can be stored in")
+        data = local.get_local(key, byte_slice)
         if data is None or len(data) != end - start:
             self._indexes.forget(shard)
             raise CorruptDataError(f"{key}: inner chunk {coords} lies outside the stored shard")
