@@ -94,3 +94,64 @@ def test_other_codecs_decode_as_zarr_does_and_are_checked_after() -> None:
     assert bounded(object(), b"", 10, lambda: b"12345") == b"12345"
     with pytest.raises(CorruptDataError):
         bounded(object(), b"", 4, lambda: b"12345")
+
+
+@pytest.mark.parametrize(("codecs", "stream"), [
+    pytest.param([{"name": "bytes"}, {"name": "numcodecs.zlib", "configuration": {"level": 1}}],
+                 STREAMS["zlib"], id="numcodecs.zlib"),
+    pytest.param([{"name": "bytes"}, {"name": "numcodecs.bz2", "configuration": {"level": 1}}],
+                 STREAMS["bz2"], id="numcodecs.bz2"),
+    pytest.param([{"name": "transpose", "configuration": {"order": [1, 0]}}, {"name": "bytes"},
+                  {"name": "zstd", "configuration": {"level": 1}}], STREAMS["zstd"], id="transpose+zstd"),
+    pytest.param([{"name": "transpose", "configuration": {"order": [1, 0]}}, {"name": "bytes"},
+                  {"name": "numcodecs.zlib", "configuration": {"level": 1}}, {"name": "crc32c"}],
+                 lambda b: _with_crc32c(STREAMS["zlib"](b)), id="transpose+zlib+crc32c"),
+])
+def test_v3_codecs_without_a_synchronous_decode_are_bounded_too(tmp_path, codecs, stream, monkeypatch) -> None:
+    """A v3 array whose codecs zarr-python decodes only asynchronously (numcodecs'
+    wrappers, a leading transpose): each bytes->bytes stage is still bounded by the
+    chunk's size, and a refused chunk is decoded once (not again, as a chunk of parts
+    written one by one would be); an honest chunk of the same array reads its values."""
+    import json
+
+    import zfuse.view.bounded_decode as bounded_decode
+
+    decodes: list[int] = []
+    original = bounded_decode.bounded
+
+    def counted(codec, data, limit, decode):
+        decodes.append(len(data))
+        return original(codec, data, limit, decode)
+
+    monkeypatch.setattr(bounded_decode, "bounded", counted)
+
+    from zfuse.daemon import MountConfig
+    from zfuse.open_view import make_view
+
+    root = tmp_path / "a.zarr"
+    (root / "c" / "0").mkdir(parents=True)
+    (root / "zarr.json").write_text(json.dumps({
+        "zarr_format": 3, "node_type": "array", "shape": [256, 512], "data_type": "uint8",
+        "chunk_grid": {"name": "regular", "configuration": {"chunk_shape": [128, 512]}},
+        "chunk_key_encoding": {"name": "default", "configuration": {"separator": "/"}},
+        "fill_value": 0, "codecs": codecs, "attributes": {}}))
+    values = np.frombuffer(HONEST, np.uint8).reshape(128, 512)
+    stored = np.ascontiguousarray(values.T) if codecs[0]["name"] == "transpose" else values
+    (root / "c" / "0" / "0").write_bytes(stream(stored.tobytes()))
+    (root / "c" / "1").mkdir()
+    (root / "c" / "1" / "0").write_bytes(stream(bytes(BIG)))
+    view = make_view(MountConfig([str(root)], "/nonexistent", read_only=True))
+    array = dict(view.arrays())[()]
+    assert bytes(array.pixel_bytes((0, 0))) == values.tobytes()
+    decodes.clear()
+    with pytest.raises(CorruptDataError, match="decompress"):
+        array.pixel_bytes((1, 0))
+    assert len(decodes) == 1 + (codecs[-1]["name"] == "crc32c"), decodes
+
+
+def _with_crc32c(data: bytes) -> bytes:
+    import struct
+
+    import google_crc32c
+
+    return data + struct.pack("<I", google_crc32c.value(data))

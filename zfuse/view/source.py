@@ -395,6 +395,27 @@ def _collect(aiter: Any) -> list[Any]:
 _NOT_LOCAL: Any = object()
 
 
+
+def _decode_bytes_stages(bytes_codecs: Sequence[Any], buf: Any, spec: Any, nbytes: int) -> Any:
+    """A stored chunk through its bytes->bytes codecs, last first, in this thread, each
+    stage's output bounded (bounded_decode): the one feeding the array->bytes codec by
+    the `nbytes` it decodes from, the others by their input and `nbytes`. A codec without
+    a synchronous decode (numcodecs' wrappers) runs on zarr's event loop."""
+    for i, codec in enumerate(reversed(bytes_codecs)):
+        limit = nbytes if i == len(bytes_codecs) - 1 else len(buf) + nbytes + 65536
+        if zarr_private.can_decode_sync(codec):
+            decode = functools.partial(zarr_private.decode_sync, codec, buf, spec)
+        else:
+            decode = functools.partial(_decode_on_loop, codec, buf, spec)
+        out = bounded_decode.bounded(codec, buf.as_numpy_array(), limit, decode)
+        buf = spec.prototype.buffer.from_bytes(out) if isinstance(out, (bytes, bytearray)) else out
+    return buf
+
+
+def _decode_on_loop(codec: Any, buf: Any, spec: Any) -> Any:
+    (out,) = sync(codec.decode([(buf, spec)]))
+    return out
+
 class ZarrChunkSource(ChunkSource):
     """A zarr-python array (v2 or v3, any codecs, optionally sharded)."""
 
@@ -624,11 +645,15 @@ class ZarrChunkSource(ChunkSource):
     def read_chunk(self, coords: Coords, must_exist: bool = False) -> np.ndarray:
         try:
             return self._read_chunk_once(coords, must_exist)
-        except Exception:
+        except CorruptDataError:
             # A chunk stored as several objects (concat-parts) is written one object
-            # at a time: a read between the two sees parts that disagree. Wait for a
-            # write in flight on this storage object and read once more; real
-            # corruption fails again and is reported.
+            # at a time: a read between the two sees parts that disagree; a shard's
+            # index read before a rewrite of the shard points past its new bytes
+            # (forgotten: read again). Wait for a write in flight on this storage
+            # object and read once more; real corruption fails again and is reported.
+            # Any other chunk is not read twice (a bomb would cost its decoding twice).
+            if self.sharding is None and not self._has_transformers():
+                raise
             with self._lock_for(coords):
                 pass
             return self._read_chunk_once(coords, must_exist)
@@ -658,29 +683,56 @@ class ZarrChunkSource(ChunkSource):
             values = self._decode_v2_bounded(buf)
             if values is not None:
                 return values
-            pipeline = (self.sharding or self.array.async_array).codec_pipeline
-            (decoded,) = sync(pipeline.decode([(buf, spec)]))
+            staged = self._staged_codecs
+            if staged is not None:
+                # the bytes->bytes stages one by one, each bounded, then zarr's pipeline for
+                # the rest: numcodecs' wrappers (numcodecs.zlib, .bz2, ...) and a leading
+                # transpose have no synchronous decode, and zarr's pipeline bounds nothing
+                front, bytes_codecs, bytes_spec, bytes_nbytes = staged
+                buf = _decode_bytes_stages(bytes_codecs, buf, bytes_spec, bytes_nbytes)
+                (decoded,) = sync(front.decode([(buf, spec)]))
+            else:  # (nested sharding, v2 filters: zarr's pipeline decodes the whole chunk)
+                pipeline = (self.sharding or self.array.async_array).codec_pipeline
+                (decoded,) = sync(pipeline.decode([(buf, spec)]))
             if decoded is None:
                 return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
         else:
             # decoding in this worker thread with the codecs' synchronous methods:
             # zarr's pipeline would hop to a thread per codec, and would hold
-            # its event loop, which serves every other read. Each stage's output is
-            # bounded (bounded_decode): the one feeding the serializer by the chunk's
-            # size, the others by their input and the chunk's size.
+            # its event loop, which serves every other read.
             serializer, bytes_codecs = codecs
-            for i, codec in enumerate(reversed(bytes_codecs)):
-                limit = nbytes if i == len(bytes_codecs) - 1 else len(buf) + nbytes + 65536
-                out = bounded_decode.bounded(
-                    codec, buf.as_numpy_array(), limit,
-                    functools.partial(zarr_private.decode_sync, codec, buf, spec))
-                buf = spec.prototype.buffer.from_bytes(out) if isinstance(out, (bytes, bytearray)) else out
+            buf = _decode_bytes_stages(bytes_codecs, buf, spec, nbytes)
             decoded = zarr_private.decode_sync(serializer, buf, spec)
         values = np.asarray(decoded.as_numpy_array())
         if values.size != math.prod(self.chunk_shape):
             raise CorruptDataError(f"the stored chunk decodes to {values.size} values, "
                                    f"the chunk holds {math.prod(self.chunk_shape)}")
         return values.reshape(self.chunk_shape)
+
+    @functools.cached_property
+    def _staged_codecs(self) -> tuple[Any, list[Any], Any, int] | None:
+        """For v3 codecs `_sync_codecs` cannot decode: (zarr's pipeline of the
+        array->array codecs and the array->bytes one, the bytes->bytes codecs, the spec
+        those see, the bytes they must decode to); None where the array->bytes codec is
+        itself sharding (nested shards) or the codecs are not in that order."""
+        if self.zarr_format != 3:
+            return None
+        from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec
+        from zarr.codecs.sharding import ShardingCodec
+        from zarr.core.codec_pipeline import BatchedCodecPipeline
+
+        codecs = list(self.sharding.codecs if self.sharding is not None else self.array.metadata.codecs)
+        split = next((i for i, c in enumerate(codecs) if isinstance(c, ArrayBytesCodec)), None)
+        if split is None or isinstance(codecs[split], ShardingCodec):
+            return None
+        if not all(isinstance(c, ArrayArrayCodec) for c in codecs[:split]) or \
+                not all(isinstance(c, BytesBytesCodec) for c in codecs[split + 1:]):
+            return None
+        spec = self._chunk_spec
+        for codec in codecs[:split + 1]:  # (as zarr's pipeline resolves them)
+            spec = codec.resolve_metadata(spec)
+        nbytes = math.prod(spec.shape) * spec.dtype.to_native_dtype().itemsize
+        return BatchedCodecPipeline.from_codecs(codecs[:split + 1]), codecs[split + 1:], spec, nbytes
 
     @functools.cached_property
     def _chunk_nbytes(self) -> int:
