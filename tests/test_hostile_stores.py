@@ -117,6 +117,19 @@ def bounds_store(root: Path) -> Path:
         {"zarr_format": 2, "shape": [8], "chunks": [8], "dtype": "<u2", "compressor": None,
          "fill_value": 0, "filters": None, "order": "C"}))
     (root / "v2attrlist" / ".zattrs").write_text("[1, 2]")
+    _array(root, "bigshard", [2**20, 2**20], [2**20, 2**20], "uint8")
+    doc = json.loads((root / "bigshard" / "zarr.json").read_text())
+    doc["codecs"] = [{"name": "sharding_indexed", "configuration": {
+        "chunk_shape": [1, 1], "codecs": [{"name": "bytes"}],
+        "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}]
+    (root / "bigshard" / "zarr.json").write_text(json.dumps(doc))
+    (root / "bigshard" / "c" / "0").mkdir(parents=True)
+    (root / "bigshard" / "c" / "0" / "0").write_bytes(random.Random(0).randbytes(100))
+    _array(root, "v1big", [4096, 4096], [1, 1], "uint8")
+    doc = json.loads((root / "v1big" / "zarr.json").read_text())
+    doc["storage_transformers"] = [{"name": "https://purl.org/zarr/spec/storage_transformers/sharding/1.0",
+                                    "type": "indexed", "configuration": {"chunks_per_shard": [4096, 4096]}}]
+    (root / "v1big" / "zarr.json").write_text(json.dumps(doc))
     crafted = {"axes5": {"axes": 5}, "ct7": {"coordinateTransformations": 7},
                "datasets5": {"datasets": 5},
                "huge_scale": {"datasets": [{"path": "0", "coordinateTransformations": [
@@ -267,6 +280,10 @@ def test_metadata_past_zfuse_bounds_hides_only_its_member(tmp_path: Path) -> Non
     assert "is 1500000000 bytes: zfuse reads elements of at most" in why["void"]
     assert "is 1500000000 bytes" in why["record"]
     assert "v2attrlist/.zattrs holds a JSON list" in why["v2attrlist"]
+    # a shard of 2**40 inner chunks (a 16 TiB index) listed 2**20 row directories, each
+    # failing; a sharding-v1 index of 256 MiB was read for every chunk read
+    assert "each shard's index is 17592186044416 bytes, more than the shard index cache" in why["bigshard"]
+    assert "an index of 268435456 bytes, read for every chunk" in why["v1big"]
     shown = {a["path"] for a in report["arrays"] if a["shown"]}
     assert {"good", "axes5/0", "ct7/0", "datasets5/0", "huge_scale/0"} <= shown
     view = make_view(MountConfig([str(store)], "/unused", read_only=True), Stats())

@@ -59,6 +59,8 @@ __all__ = [
 
 SHARDING_V1_URI = "https://purl.org/zarr/spec/storage_transformers/sharding/1.0"
 EMPTY = 2**64 - 1
+#: bytes of one shard's index at most (16 per chunk: 1M chunks per shard)
+MAX_INDEX_BYTES = 16 * 2**20
 
 
 def parse_sharding_v1(
@@ -85,6 +87,13 @@ def parse_sharding_v1(
             f"{field}.configuration.chunks_per_shard: has {len(cps)} entries but the array has "
             f"{rank} dimensions"
         )
+    n = math.prod(cps)
+    if 16 * n > MAX_INDEX_BYTES:
+        # every read of a chunk reads its shard's index whole (none is kept)
+        raise MetadataError(
+            f"{field}.configuration.chunks_per_shard: {n} chunks per shard make an index of "
+            f"{16 * n} bytes, read for every chunk; zfuse reads indexes of at most {MAX_INDEX_BYTES}"
+        )
     return tuple(cps)
 
 
@@ -110,25 +119,28 @@ def parse_index(raw: bytes, n: int, *, key: str, data_len: int | None = None) ->
         )
     used = np.flatnonzero(~empty_o)
     if used.size:
-        o = offsets[used].astype(object)  # python ints: offset + nbytes may overflow uint64
-        s = sizes[used].astype(object)
-        ends = o + s
-        limit = data_len if data_len is not None else 2**63
-        bad = [int(used[j]) for j in range(used.size) if ends[j] > limit]
-        if bad:
+        # in numpy, without Python ints per entry (a 64 MiB index is 4M entries):
+        # offset + nbytes may overflow uint64, so the bound is checked as a difference
+        o, n_ = offsets[used], sizes[used]
+        limit = np.uint64(data_len if data_len is not None else 2**63)
+        outside = (n_ > limit) | (o > limit - np.minimum(n_, limit))
+        if outside.any():
+            j = int(np.flatnonzero(outside)[0])
             where = f"the {data_len} data bytes" if data_len is not None else "any possible shard"
             raise CorruptDataError(
-                f"sharding v1: shard {key!r} index entry {bad[0]} "
-                f"(offset {int(offsets[bad[0]])}, nbytes {int(sizes[bad[0]])}) lies outside {where}"
+                f"sharding v1: shard {key!r} index entry {int(used[j])} "
+                f"(offset {int(o[j])}, nbytes {int(n_[j])}) lies outside {where}"
             )
-        # Sorted by offset, any overlap shows between neighbours (zero-length entries can't overlap).
-        nz = [j for j in range(used.size) if s[j] > 0]
-        nz.sort(key=lambda j: o[j])
-        for a, b in zip(nz[:-1], nz[1:], strict=True):
-            if ends[a] > o[b]:
-                raise CorruptDataError(
-                    f"sharding v1: shard {key!r} index entries {int(used[a])} and {int(used[b])} overlap"
-                )
+        # Sorted by offset, any overlap shows between neighbours (zero-length entries can't
+        # overlap); every end is within the limit now, so o + n does not overflow
+        nz = np.flatnonzero(n_ > 0)
+        nz = nz[np.argsort(o[nz], kind="stable")]
+        overlaps = np.flatnonzero((o[nz] + n_[nz])[:-1] > o[nz][1:])
+        if overlaps.size:
+            a, b = nz[overlaps[0]], nz[overlaps[0] + 1]
+            raise CorruptDataError(
+                f"sharding v1: shard {key!r} index entries {int(used[a])} and {int(used[b])} overlap"
+            )
     return index
 
 

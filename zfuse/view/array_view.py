@@ -355,6 +355,15 @@ class ArrayView:
         self.unsupported: str | None = tiff_unsupported_reason(source.dtype)
         if self.unsupported is None:
             self.unsupported = chunk_file_unsupported_reason(source.chunk_shape, source.dtype)
+        index_nbytes = source.shard_index_nbytes()
+        index_max = max(options.shard_index_cache_bytes, defaults.INDEX_CACHE_BYTES)
+        if self.unsupported is None and index_nbytes is not None and index_nbytes > index_max:
+            # never kept: every listing and read of a shard would read its index whole again
+            # (a crafted 100-byte shard of 2**40 inner chunks: an index of 16 TiB). A smaller
+            # cache than the default hides nothing: it only keeps fewer indexes.
+            self.unsupported = (f"each shard's index is {index_nbytes} bytes, more than the shard index "
+                                f"cache holds ({index_max} bytes; mount with -o index_cache_size=SIZE "
+                                "to show it)")
         self.layout: TiffLayout | None = None
         if self.unsupported is None:
             ome = ome or {}

@@ -270,6 +270,10 @@ class ChunkSource(ABC):
         """False when `raw_chunk_path` is None for every chunk, as known from memory."""
         return False
 
+    def shard_index_nbytes(self) -> int | None:
+        """Bytes of one shard's index (sharding_indexed), None when not sharded."""
+        return None
+
     # -- stored bytes: what a source can say of its chunks as they are stored. Every
     # source answers (these defaults: nothing known), so callers never probe with
     # getattr; `ZarrChunkSource` answers where its store allows.
@@ -947,6 +951,11 @@ class ZarrChunkSource(ChunkSource):
 
     def may_store_raw(self) -> bool:
         return self._raw_stored
+
+    def shard_index_nbytes(self) -> int | None:
+        if self.sharding is None:
+            return None
+        return 16 * math.prod(self.chunks_per_shard)  # (and a checksum, 4 bytes, or none)
 
     @functools.cached_property
     def _raw_stored(self) -> bool:
