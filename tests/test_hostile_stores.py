@@ -125,6 +125,15 @@ def bounds_store(root: Path) -> Path:
     (root / "bigshard" / "zarr.json").write_text(json.dumps(doc))
     (root / "bigshard" / "c" / "0").mkdir(parents=True)
     (root / "bigshard" / "c" / "0" / "0").write_bytes(random.Random(0).randbytes(100))
+    _array(root, "badshard", [16, 16], [8, 8], "uint8")
+    doc = json.loads((root / "badshard" / "zarr.json").read_text())
+    doc["chunk_grid"]["configuration"]["chunk_shape"] = [16, 16]
+    doc["codecs"] = [{"name": "sharding_indexed", "configuration": {
+        "chunk_shape": [8, 8], "codecs": [{"name": "bytes"}],
+        "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}]
+    (root / "badshard" / "zarr.json").write_text(json.dumps(doc))
+    (root / "badshard" / "c" / "0").mkdir(parents=True)
+    (root / "badshard" / "c" / "0" / "0").write_bytes(random.Random(1).randbytes(300))
     _array(root, "v1big", [4096, 4096], [1, 1], "uint8")
     doc = json.loads((root / "v1big" / "zarr.json").read_text())
     doc["storage_transformers"] = [{"name": "https://purl.org/zarr/spec/storage_transformers/sharding/1.0",
@@ -284,6 +293,9 @@ def test_metadata_past_zfuse_bounds_hides_only_its_member(tmp_path: Path) -> Non
     # failing; a sharding-v1 index of 256 MiB was read for every chunk read
     assert "each shard's index is 17592186044416 bytes, more than the shard index cache" in why["bigshard"]
     assert "an index of 268435456 bytes, read for every chunk" in why["v1big"]
+    # one corrupt shard index costs that array's count of chunk files, not the report
+    bad = next(a for a in report["arrays"] if a["path"] == "badshard")
+    assert bad["files"] is None and "unreadable shard index" in bad["files_error"]
     shown = {a["path"] for a in report["arrays"] if a["shown"]}
     assert {"good", "axes5/0", "ct7/0", "datasets5/0", "huge_scale/0"} <= shown
     view = make_view(MountConfig([str(store)], "/unused", read_only=True), Stats())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from zfuse.errors import ZfuseError
 from zfuse.open_view import make_view
 
 if TYPE_CHECKING:
@@ -36,7 +37,10 @@ def describe_source(config: MountConfig) -> dict[str, Any]:
             item["tiff_header_bytes"] = arr.layout.header_size
             item["tiff_file_bytes"] = arr.layout.file_size
             item["bigtiff"] = arr.layout.bigtiff
-            item["files"] = arr.count_files()
+            try:
+                item["files"] = arr.count_files()
+            except (ZfuseError, OSError) as e:  # (one corrupt shard index: that array's count, not the report)
+                item["files"], item["files_error"] = None, f"{type(e).__name__}: {e}"
         concat = getattr(src, "array", None)
         if concat is not None and hasattr(concat, "straddling_chunks"):
             from zfuse.ext.concat import describe
@@ -79,7 +83,9 @@ def format_report(report: dict[str, Any]) -> str:
         if a["shown"]:
             lines.append(
                 f"  TIFF: header {a['tiff_header_bytes']} B, file {a['tiff_file_bytes']} B"
-                f"{' (BigTIFF)' if a['bigtiff'] else ''}, {a['files']} chunk files"
+                f"{' (BigTIFF)' if a['bigtiff'] else ''}, "
+                + (f"{a['files']} chunk files" if a["files"] is not None
+                   else f"chunk files not counted: {a['files_error']}")
             )
         else:
             lines.append(f"  not shown as TIFF: {a['why_not']}")
