@@ -125,6 +125,9 @@ def bounds_store(root: Path) -> Path:
     (root / "bigshard" / "zarr.json").write_text(json.dumps(doc))
     (root / "bigshard" / "c" / "0").mkdir(parents=True)
     (root / "bigshard" / "c" / "0" / "0").write_bytes(random.Random(0).randbytes(100))
+    (root / ".zfuse").mkdir()
+    (root / ".zfuse" / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group"}))
+    _array(root / ".zfuse", "stats", [8], [8])
     _array(root, "badshard", [16, 16], [8, 8], "uint8")
     doc = json.loads((root / "badshard" / "zarr.json").read_text())
     doc["chunk_grid"]["configuration"]["chunk_shape"] = [16, 16]
@@ -298,7 +301,10 @@ def test_metadata_past_zfuse_bounds_hides_only_its_member(tmp_path: Path) -> Non
     assert bad["files"] is None and "unreadable shard index" in bad["files_error"]
     shown = {a["path"] for a in report["arrays"] if a["shown"]}
     assert {"good", "axes5/0", "ct7/0", "datasets5/0", "huge_scale/0"} <= shown
+    # a member named as the mount's own directory was merged into it (`stats` listed twice)
+    assert not any(a["path"].startswith(".zfuse") for a in report["arrays"])
     view = make_view(MountConfig([str(store)], "/unused", read_only=True), Stats())
+    assert ".zfuse" not in [name for name, _ in view.list_dir(())]
     for name in ("axes5", "ct7", "datasets5", "huge_scale"):
         assert view.entry((name, "0", "image.ome.tif")) is not None, name
     assert view.entry(("void", "README")) is not None

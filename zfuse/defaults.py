@@ -30,3 +30,6 @@ REMOTE_TIMEOUT = 20.0
 # honours conditional writes (removed after): never a member of the hierarchy, even
 # when a listing made meanwhile sees it
 CONDITIONS_PROBE_PREFIX = ".zfuse-conditions-probe-"
+#: the daemon's own directory at the mount's root (stats, errors); a store member of that
+#: name is not shown
+CONTROL_DIR_NAME = ".zfuse"

@@ -18,11 +18,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from zfuse import defaults
 from zfuse.fs.types import Path
 from zfuse.stats import Stats
 from zfuse.view.tree import Entry, Node
 
-SPECIAL_DIR = ".zfuse"
+SPECIAL_DIR = defaults.CONTROL_DIR_NAME
 STATS_FILE, ERRORS_FILE = "stats", "errors"
 MOUNT_FILE = "mount"  # the daemon's pid, sources, reloads, log (JSON; read by zfuse status/reload)
 ERRORS_KEPT = 500

@@ -161,6 +161,11 @@ async def _member_names(group: Any) -> list[str]:
         log.warning("group %r: %d member name(s) that are no file name not shown, e.g. %r",
                     store_path.path or "/", len(bad), bad[0])
         names = [n for n in names if _is_file_name(n)]
+    if not store_path.path and defaults.CONTROL_DIR_NAME in names:
+        # the mount's own directory is there: the member would be merged into it
+        log.warning("member %r of the root group not shown: the name of zfuse's own directory",
+                    defaults.CONTROL_DIR_NAME)
+        names.remove(defaults.CONTROL_DIR_NAME)
     return sorted(names)
 
 
