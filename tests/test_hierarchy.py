@@ -621,7 +621,7 @@ def test_a_multiscale_of_ten_thousand_datasets_opens_the_first_64_together(
     assert calls[0][:3] == ["0", "1", "x0"]
     assert view.entry(("pyramid.ome.tif",)) is None  # (levels missing: `zfuse info` says which)
     assert view.images_not_shown == {"/": f"no pyramid.ome.tif: multiscale dataset 'x0/y' is not an array "
-                                          f"with chunk files here (and {MULTISCALE_LEVELS_MAX - 3} more)"}
+                                          f"with chunk files and pixels here (and {MULTISCALE_LEVELS_MAX - 3} more)"}
     assert view.entry(("0", "image.ome.tif")) is not None and view.entry(("0", "c", "0", "0.tiff")) is not None
 
 

@@ -142,6 +142,14 @@ def bounds_store(root: Path) -> Path:
     doc["storage_transformers"] = [{"name": "https://purl.org/zarr/spec/storage_transformers/sharding/1.0",
                                     "type": "indexed", "configuration": {"chunks_per_shard": [4096, 4096]}}]
     (root / "v1big" / "zarr.json").write_text(json.dumps(doc))
+    _array(root, "empty", [0, 16], [8, 8])
+    (root / "pyr").mkdir()
+    (root / "pyr" / "zarr.json").write_text(json.dumps(
+        {"zarr_format": 3, "node_type": "group", "attributes": {"ome": {
+            "version": "0.5", "multiscales": [{"axes": [{"name": "y"}, {"name": "x"}],
+                                               "datasets": [{"path": "0"}, {"path": "1"}]}]}}}))
+    _array(root / "pyr", "0", [2, 2], [2, 2])
+    _array(root / "pyr", "1", [0, 0], [2, 2])
     crafted = {"axes5": {"axes": 5}, "ct7": {"coordinateTransformations": 7},
                "datasets5": {"datasets": 5},
                "huge_scale": {"datasets": [{"path": "0", "coordinateTransformations": [
@@ -301,6 +309,11 @@ def test_metadata_past_zfuse_bounds_hides_only_its_member(tmp_path: Path) -> Non
     assert bad["files"] is None and "unreadable shard index" in bad["files_error"]
     shown = {a["path"] for a in report["arrays"] if a["shown"]}
     assert {"good", "axes5/0", "ct7/0", "datasets5/0", "huge_scale/0"} <= shown
+    # an empty array had an image.ome.tif 0 pixels wide (tifffile divides by it)
+    no_image = {f["path"]: f["reason"] for f in report["whole_image_files_not_shown"]}
+    assert "the array is empty (shape (0, 16))" in no_image["empty"]
+    assert "multiscale dataset '1' is not an array with chunk files and pixels here" in no_image["pyr"]
+    assert {"empty", "pyr", "pyr/1"}.isdisjoint(f["path"] for f in report["whole_image_files"])
     # a member named as the mount's own directory was merged into it (`stats` listed twice)
     assert not any(a["path"].startswith(".zfuse") for a in report["arrays"])
     view = make_view(MountConfig([str(store)], "/unused", read_only=True), Stats())

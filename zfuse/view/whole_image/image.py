@@ -501,7 +501,11 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
     label = "/".join(path) or "/"
     out: dict[str, WholeImage | StrippedImage] = {}
     try:
-        if node.array is not None and node.array.layout is not None:
+        if node.array is not None and node.array.layout is not None and 0 in node.array.source.shape:
+            # no TIFF has an image 0 pixels wide (tifffile divides by it), nor a level of one
+            if not_shown is not None:
+                not_shown[label] = f"no whole-image file: the array is empty (shape {tuple(node.array.source.shape)})"
+        elif node.array is not None and node.array.layout is not None:
             attrs = _node_attrs(parent) if parent is not None and path else {}
             # the array's own OME axes: the multiscale naming it may be further up
             # (ngff-zarr's scale0/image)
@@ -522,11 +526,12 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
             attrs = _node_attrs(node)
             paths = pyramid_dataset_paths(node)  # (at most MULTISCALE_LEVELS_MAX: a crafted list of thousands)
             arrays = [_descend(node, p) for p in paths]
-            missing = [p for p, a in zip(paths, arrays, strict=True) if a is None or a.layout is None]
+            missing = [p for p, a in zip(paths, arrays, strict=True)
+                       if a is None or a.layout is None or 0 in a.source.shape]
             if missing and not_shown is not None:
                 # (`zfuse info` says why a multiscale group has no pyramid file)
                 not_shown[label] = (f"no {PYRAMID_NAME}: multiscale dataset {missing[0]!r} is not an array "
-                                    "with chunk files here" + (f" (and {len(missing) - 1} more)" if missing[1:] else ""))
+                                    "with chunk files and pixels here" + (f" (and {len(missing) - 1} more)" if missing[1:] else ""))
                 log.info("%s: %s", label, not_shown[label])
             if arrays and not missing:
                 levels = pyramid_levels(arrays, label)  # type: ignore[arg-type]
