@@ -253,6 +253,26 @@ def test_odd_chunk_files_and_sparse_terabytes_cost_nothing(tmp_path: Path) -> No
         assert failures and all("not a regular file" in str(e) for e in failures), failures
 
 
+def test_links_to_a_directory_above_are_not_listed(tmp_path: Path) -> None:
+    """Two links to the store's root (`a -> .`, `b -> .`) made a hierarchy doubling at
+    every level, 2**64 directories at the depth shown, that `find` never finished; a
+    link to the group it is in, or to one above, is not listed. A link to a sibling
+    (no cycle) still is."""
+    root = tmp_path / "cycles.zarr"
+    zarr.open_group(str(root), mode="w")
+    zarr.create_array(str(root / "g" / "arr"), shape=(4,), chunks=(4,), dtype="u1", fill_value=0)
+    zarr.create_array(str(root / "other"), shape=(4,), chunks=(4,), dtype="u1", fill_value=0)
+    (root / "a").symlink_to(".")
+    (root / "b").symlink_to(root)
+    (root / "g" / "up").symlink_to("..")
+    (root / "g" / "self").symlink_to(".")
+    (root / "g" / "sibling").symlink_to("../other")
+    view = make_view(MountConfig([str(root)], "/nonexistent", read_only=True))
+    assert sorted(name for name, _ in view.list_dir(())) == ["g", "other", "zarr.json"]
+    assert sorted(name for name, _ in view.list_dir(("g",))) == ["arr", "sibling", "zarr.json"]
+    assert ("g", "sibling") in dict(view.arrays())
+
+
 def test_a_suffix_that_leaves_the_store_is_refused() -> None:
     from zfuse.ext.suffix import SuffixChunkKeyEncoding
 

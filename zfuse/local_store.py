@@ -513,8 +513,11 @@ class AtomicLocalStore(LocalStore):
             entries = await asyncio.to_thread(os.scandir, fd)
             try:
                 while True:
-                    names = await asyncio.to_thread(next_names, entries, LIST_DIR_BATCH)
+                    links: list[str] = []
+                    names = await asyncio.to_thread(next_names, entries, LIST_DIR_BATCH, links)
                     names = self.sweep_leftovers(fd, prefix, names)
+                    if links:
+                        names = await asyncio.to_thread(self._without_cycles, fd, prefix, names, links)
                     for name in names:
                         yield name
                     if len(names) < LIST_DIR_BATCH:
@@ -523,6 +526,33 @@ class AtomicLocalStore(LocalStore):
                 entries.close()
         finally:
             os.close(fd)
+
+    def _without_cycles(self, dir_fd: int, prefix: str, names: list[str], links: list[str]) -> list[str]:
+        """`names` without the `links` among them that lead to the directory listed or one
+        above it (logged): two links to the store's root (`a -> .`, `b -> .`) make a
+        hierarchy of 2**64 directories at the depth shown, which no walk finishes."""
+        def ident(st: os.stat_result) -> tuple[int, int]:
+            return st.st_dev, st.st_ino
+
+        above = {ident(os.fstat(dir_fd)), ident(os.fstat(self.root_fd()))}
+        key = prefix.strip("/")
+        parts = key.split("/") if key else []
+        for depth in range(1, len(parts)):
+            st = self.stat_key("/".join(parts[:depth]))
+            if st is not None:
+                above.add(ident(st))
+        drop = set()
+        for name in links:
+            link = f"{key}/{name}" if key else name
+            try:
+                st = self.stat_key(link)
+            except OutsideStoreError:
+                continue  # (leading out: refused where it is read)
+            if st is not None and stat.S_ISDIR(st.st_mode) and ident(st) in above:
+                log.warning("%s: a link to %s: not listed (a cycle)", link,
+                            "the directory it is in" if ident(st) == ident(os.fstat(dir_fd)) else "a directory above it")
+                drop.add(name)
+        return [n for n in names if n not in drop] if drop else names
 
     def open_dir(self, prefix: str) -> int | None:
         """A descriptor of the directory `prefix` (a key prefix, "" or ending in "/")
@@ -629,11 +659,14 @@ def _close_all(fds: list[int]) -> None:
 LIST_DIR_BATCH = 1000
 
 
-def next_names(entries: Any, count: int) -> list[str]:
-    """The next `count` names of a directory's `os.scandir` iterator (fewer: its end)."""
+def next_names(entries: Any, count: int, links: list[str] | None = None) -> list[str]:
+    """The next `count` names of a directory's `os.scandir` iterator (fewer: its end);
+    the symbolic links among them added to `links` (d_type: no stat), if given."""
     names = []
     for entry in entries:
         names.append(entry.name)
+        if links is not None and entry.is_symlink():
+            links.append(entry.name)
         if len(names) == count:
             break
     return names
