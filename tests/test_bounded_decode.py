@@ -155,3 +155,26 @@ def _with_crc32c(data: bytes) -> bytes:
     import google_crc32c
 
     return data + struct.pack("<I", google_crc32c.value(data))
+
+
+def test_a_corrupt_chunk_of_a_v2_fortran_order_array_is_corrupt_data(tmp_path) -> None:
+    """v2 arrays in F order are read through zarr's indexing (their chunks' memory
+    order): a chunk that does not decode there is corrupt data too (EIO, one line),
+    not an unforeseen ValueError."""
+    import json
+
+    from zfuse.daemon import MountConfig
+    from zfuse.open_view import make_view
+
+    root = tmp_path / "f.zarr"
+    root.mkdir()
+    (root / ".zarray").write_text(json.dumps({
+        "zarr_format": 2, "shape": [8, 8], "chunks": [4, 4], "dtype": "<u2", "order": "F",
+        "compressor": {"id": "zlib", "level": 1}, "fill_value": 0, "filters": None}))
+    (root / "0.0").write_bytes(zlib.compress(np.arange(16, dtype="<u2").tobytes()))
+    (root / "0.1").write_bytes(zlib.compress(b"\0" * 7))  # decodes to 7 bytes, not 32
+    view = make_view(MountConfig([str(root)], "/nonexistent", read_only=True))
+    array = dict(view.arrays())[()]
+    assert np.frombuffer(bytes(array.pixel_bytes((0, 0))), "<u2").size == 16
+    with pytest.raises(CorruptDataError, match="0.1: the stored chunk does not decode"):
+        array.pixel_bytes((0, 1))

@@ -664,7 +664,11 @@ class ZarrChunkSource(ChunkSource):
 
     def _read_chunk_once(self, coords: Coords, must_exist: bool) -> np.ndarray:
         if not self._direct:
-            return self.full_chunk(np.asarray(self.array[self.chunk_region(coords)]))
+            try:
+                return self.full_chunk(np.asarray(self.array[self.chunk_region(coords)]))
+            except (ValueError, RuntimeError, TypeError) as e:  # (as below; zarr's indexing decoded it)
+                raise CorruptDataError(f"{self.chunk_key(coords)}: the stored chunk does not decode: "
+                                       f"{type(e).__name__}: {e}") from e
         fetched = self._fetch(coords, must_exist)
         if fetched is None:
             return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
