@@ -101,12 +101,13 @@ def structure_problem(doc: Any, key: str) -> str | None:
     name = key.rsplit("/", 1)[-1]
     if name == ".zattrs":
         if doc is not None and not isinstance(doc, dict):
-            return f"{key} holds a JSON {type(doc).__name__}: attributes are a JSON object"
+            return f"{key} holds a JSON {_kind(doc)}: attributes are a JSON object"
         return None
     if not isinstance(doc, dict):
-        return None
+        # (zarr-python's own error for a list is "pop expected at most 1 argument")
+        return f"{key} holds a JSON {_kind(doc)}: metadata documents are JSON objects"
     if name == "zarr.json" and doc.get("attributes") is not None and not isinstance(doc["attributes"], dict):
-        return f"{key}: attributes are a JSON {type(doc['attributes']).__name__}, not an object"
+        return f"{key}: attributes are a JSON {_kind(doc['attributes'])}, not an object"
     shape = doc.get("shape")
     if isinstance(shape, list) and len(shape) > MAX_RANK:
         return f"{key}: {len(shape)} dimensions: zfuse reads arrays of at most {MAX_RANK}"
@@ -128,6 +129,13 @@ def structure_problem(doc: Any, key: str) -> str | None:
                     return f"{key}: {len(codecs)} {field}: zfuse reads lists of at most {MAX_CODECS}"
                 pending.extend(c.get("configuration") for c in codecs if isinstance(c, dict))
     return None
+
+
+def _kind(value: Any) -> str:
+    """A parsed JSON value's kind, as JSON names it."""
+    if value is None:
+        return "null"
+    return {list: "list", str: "string", bool: "boolean", dict: "object"}.get(type(value), "number")
 
 
 def _v2_itemsize(dtype: Any) -> int | None:
