@@ -26,6 +26,10 @@ READ_AHEAD_KB = 1024  # the kernel's read-ahead window for the mount
 #: seconds one request to a remote store (s3://, gs://, https://) may take by default:
 #: a read waits about this long at most when the server hangs (local stores: none)
 REMOTE_TIMEOUT = 20.0
+#: bytes of a remote object read whole at most, unless its reader knows better (a chunk:
+#: twice its values and a MiB; metadata: the 16 MiB documents are read to); an endless
+#: body is not held
+REMOTE_OBJECT_MAX = 2**30
 # the object a read-write mount of an S3 store writes, once, to learn whether the store
 # honours conditional writes (removed after): never a member of the hierarchy, even
 # when a listing made meanwhile sees it

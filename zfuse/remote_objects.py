@@ -30,6 +30,7 @@ from zarr.abc.store import (
 )
 
 from zfuse import defaults
+from zfuse.errors import CorruptDataError
 
 log = logging.getLogger("zfuse.store")  # the name its lines always had
 
@@ -95,6 +96,53 @@ def _range_length(byte_range: ByteRequest | None) -> int | None:
     return None
 
 
+#: bytes a response botocore reads whole (not a GetObject body: a LIST page, an error) may
+#: have: a page of 1,000 keys of 1,024 bytes is under 2 MB
+NON_STREAMING_MAX = 16 * 2**20
+
+
+def too_large(key: str, limit: int) -> CorruptDataError:
+    return CorruptDataError(f"{key}: the server sent more than {limit} bytes for it (more than "
+                            "what it can hold: a broken or hostile server): not read further")
+
+
+async def read_whole(body: Any, limit: int, key: str) -> bytes:
+    """A whole response body of at most `limit` bytes; past that, the read stops and
+    `too_large` is raised (an endless body, or a 1 GiB `zarr.json`, is not held)."""
+    out = bytearray()
+    while part := await body.read(STREAM_PART):
+        out += part
+        if len(out) > limit:
+            raise too_large(key, limit)
+    return bytes(out)
+
+
+def bound_non_streaming_responses() -> None:
+    """Make aiobotocore read a response it reads whole (LIST pages, error bodies, not
+    GetObject's stream) to at most NON_STREAMING_MAX bytes: a LIST page of a million
+    keys (194 MB) held the event loop for a minute while botocore parsed it, and a 404
+    with an endless body filled the memory. Once per process."""
+    from aiobotocore.awsrequest import AioAWSResponse
+
+    if getattr(AioAWSResponse, "_zfuse_bounded", False):
+        return
+
+    async def _content_prop(self: Any) -> bytes:
+        if self._content is None:
+            length = self.headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > NON_STREAMING_MAX:
+                raise too_large(str(self.url), NON_STREAMING_MAX)
+            content = getattr(self.raw, "content", None)  # (aiohttp's stream: read in parts)
+            if content is None:
+                self._content = await self.raw.read() or b""
+            else:
+                self._content = await read_whole(content, NON_STREAMING_MAX, str(self.url))
+        return self._content
+
+    AioAWSResponse._content_prop = _content_prop  # type: ignore[method-assign]
+    AioAWSResponse._zfuse_bounded = True  # type: ignore[attr-defined]
+
+
 async def _read_at_most(body: Any, limit: int | None) -> bytes:
     """A response body, but no more than one part past `limit` bytes (a server sending
     more than the range it answers is cut short: its caller finds the length wrong)."""
@@ -118,6 +166,31 @@ def note_range_ignored(server: str, url: str) -> None:
                     "objects, which costs their transfer", source_label(url))
 
 
+def _refuse_encoded(response: Any, url: str) -> None:
+    """zfuse asks http(s) servers for bodies as stored (Accept-Encoding: identity) and
+    does not decompress them: a 6 MB gzip body of zeros would be gigabytes."""
+    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
+    if encoding not in ("", "identity"):
+        raise CorruptDataError(f"{url}: the server sent a {encoding}-encoded body, though the body "
+                               "as stored was asked for (Accept-Encoding: identity): not read")
+
+
+async def get_http_object(fs: Any, url: str, limit: int) -> bytes | None:
+    """The whole http(s) object at `url` through fsspec's HTTPFileSystem `fs`, at most
+    `limit` bytes (`too_large` past that: fsspec reads a body whole, however long); None
+    if there is none."""
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(url), **fs.kwargs) as response:
+        try:
+            fs._raise_not_found_for_status(response, url)
+        except FileNotFoundError:
+            return None
+        _refuse_encoded(response, url)
+        if response.content_length is not None and response.content_length > limit:
+            raise too_large(url, limit)
+        return await read_whole(response.content, limit, url)
+
+
 async def get_http_range(fs: Any, url: str, byte_range: ByteRequest) -> bytes | None:
     """A byte range of the http(s) object at `url` through fsspec's HTTPFileSystem `fs`
     (its session and options); None if there is none. A server without ranges (Python's
@@ -136,6 +209,7 @@ async def get_http_range(fs: Any, url: str, byte_range: ByteRequest) -> bytes | 
             fs._raise_not_found_for_status(response, url)
         except FileNotFoundError:
             return None
+        _refuse_encoded(response, url)
         if response.status == 206:
             return await _read_at_most(response.content, _range_length(byte_range))
         parts = urllib.parse.urlsplit(url)
@@ -179,6 +253,8 @@ class RemoteObjects:
         self.s3 = protocol in S3_PROTOCOLS
         self.http = protocol in ("http", "https")
         self.can_put = self.s3 and not store.read_only
+        if self.s3:
+            bound_non_streaming_responses()
         # writes carry conditions (If-Match/If-None-Match): the store was found to honour
         # them (`settle_conditions`, after the probe `start_conditions_probe` started)
         self._conditional = False
@@ -258,12 +334,16 @@ class RemoteObjects:
 
     async def get(self, key: str, byte_range: ByteRequest | None,
                   if_match: str | None = None,
-                  on_bytes: Callable[[bytes], None] | None = None) -> tuple[bytes | None, str | None]:
+                  on_bytes: Callable[[bytes], None] | None = None,
+                  limit: int = defaults.REMOTE_OBJECT_MAX) -> tuple[bytes | None, str | None]:
         """(bytes, the version they are of); (None, None) if absent. Stores other than
         S3 give no version with the bytes: (bytes, None). `if_match`: the bytes must be
         of that version (S3: If-Match), else ObjectChangedError. `on_bytes`: called with
         each part of the body as it arrives, in order (all of it at once, off S3), once
-        the response is known to be of the right version."""
+        the response is known to be of the right version. `limit`: bytes of a whole
+        object at most (S3, http: `too_large` past it, nothing more read)."""
+        if self.http and byte_range is None:
+            return await get_http_object(self.fs, self.path(key), limit), None
         if self.http and byte_range is not None:
             data = await get_http_range(self.fs, self.path(key), byte_range)
             if data is not None and on_bytes is not None and len(data) == _range_length(byte_range):
@@ -315,6 +395,10 @@ class RemoteObjects:
                 assert byte_range is not None
                 note_range_ignored(self._server, self.path(key))
                 data = await _range_of_whole_object(body, byte_range)
+            elif byte_range is None:
+                if (response.get("ContentLength") or 0) > limit:
+                    raise too_large(key, limit)
+                data = await read_whole(body, limit, key)
             elif on_bytes is None:
                 data = await _read_at_most(body, _range_length(byte_range))
             else:

@@ -14,6 +14,8 @@ cache and for writes made on condition of the version read.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import os
 import time
 import weakref
@@ -26,6 +28,7 @@ from zarr.storage import WrapperStore
 
 from zfuse import defaults
 from zfuse.errors import StoreTimeoutError
+from zfuse.ext.metadata_json import MAX_METADATA_BYTES
 from zfuse.local_store import AtomicLocalStore, key_kind, next_names
 from zfuse.remote_objects import (
     ABSENT,
@@ -33,6 +36,7 @@ from zfuse.remote_objects import (
     ObjectChangedError,
     RemoteObjects,
     WriteConflictError,
+    get_http_object,
     get_http_range,
     source_label,
 )
@@ -240,11 +244,17 @@ class MeteredStore(WrapperStore[Store]):
             data = await self._get_versioned(key, byte_range)
             return None if data is None else prototype.buffer.from_bytes(data)
         self.stats.count(f"store_get_{kind}{'_ranged' if byte_range is not None else ''}")
-        if self._http_fs is not None and byte_range is not None:
-            # (not fsspec's read: a server without ranges sends the whole file, which
-            # fsspec would hand back as the range)
+        if self.remote is not None and self.remote.s3 and byte_range is None:
+            # whole objects read to a bound (fsspec reads a body whole, however long)
+            data, _ = await self._bounded(self.remote.get(key, None, limit=whole_object_limit(kind)), "get", key)
+            result = None if data is None else prototype.buffer.from_bytes(data)
+        elif self._http_fs is not None:
+            # (not fsspec's read: it reads a body whole however long, and a server without
+            # ranges sends the whole file, which it would hand back as the range)
             url = f"{self._store.path.rstrip('/')}/{key}"
-            data = await self._bounded(get_http_range(self._http_fs, url, byte_range), "get", key)
+            request = (get_http_object(self._http_fs, url, whole_object_limit(kind)) if byte_range is None
+                       else get_http_range(self._http_fs, url, byte_range))
+            data = await self._bounded(request, "get", key)
             result = None if data is None else prototype.buffer.from_bytes(data)
         else:
             result = await self._bounded(self._store.get(key, prototype, byte_range), "get", key)
@@ -374,7 +384,8 @@ class MeteredStore(WrapperStore[Store]):
         # range): of another version the bytes would decode as garbage, or as wrong pixels
         pin = known if byte_range is not None and known else None
         try:
-            data, version = await self._bounded(remote.get(key, byte_range, pin, on_bytes), "get", key)
+            data, version = await self._bounded(
+                remote.get(key, byte_range, pin, on_bytes, limit=whole_object_limit(key_kind(key))), "get", key)
         except ObjectChangedError:
             self.stats.count("store_changed_objects")
             raise
@@ -675,6 +686,33 @@ def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] 
     return AtomicLocalStore(path, read_only=read_only, durable=durable)
 
 
+#: bytes the (inner) chunk being read can be stored in, set by its reader around its
+#: requests (a context variable: it follows them onto zarr's event loop and into the tasks
+#: they start); None: not known, `defaults.REMOTE_OBJECT_MAX`
+chunk_read_limit: contextvars.ContextVar[int | None] = contextvars.ContextVar("chunk_read_limit", default=None)
+
+
+@contextlib.contextmanager
+def chunk_read_limited(limit: int) -> Iterator[None]:
+    """The requests made inside (and the tasks they start) read a whole chunk object to
+    at most `limit` bytes (`chunk_read_limit`)."""
+    token = chunk_read_limit.set(limit)
+    try:
+        yield
+    finally:
+        chunk_read_limit.reset(token)
+
+
+def whole_object_limit(kind: str) -> int:
+    """Bytes a remote object of `kind` (`key_kind`) is read whole to at most: a metadata
+    document one past the largest zfuse reads (so that it says why), a chunk what its
+    reader says it can be stored in."""
+    if kind != "chunk":
+        return MAX_METADATA_BYTES + 1
+    limit = chunk_read_limit.get()
+    return defaults.REMOTE_OBJECT_MAX if limit is None else limit
+
+
 def fsspec_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
     """The mount's generic options (endpoint_url, region, profile, anon) in the spelling
     the protocol's fsspec filesystem understands; anything else passes through unchanged.
@@ -710,6 +748,13 @@ def fsspec_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
     elif protocol in ("http", "https"):
         for key in ("anon", "profile"):
             opts.pop(key, None)
+        # bodies as stored, never decompressed on the way (a 6 MB gzip body of zeros is
+        # gigabytes): what a server encodes anyway is refused (`remote_objects`)
+        opts["headers"] = {"Accept-Encoding": "identity", **(opts.get("headers") or {})}
+        for key in ("endpoint_url", "region_name"):  # (s3's: no meaning for a URL)
+            client_kwargs.pop(key, None)
+        client_kwargs.setdefault("auto_decompress", False)
+        opts["client_kwargs"] = client_kwargs
     else:
         if endpoint:
             opts["endpoint_url"] = endpoint

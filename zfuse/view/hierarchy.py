@@ -32,7 +32,7 @@ from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
 from zfuse import defaults
-from zfuse.errors import MetadataError
+from zfuse.errors import CorruptDataError, MetadataError
 from zfuse.ext import zarr_private
 from zfuse.ext.metadata_json import load_metadata
 from zfuse.view.codec_packages import register_imagecodecs
@@ -59,7 +59,10 @@ def _raw_store(store: Any) -> Any:
 
 
 async def _get_json(store: Any, key: str) -> Any:
-    buf = await store.get(key, prototype=default_buffer_prototype())
+    try:
+        buf = await store.get(key, prototype=default_buffer_prototype())
+    except CorruptDataError as exc:  # (a server sending more than a document can be: not read)
+        return {"zfuse_unparsable": str(exc)}
     if buf is None:
         return None
     raw = buf.to_bytes()
@@ -150,7 +153,8 @@ async def _member_names(group: Any) -> list[str]:
                 log.warning("group %r lists more than %d names: the first %d are shown",
                             store_path.path or "/", MEMBER_NAMES_MAX, MEMBER_NAMES_MAX)
                 break
-            listed.append(name)
+            # (an http(s) directory page lists subdirectories as `a/`)
+            listed.append(name[:-1] if name.endswith("/") else name)
         # (a read-write mount's probe object, listed if the listing was made meanwhile)
         names = [n for n in listed if n not in _METADATA_OBJECTS
                  and not n.startswith(defaults.CONDITIONS_PROBE_PREFIX)]

@@ -24,6 +24,7 @@ from zarr.core.buffer import default_buffer_prototype
 
 from zfuse.ext import zarr_private
 from zfuse.ext.chunk_keys import Coords
+from zfuse.store import chunk_read_limited
 from zfuse.view.fetch_ahead import MISSED, FetchAhead, coalesce
 from zfuse.view.shard_indexes import ShardIndexes
 
@@ -131,7 +132,8 @@ class RemoteFetcher:
         if array.sharding is None:
             async def whole(coords: Coords) -> None:
                 async with limit:
-                    out[coords] = await array.store.get(array._storage_key(coords), prototype=proto)
+                    with chunk_read_limited(array._stored_max):
+                        out[coords] = await array.store.get(array._storage_key(coords), prototype=proto)
 
             await asyncio.gather(*(whole(c) for c in wanted), return_exceptions=True)
             return out

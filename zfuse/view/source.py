@@ -49,6 +49,7 @@ from zfuse.conditional import retry_lost_races
 from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.ext import zarr_private
 from zfuse.ext.chunk_keys import ChunkKeyDecoder, Coords, standard_layout
+from zfuse.store import chunk_read_limited
 from zfuse.view import bounded_decode
 from zfuse.view.caches import BoundedLRU
 from zfuse.view.chunk_listing import LIST_PAGE as LIST_PAGE  # (re-exported: the view pages by it)
@@ -1090,7 +1091,8 @@ class ZarrChunkSource(ChunkSource):
         shape, so decoding gives the full chunk as is. None: nothing stored."""
         proto = default_buffer_prototype()
         key = self._storage_key(coords)
-        buf = await self.store.get(key, prototype=proto)
+        with chunk_read_limited(self._stored_max):  # (an endless body is not held)
+            buf = await self.store.get(key, prototype=proto)
         if buf is None:
             if must_exist:
                 raise self._vanished(key)

@@ -1,0 +1,189 @@
+"""A hostile or broken remote server (FUSE-free: the view over a real server on
+loopback): what a response holds is bounded by what its reader can use.
+
+- S3 (moto): a chunk object larger than its chunk can be stored in is refused from its
+  Content-Length, unread; a `zarr.json` past the 16 MiB zfuse reads is refused at that
+  bound; a LIST page botocore reads whole is read to at most 16 MiB.
+- http(s) (a server written here): a chunk whose body never ends is read to the chunk's
+  bound and refused; a body the server gzips although zfuse asked for it as stored
+  (Accept-Encoding: identity) is refused, never decompressed (a 6 MB gzip of zeros
+  was gigabytes).
+"""
+
+from __future__ import annotations
+
+import gzip
+import http.server
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+import zarr
+from test_s3 import upload
+
+from zfuse.daemon import MountConfig
+from zfuse.errors import CorruptDataError
+from zfuse.open_view import make_view
+from zfuse.remote_objects import NON_STREAMING_MAX, bound_non_streaming_responses
+
+from s3server import S3Server
+
+
+def _store(root: Path) -> Path:
+    """A group with one small zstd array `a` (16 x 16 uint8, 8 x 8 chunks): chunks are
+    stored in at most 2 x 64 bytes + 1 MiB."""
+    zarr.open_group(str(root), mode="w")
+    a = zarr.create_array(str(root / "a"), shape=(16, 16), chunks=(8, 8), dtype="u1", fill_value=0)
+    a[...] = np.arange(256, dtype="u1").reshape(16, 16)
+    return root
+
+
+# -- S3 ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    server = S3Server(tmp_path_factory.mktemp("moto") / "server.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def test_s3_objects_past_what_they_can_hold_are_refused_unread(tmp_path: Path, s3: S3Server) -> None:
+    root = _store(tmp_path / "s.zarr")
+    (root / "a" / "c" / "1" / "1").write_bytes(bytes(3 * 2**20))  # 3 MB for a 64-byte chunk
+    (root / "big").mkdir()
+    (root / "big" / "zarr.json").write_bytes(b'{"x": "' + b"a" * (17 * 2**20) + b'"}')
+    upload(s3, root, "hostile", "s.zarr")
+    before = len(s3.requests())
+    view = make_view(MountConfig(["s3://hostile/s.zarr"], "/nonexistent", read_only=True,
+                                 storage_options=s3.storage_options))
+    view.list_dir(())  # (a remote group's members are opened when first looked at)
+    arrays = dict(view.arrays())
+    assert bytes(arrays[("a",)].pixel_bytes((0, 1))) == np.arange(256, dtype="u1").reshape(16, 16)[:8, 8:].tobytes()
+    with pytest.raises(CorruptDataError, match=r"a/c/1/1: the server sent more than 1048704 bytes"):
+        arrays[("a",)].pixel_bytes((1, 1))
+    why = {p.path: p.reason for p in view.problems}
+    assert "more than 16777217 bytes" in why["big"]
+    assert all(r.status < 500 for r in s3.requests()[before:])
+
+
+class _HugeAnswers(http.server.BaseHTTPRequestHandler):
+    """An "S3" answering a LIST with a 17 MiB page (Content-Length given), and any other
+    request with a 404 of 40 MiB (no Content-Length: the body ends with the connection)."""
+
+    protocol_version = "HTTP/1.0"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if "list-type=2" in self.path:
+            body = b"<ListBucketResult>" + b"<Contents><Key>k</Key></Contents>" * (17 * 2**20 // 34) + \
+                b"</ListBucketResult>"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        self.send_response(404)
+        self.end_headers()
+        try:  # (40 MiB, as an endless body would go on: without the bound, read and parsed)
+            for _ in range(40 * 2**20 // 57344):
+                self.wfile.write(b"<Error>" * 8192)
+        except OSError:
+            return
+
+
+def test_botocore_reads_a_whole_response_to_a_bound() -> None:
+    """A response botocore reads whole (a LIST page, an error's body) is read to at
+    most NON_STREAMING_MAX bytes and refused past it, not parsed: a page of a million
+    keys held the event loop for a minute, a 404 with an endless body filled the memory."""
+    import asyncio
+
+    from aiobotocore.session import get_session
+    from botocore.exceptions import HTTPClientError
+
+    bound_non_streaming_responses()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _HugeAnswers)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    async def main() -> None:
+        async with get_session().create_client(
+                "s3", endpoint_url=f"http://127.0.0.1:{server.server_address[1]}", region_name="us-east-1",
+                aws_access_key_id="k", aws_secret_access_key="s") as client:
+            # (botocore hands it on as a client error, after its own retries: each one bounded)
+            with pytest.raises(HTTPClientError, match=f"more than {NON_STREAMING_MAX} bytes"):
+                await client.list_objects_v2(Bucket="b")
+            with pytest.raises(HTTPClientError, match=f"more than {NON_STREAMING_MAX} bytes"):
+                await client.get_bucket_acl(Bucket="b")
+
+    try:
+        asyncio.run(main())
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+# -- http ----------------------------------------------------------------------------
+
+
+class _Hostile(http.server.SimpleHTTPRequestHandler):
+    """Files of a directory, but `a/c/0/0` is an endless body and `a/c/0/1` is gzipped
+    whatever the client asked."""
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path.endswith("/a/c/0/0"):
+            self.send_response(200)
+            self.end_headers()  # no Content-Length: the body ends when the connection does
+            try:
+                while True:
+                    self.wfile.write(bytes(1 << 16))
+            except OSError:
+                return
+        if self.path.endswith("/a/c/0/1"):
+            body = gzip.compress(bytes(64 * 2**20), 1)
+            self.send_response(200)
+            self.send_header("Content-Encoding", "gzip")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super().do_GET()
+
+
+@pytest.fixture
+def hostile_http(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    root = tmp_path / "www"
+    root.mkdir()
+    server = http.server.ThreadingHTTPServer(
+        ("127.0.0.1", 0), lambda *a, **kw: _Hostile(*a, directory=str(root), **kw))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield root, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_http_bodies_are_bounded_and_never_decompressed(hostile_http: tuple[Path, str]) -> None:
+    root, url = hostile_http
+    _store(root / "s.zarr")
+    view = make_view(MountConfig([f"{url}/s.zarr"], "/nonexistent", read_only=True))
+    view.list_dir(())  # (a remote group's members are opened when first looked at)
+    array = dict(view.arrays())[("a",)]
+    assert bytes(array.pixel_bytes((1, 0))) == np.arange(256, dtype="u1").reshape(16, 16)[8:, :8].tobytes()
+    with pytest.raises(CorruptDataError, match=r"a/c/0/0: the server sent more than 1048704 bytes"):
+        array.pixel_bytes((0, 0))
+    with pytest.raises(CorruptDataError, match=r"a/c/0/1: the server sent a gzip-encoded body"):
+        array.pixel_bytes((0, 1))
+    assert json.loads(array.metadata_bytes)["shape"] == [16, 16]
