@@ -419,6 +419,99 @@ def test_rename_onto_a_chunk_never_loses_the_name(v3) -> None:
     assert "0.tiff" in k.listdir("c/0") and ".0.tiff.tmp" not in k.listdir("c/0")
 
 
+def test_a_file_not_stored_yet_is_not_renamed(v3) -> None:
+    """[ns-2] a chunk file open for writing, or pending, and a scratch file still open
+    are not renamed onto a chunk (EBUSY): a rename moves what is stored, and their bytes
+    were lost while their close() said 0. Closed and complete, they are."""
+    src, data, fs, k = v3
+    other = "c/1/0.tiff"
+    new = stores.values((8, 16), "uint16", seed=31)
+    before = stores.snapshot(src)
+    fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC)
+    k.write(fh, tiff(new))
+    with pytest.raises(FsError) as e:
+        k.rename(CHUNK, other)
+    assert e.value.errno == errno.EBUSY
+    assert stores.snapshot(src) == before
+    k.close(fh)  # stored at its own name
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), new)
+    pending = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC)
+    k.write(pending, tiff(new)[:40])
+    k.close(pending)  # incomplete: pending
+    with pytest.raises(FsError) as e:
+        k.rename(CHUNK, other)
+    assert e.value.errno == errno.EBUSY
+    scratch = k.open("c/0/.0.tiff.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    k.write(scratch, tiff(new))
+    with pytest.raises(FsError) as e:
+        k.rename("c/0/.0.tiff.tmp", other)
+    assert e.value.errno == errno.EBUSY
+    k.close(scratch)
+    k.rename("c/0/.0.tiff.tmp", other)
+    np.testing.assert_array_equal(pixels(k.read_file(other)), new)
+
+
+@pytest.mark.parametrize("change", ["rename", "unlink"])
+def test_a_rename_or_unlink_during_a_commit_waits_for_it_and_wins(tmp_path: Path, clock: Clock, change: str) -> None:
+    """[ns-4] a chunk's commit, then a rename onto it (or an unlink of it) that arrives
+    while the commit runs: the change waits for the commit and then takes effect. Before,
+    it took effect at once and the commit, ending later, stored over the renamed chunk
+    (whose values were then nowhere) or brought the unlinked chunk back."""
+    from zfuse.view.writes import _commit_chunk
+
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src)
+    gate = trio.Event()
+    committing = trio.Event()
+
+    async def gated_run(fn, *args):  # noqa: ANN001, ANN202 - a worker pool whose first commit waits at the gate
+        if fn is _commit_chunk and not committing.is_set():
+            committing.set()
+            await gate.wait()
+        return fn(*args)
+
+    fs, k = make_fs(src, clock, run=gated_run, replace_window=5.0, pending_timeout=60.0)
+    written = stores.values((8, 16), "uint16", seed=41)
+    other = "c/1/0.tiff"
+    fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC)
+    k.write(fh, tiff(written))
+    order: list[str] = []
+    row0, row1 = k.walk("c/0"), k.walk("c/1")
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            async def close() -> None:
+                await fs.flush(fh)
+                order.append("committed")
+
+            nursery.start_soon(close)
+            await committing.wait()
+
+            async def change_it() -> None:
+                if change == "rename":
+                    await fs.rename(row1, "0.tiff", row0, "0.tiff", 0)
+                else:
+                    await fs.unlink(row0, "0.tiff")
+                order.append(change)
+
+            nursery.start_soon(change_it)
+            await trio.testing.wait_all_tasks_blocked()
+            assert order == []  # the change waits for the commit
+            gate.set()
+
+    trio.run(main)
+    fs.release(fh)
+    assert order == ["committed", change]
+    if change == "rename":
+        np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), data[8:16, :16])
+        assert not k.exists(other)
+    else:
+        assert not k.exists(CHUNK)
+        clock.now += 10  # past the replace window: deleted from the store
+        k.tick()
+        assert not k.exists(CHUNK)
+
+
 def test_listing_during_a_replacement_keeps_the_chunk(v3) -> None:
     """[ns-4] a chunk being rewritten stays listed, once."""
     src, data, fs, k = v3

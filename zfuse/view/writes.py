@@ -29,12 +29,13 @@ in tests). SEMANTICS.md is the user-facing statement of these rules.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import os
 import re
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any
@@ -240,6 +241,28 @@ class Writes:
         self.removed: dict[Path, float] = {}  # unlinked chunks still in the store: deadline
         self.made_dirs: set[Path] = set()
         self.mtimes: dict[Path, int] = {}
+        # one change of a path's stored chunk at a time (`_changing`): [lock, users]
+        self._path_locks: dict[Path, list[Any]] = {}
+
+    @contextlib.asynccontextmanager
+    async def _changing(self, *paths: Path) -> AsyncIterator[None]:
+        """Hold `paths` while their stored chunks change (a commit, a rename, an unlink),
+        taken in one order (no two holders wait on each other). A rename or unlink of a
+        chunk whose commit is running waits for it and then wins: otherwise the commit,
+        ending later, stored over the rename's chunk or brought back the unlinked one."""
+        async with contextlib.AsyncExitStack() as held:
+            for path in sorted(set(paths)):
+                entry = self._path_locks.setdefault(path, [trio.Lock(), 0])
+                entry[1] += 1
+                held.callback(self._unused, path)
+                await held.enter_async_context(entry[0])
+            yield
+
+    def _unused(self, path: Path) -> None:
+        entry = self._path_locks[path]
+        entry[1] -= 1
+        if not entry[1]:
+            del self._path_locks[path]  # (bounded by the changes under way)
 
     # -- lookups ------------------------------------------------------------
     def _check_writable(self) -> None:
@@ -526,7 +549,9 @@ class Writes:
         assert arr is not None and coords is not None and arr.layout is not None
         # One commit at a time per file; writes landing while it runs bump the
         # generation, so the file stays dirty and the next close stores them.
-        async with state.commit_lock:
+        async with state.commit_lock, self._changing(state.path):
+            if state.phase is Phase.DETACHED:
+                return  # unlinked or replaced while it waited: never stored (as on a disk)
             if data is None or generation is None:
                 data, generation = bytes(state.buffer or b""), state.generation
             state.size_shown = False  # the commit's cache drop (`stored`) comes after this
@@ -694,6 +719,10 @@ class Writes:
 
     async def unlink(self, path: Path) -> None:
         self._check_writable()
+        async with self._changing(path):
+            self._unlink(path)
+
+    def _unlink(self, path: Path) -> None:
         state = self.states.get(path)
         if state is not None and state.scratch:
             self._detach(path)
@@ -722,6 +751,10 @@ class Writes:
 
     async def rename(self, old: Path, new: Path, flags: int) -> None:
         self._check_writable()
+        async with self._changing(old, new):
+            await self._rename(old, new, flags)
+
+    async def _rename(self, old: Path, new: Path, flags: int) -> None:
         if flags & ~RENAME_NOREPLACE:
             raise NotAllowedError(errno.EINVAL, "only the RENAME_NOREPLACE flag is supported")
         if flags & RENAME_NOREPLACE and self.exists(new):
@@ -731,6 +764,13 @@ class Writes:
         if src is None and old_entry is not None and old_entry.node.is_dir:
             raise NotAllowedError(errno.EPERM, "directories cannot be renamed")
         new_arr, new_coords = self.chunk_target(new)
+        if src is not None and not (src.scratch and new_coords is None):  # (scratch -> scratch: moved whole)
+            # bytes not stored yet (a chunk file written or pending, a scratch file still
+            # open): a rename moves what is stored, and they would be lost while their
+            # close() said 0
+            if src.handles > 0 or (not src.scratch and (src.dirty or src.phase is Phase.PENDING)):
+                raise NotAllowedError(errno.EBUSY, f"{'/'.join(old)} is open for writing or holds bytes "
+                                      "not stored yet: close (or finish) it first")
         if src is not None and src.scratch:
             if new_coords is None:  # scratch -> scratch
                 self._detach(new)
