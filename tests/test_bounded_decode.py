@@ -178,3 +178,14 @@ def test_a_corrupt_chunk_of_a_v2_fortran_order_array_is_corrupt_data(tmp_path) -
     assert np.frombuffer(bytes(array.pixel_bytes((0, 0))), "<u2").size == 16
     with pytest.raises(CorruptDataError, match="0.1: the stored chunk does not decode"):
         array.pixel_bytes((0, 1))
+
+
+def test_a_stored_jpeg_of_too_many_scans_is_refused_before_decoding() -> None:
+    """[read-10] a stored JPEG chunk (imagecodecs' numcodecs codec) declaring exactly the
+    chunk, but of thousands of scans: refused before it is decoded."""
+    from test_tiff_input import _progressive_jpeg
+
+    few, many = _progressive_jpeg(64, 3), _progressive_jpeg(64, 20_000)
+    assert decompress_bounded("imagecodecs_jpeg", {}, few, 64 * 64) is None  # (decoded as usual)
+    with pytest.raises(CorruptDataError, match="20001 scans"):
+        decompress_bounded("imagecodecs_jpeg", {}, many, 64 * 64)

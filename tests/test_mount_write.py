@@ -172,6 +172,11 @@ def test_unlink_truncate_mv_cp_p_rsync(tmp_path: Path, mount) -> None:
     subprocess.run(["truncate", "-s", "10", str(c / "0" / "0.tiff")], check=True)
     np.testing.assert_array_equal(stores.open_any(src)[0:8, 0:16], data[0:8, 0:16])
     np.testing.assert_array_equal(tifffile.imread(c / "0" / "0.tiff"), data[0:8, 0:16])
+    # a pending file is not renamed (its bytes are not stored: a rename moves what is)
+    with pytest.raises(OSError) as e:
+        os.rename(c / "0" / "0.tiff", c / "0" / "1.tiff")
+    assert e.value.errno == errno.EBUSY
+    tifffile.imwrite(c / "0" / "0.tiff", data[0:8, 0:16])  # finished: stored, no longer pending
     # mv within the mount moves the chunk's values
     os.rename(c / "0" / "0.tiff", c / "0" / "1.tiff")
     arr = stores.open_any(src)

@@ -537,3 +537,108 @@ def test_plain_image_mangled_never_differs_from_tifffile(
         assert fast is None
         return
     assert got.shape == (20, 30) and got.dtype == np.uint16
+
+
+def _one_strip(entries: list[tuple[int, int, int, int]], strips: list[bytes]) -> bytes:
+    """A classic little-endian TIFF of one IFD (`entries`: tag, type, count, value; a
+    StripOffsets value of i means the i-th of `strips`), the strips after it."""
+    ifd_size = 2 + 12 * len(entries) + 4
+    offsets = [8 + ifd_size + sum(len(s) for s in strips[:i]) for i in range(len(strips))]
+    fixed = [(t, ty, n, offsets[v] if t == 273 else v) for t, ty, n, v in entries]
+    ifd = struct.pack("<H", len(fixed)) + b"".join(struct.pack("<HHII", *e) for e in fixed) + b"\0\0\0\0"
+    return b"II*\0" + struct.pack("<I", 8) + ifd + b"".join(strips)
+
+
+def test_the_fast_path_never_reads_another_image_than_tifffile() -> None:
+    """A tag given twice (StripOffsets: tifffile and libtiff take the first, the fast
+    path took the last) and a SampleFormat of an unusual type (SSHORT: float16 bits
+    were stored as uint16) go to the full parse: the pixels every reader sees, or a
+    refusal."""
+    ones, twos = np.full((8, 16), 1, "<u2").tobytes(), np.full((8, 16), 2, "<u2").tobytes()
+    common = [(256, 4, 1, 16), (257, 4, 1, 8), (258, 3, 1, 16), (259, 3, 1, 1), (262, 3, 1, 1)]
+    strip = [(277, 3, 1, 1), (278, 4, 1, 8), (279, 4, 1, len(ones))]
+    twice = _one_strip([*common, (273, 4, 1, 0), (273, 4, 1, 1), *strip], [ones, twos])
+    got = decode(twice, chunk_shape=(8, 16), dtype="uint16")
+    np.testing.assert_array_equal(got, tifffile.imread(io.BytesIO(twice)))
+    half = np.full((8, 16), 1.5, "<f2").tobytes()
+    sshort = _one_strip([*common, (273, 4, 1, 0), *strip, (339, 8, 1, 3)], [half])
+    assert tifffile.imread(io.BytesIO(sshort)).dtype == np.float16
+    with pytest.raises(InvalidTiffError):
+        decode(sshort, chunk_shape=(8, 16), dtype="uint16")
+
+
+def test_tifffile_lines_of_a_parsed_file_go_into_its_refusal_not_the_log() -> None:
+    """A written file of 4,000 tags of an invalid type made 4,000 log lines (tifffile's,
+    naming no key); they are kept for its refusal's message (three at most), not logged."""
+    import logging
+
+    values = np.arange(8 * 16, dtype="<f4").reshape(8, 16)
+    out = io.BytesIO()
+    tifffile.imwrite(out, values)
+    good = out.getvalue()
+    # an extra IFD entry of an invalid field type, 4,000 times, after the image's own
+    (first,) = struct.unpack_from("<I", good, 4)
+    (count,) = struct.unpack_from("<H", good, first)
+    entries = [good[first + 2 + 12 * i: first + 14 + 12 * i] for i in range(count)]
+    entries += [struct.pack("<HHII", 60000 + i % 5000, 99, 1, 0) for i in range(4000)]
+    ifd = struct.pack("<H", len(entries)) + b"".join(entries) + b"\0\0\0\0"
+    data = good[:4] + struct.pack("<I", len(good)) + good[8:] + ifd
+    reached: list[logging.LogRecord] = []
+
+    class Count(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            reached.append(record)
+
+    root = logging.getLogger()  # (where the daemon's log handlers are)
+    counter = Count(logging.WARNING)
+    root.addHandler(counter)
+    try:
+        try:
+            decode(data, chunk_shape=(8, 16), dtype="float32")
+        except InvalidTiffError:
+            pass
+        logging.getLogger("tifffile").warning("a line of tifffile's outside a parse")
+    finally:
+        root.removeHandler(counter)
+    assert [r.getMessage() for r in reached if r.name == "tifffile"] == ["a line of tifffile's outside a parse"]
+
+
+def _progressive_jpeg(side: int, scans: int) -> bytes:
+    """A progressive JPEG of side x side pixels (one component) whose AC scans are one
+    end-of-band run over every block each: valid, tiny, and as costly to decode as it
+    has scans (a crafted 20 MB one of 1.7 million scans took two minutes)."""
+    def seg(marker: int, payload: bytes) -> bytes:
+        return bytes([0xFF, marker]) + struct.pack(">H", len(payload) + 2) + payload
+
+    blocks = (side // 8) ** 2
+    r = blocks.bit_length() - 1
+    dc_bits = blocks
+    dc = b"\x00" * (dc_bits // 8) + (b"" if dc_bits % 8 == 0 else bytes([0xFF >> (dc_bits % 8)]))
+    bits = ("0" + format(blocks - (1 << r), f"0{r}b")) if r else "0"
+    bits += "1" * (-len(bits) % 8)
+    ac = int(bits, 2).to_bytes(len(bits) // 8, "big").replace(b"\xff", b"\xff\x00")
+    return (b"\xff\xd8" + seg(0xDB, b"\x00" + bytes([1] * 64))
+            + seg(0xC2, struct.pack(">BHHB", 8, side, side, 1) + b"\x01\x11\x00")
+            + seg(0xC4, b"\x00" + bytes([1] + [0] * 15) + b"\x00")
+            + seg(0xDA, b"\x01\x01\x00\x00\x00\x00") + dc
+            + seg(0xC4, b"\x10" + bytes([1] + [0] * 15) + bytes([r << 4]))
+            + (seg(0xDA, b"\x01\x01\x00\x01\x3f\x00") + ac) * scans + b"\xff\xd9")
+
+
+def test_a_jpeg_of_too_many_scans_is_refused_before_decoding() -> None:
+    """[write-12] a JPEG strip whose header declares exactly the strip, but of thousands of
+    scans (each decoded over the whole image): refused, counted, not decoded. A
+    progressive JPEG of a few scans is read."""
+    from zfuse.view.tiff_segments import JPEG_SCANS_MAX
+
+    def tiff_of(jpeg: bytes, side: int) -> bytes:
+        entries = [(256, 4, 1, side), (257, 4, 1, side), (258, 3, 1, 8), (259, 3, 1, 7), (262, 3, 1, 1),
+                   (273, 4, 1, 8 + 2 + 12 * 9 + 4), (277, 3, 1, 1), (278, 4, 1, side), (279, 4, 1, len(jpeg))]
+        ifd = struct.pack("<H", len(entries)) + b"".join(struct.pack("<HHII", *e) for e in entries)
+        return b"II*\0" + struct.pack("<I", 8) + ifd + b"\0\0\0\0" + jpeg
+
+    few = tiff_of(_progressive_jpeg(64, 3), 64)
+    assert decode(few, chunk_shape=(64, 64), dtype="uint8").shape == (64, 64)
+    many = tiff_of(_progressive_jpeg(64, 20_000), 64)
+    with pytest.raises(InvalidTiffError, match=f"20001 scans, more than the {JPEG_SCANS_MAX}"):
+        decode(many, chunk_shape=(64, 64), dtype="uint8")

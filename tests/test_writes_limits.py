@@ -95,3 +95,34 @@ def test_write_buffers_share_one_budget(tmp_path: Path) -> None:
     k.close(b)
     arr = stores.open_any(tmp_path / "a.zarr")
     np.testing.assert_array_equal(arr[0:8, 16:30], stores.values((8, 16), "uint16", seed=3)[:, :14])
+
+
+def test_truncate_and_empty_files_count_against_the_daemon_limits(tmp_path: Path, monkeypatch) -> None:
+    """[write-12] ftruncate grows a file's buffer as a write does, and is refused past the
+    budget with ENOSPC (180 scratch files truncated to their limit held 4.3 GiB); files
+    held for writers (empty ones too, ~2 KB each) are at most FILES_HELD_MAX: creating
+    one more is ENOSPC; removing one lets the next be made."""
+    import errno
+
+    import pytest
+
+    from zfuse import defaults
+    from zfuse.fs import FsError
+
+    clock = Clock()
+    stores.v3(tmp_path / "a.zarr")
+    fs, k = make_fs(tmp_path / "a.zarr", clock, replace_window=5.0, pending_timeout=60.0)
+    fs.writes.buffer_budget = 1000
+    scratch = k.open("c/0/scratch", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    with pytest.raises(FsError) as refused:  # ftruncate(fd, 5000)
+        k.call(fs.setattr, k.walk("c/0/scratch"), 5000, None, False, scratch)
+    assert refused.value.errno == errno.ENOSPC
+    k.close(scratch)
+    monkeypatch.setattr(defaults, "FILES_HELD_MAX", 3)
+    for name in ("e1", "e2"):
+        k.close(k.open(f"c/0/{name}", os.O_WRONLY | os.O_CREAT))
+    with pytest.raises(FsError) as refused:
+        k.open("c/0/e3", os.O_WRONLY | os.O_CREAT)
+    assert refused.value.errno == errno.ENOSPC
+    k.unlink("c/0/e1")
+    k.close(k.open("c/0/e3", os.O_WRONLY | os.O_CREAT))

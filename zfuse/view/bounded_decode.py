@@ -47,7 +47,7 @@ import imagecodecs
 import numpy as np
 
 from zfuse.errors import CorruptDataError
-from zfuse.view.tiff_segments import declared_image
+from zfuse.view.tiff_segments import JPEG_SCANS_MAX, declared_image, jpeg_scans
 
 __all__ = ["CODEC_IDS", "DECODED_INTO", "bounded", "codec_id", "decode_into", "declared_size",
            "declares_size", "decompress_bounded"]
@@ -170,6 +170,9 @@ def decompress_bounded(ident: str, config: dict[str, Any], data: Bytes, limit: i
             raise CorruptDataError(f"the stored chunk's {kind} header declares an image of {size} "
                                    f"bytes, more than the {limit} a chunk holds (a corrupt or "
                                    "hostile object)")
+        if kind == "JPEG" and (scans := jpeg_scans(bytes(data))) > JPEG_SCANS_MAX:
+            raise CorruptDataError(f"the stored chunk's JPEG stream has {scans} scans, more than the "
+                                   f"{JPEG_SCANS_MAX} zfuse decodes (a corrupt or hostile object)")
         return None
     if ident in DECODED_INTO:
         return None  # decoded into the chunk's array by `decode_into`, or as zarr does

@@ -83,7 +83,8 @@ def _dtype_name(dt: np.dtype) -> str:
 
 
 class _Collect(logging.Handler):
-    """Collects tifffile's warnings emitted by this thread, for error messages."""
+    """Collects tifffile's warnings emitted by this thread, for error messages (the
+    first few: a file of 4,000 bad tags makes 4,000)."""
 
     def __init__(self) -> None:
         super().__init__(logging.WARNING)
@@ -91,17 +92,36 @@ class _Collect(logging.Handler):
         self.messages: list[str] = []
 
     def emit(self, record: logging.LogRecord) -> None:
-        if record.thread == self.thread:
+        if record.thread == self.thread and len(self.messages) < 3:
             self.messages.append(record.getMessage())
+
+
+_collecting: set[int] = set()  # threads parsing a written file: tifffile's lines are theirs
+
+
+class _Forward(logging.Handler):
+    """tifffile's lines, as its logger would have propagated them, but for those of a
+    thread parsing a written file: those go into its refusal's one line (a file of
+    4,000 bad tags wrote 4,000 log lines, naming no key)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.thread not in _collecting:
+            logging.getLogger().handle(record)
+
+
+_log.propagate = False
+_log.addHandler(_Forward())
 
 
 @contextmanager
 def _tifffile_warnings() -> Iterator[list[str]]:
     handler = _Collect()
     _log.addHandler(handler)
+    _collecting.add(handler.thread)
     try:
         yield handler.messages
     finally:
+        _collecting.discard(handler.thread)
         _log.removeHandler(handler)
 
 
@@ -258,12 +278,14 @@ def _plain_image(
         if ifd + 2 + 12 * count + 4 > size:
             return None
         tags: dict[int, list[int]] = {}
+        seen: set[int] = set()
         description = b""
         for i in range(count):
             at = ifd + 2 + 12 * i
             tag, typ, n = struct.unpack_from(bo + "HHI", view, at)
-            if tag not in _PLAIN_TAGS:
-                return None
+            if tag not in _PLAIN_TAGS or tag in seen:
+                return None  # (a repeated tag: readers disagree on which counts; the full parse decides)
+            seen.add(tag)
             if tag == 270:
                 if typ != 2:
                     return None
@@ -272,9 +294,11 @@ def _plain_image(
                     return None
                 description = bytes(view[start : start + min(n, 4096)])
                 continue
-            int_fmt = _INT_TYPES.get(typ)
-            if int_fmt is None or tag in (269, 282, 283, 285, 305, 306, 315, 271, 272):
+            if tag in (269, 282, 283, 285, 305, 306, 315, 271, 272):
                 continue  # text and rational metadata: not looked at
+            int_fmt = _INT_TYPES.get(typ)
+            if int_fmt is None:
+                return None  # (a pixel tag of an unusual type, a signed SampleFormat: the full parse decides)
             width = struct.calcsize(int_fmt) * n
             start = at + 8 if width <= 4 else struct.unpack_from(bo + "I", view, at + 8)[0]
             if n > 1_000_000 or start + width > size:

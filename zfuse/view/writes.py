@@ -405,6 +405,7 @@ class Writes:
         arr, coords = self.chunk_target(path)
         state = self.states.get(path)
         if state is None:
+            self._check_files_held()
             state = FileState(path, arr, coords, buffer=bytearray(), scratch=coords is None)
             state.changed(self.clock())
             state.dirty = coords is not None
@@ -446,6 +447,14 @@ class Writes:
             self._check_first_ifd(state, buffer)
         return len(buf)
 
+    def _check_files_held(self) -> None:
+        """ENOSPC past `defaults.FILES_HELD_MAX` files held (each ~2 KB, even empty: a
+        loop of `touch` grew the daemon until unmount)."""
+        if len(self.states) >= defaults.FILES_HELD_MAX:
+            raise NotAllowedError(
+                errno.ENOSPC, f"the daemon holds {len(self.states)} files being written, pending or "
+                "scratch on this mount: close, finish or remove some before making more")
+
     def _check_buffers(self, state: FileState, end: int) -> None:
         """ENOSPC if growing `state`'s buffer to `end` bytes would take the write buffers
         of all files past `buffer_budget`: many writers at once cannot exhaust the
@@ -458,7 +467,7 @@ class Writes:
             raise NotAllowedError(
                 errno.ENOSPC, f"the files being written on this mount would hold more than "
                 f"{self.buffer_budget // 2**20} MiB in the daemon (now {held // 2**20} MiB): "
-                "close some before writing more")
+                "close some (or remove scratch files) before writing more")
 
     def _check_first_ifd(self, state: FileState, buffer: bytearray) -> None:
         """Refuse at this write a file whose first IFD, now written, can never be the chunk
@@ -484,13 +493,15 @@ class Writes:
             arr, coords = self.chunk_target(path)
             if coords is not None and not arr.exists(coords):
                 raise NotAllowedError(errno.ENOENT, "no such chunk")
+            self._check_files_held()
             state = FileState(path, arr, coords, changed_at=self.clock())
             self.states[path] = state
-        if size > state.limit:
-            raise FileTooLargeError(f"size {size} exceeds the {state.limit}-byte limit")
-        if pid is not None:
-            self._add_writer(state, pid)
         try:
+            if size > state.limit:
+                raise FileTooLargeError(f"size {size} exceeds the {state.limit}-byte limit")
+            self._check_buffers(state, size)  # (180 scratch files truncated to their limit held 4.3 GiB)
+            if pid is not None:
+                self._add_writer(state, pid)
             buffer = await self.run(load_buffer, state)
             if size == len(buffer) and not state.dirty:
                 return
