@@ -680,3 +680,13 @@ def test_directory_coordinates_are_remembered_within_a_bound(slash: Path, monkey
         assert source.dir_coords(("c", str(GRID[0]))) is None
         assert source.dir_coords(("c", "07")) is None
         assert source.dir_coords(("d", "1")) is None
+
+
+def test_a_key_of_thousands_of_digits_is_not_a_coordinate() -> None:
+    """A listed key of more than 4,300 digits made int() raise, and its whole chunk
+    directory failed (EIO) on every listing; coordinates have at most 20 digits."""
+    from zfuse.view.chunk_listing import canonical_int
+
+    assert canonical_int("7") and canonical_int("18446744073709551615") and canonical_int("0")
+    assert not canonical_int("07") and not canonical_int("1" * 21) and not canonical_int("9" * 5000)
+    assert not canonical_int("١")

@@ -84,8 +84,10 @@ def _directories_of(keys: list[str]) -> dict[str, list[str]]:
 
 def canonical_int(name: str) -> bool:
     """Whether a chunk-key name is a coordinate as keys write it (``7``, not ``07``)."""
-    # ASCII only: str.isdigit and int() also take other scripts' digits ("١", "１")
-    return name.isascii() and name.isdigit() and (name == "0" or name[0] != "0")
+    # ASCII only: str.isdigit and int() also take other scripts' digits ("١", "１"); at
+    # most 20 digits (2**64 has 20): int() refuses a name of more than 4,300, and one
+    # such listed key failed its whole directory
+    return len(name) <= 20 and name.isascii() and name.isdigit() and (name == "0" or name[0] != "0")
 
 
 async def _take(aiter: AsyncIterator[str], count: int) -> list[str]:
