@@ -327,8 +327,10 @@ class AtomicLocalStore(LocalStore):
 
     def is_file_key(self, key: str) -> bool:
         """Whether `key` is an object of the store. A name in the store that is a link
-        leading out of it counts (its read then fails, naming it); a key under a
-        directory that leads out does not (that directory is not the store's)."""
+        leading out of it counts (its read then fails, naming it), and so does a FIFO,
+        socket or device (listed as any name is; its read fails: "not a regular file");
+        a key under a directory that leads out does not (that directory is not the
+        store's), nor does a directory."""
         try:
             st = self.stat_key(key)
         except OutsideStoreError:
@@ -338,7 +340,7 @@ class AtomicLocalStore(LocalStore):
             except OutsideStoreError:
                 return False
             return True
-        return st is not None and stat.S_ISREG(st.st_mode)
+        return st is not None and not stat.S_ISDIR(st.st_mode)
 
     def _read_request(self, key: str, byte_range: ByteRequest | None) -> bytes | None:
         if byte_range is None:
