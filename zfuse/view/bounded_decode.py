@@ -55,9 +55,15 @@ __all__ = ["CODEC_IDS", "DECODED_INTO", "bounded", "codec_id", "decode_into", "d
 Bytes = bytes | bytearray | memoryview
 
 
+# resolved now (1 ms): imagecodecs loads its extensions when first used, and one that
+# fails to load then (a daemon short of memory at that moment) stays a stub that fails
+# every later zstd chunk until the daemon restarts
+_zstd_decode = imagecodecs.zstd_decode
+
+
 def _zstd(data: Bytes, limit: int, config: dict[str, Any]) -> bytes:
     # exactly `limit`: libzstd refuses a frame that needs more (dst too small)
-    return imagecodecs.zstd_decode(data, out=limit) if limit else b""  # type: ignore[no-any-return]
+    return _zstd_decode(data, out=limit) if limit else b""  # type: ignore[no-any-return]
 
 
 def _zlib_stream(wbits: int) -> Callable[[Bytes, int, dict[str, Any]], bytes]:
