@@ -218,7 +218,10 @@ class MeteredStore(WrapperStore[Store]):
                 raise
             _abandon(task)
             self.stats.count("store_timeouts")
-            reason = f"store request {op} {key} timed out after {self.timeout:g} s ({self.source})"
+            elapsed = time.monotonic() - start
+            # (more than the timeout when the event loop itself was held meanwhile)
+            waited = f"{self.timeout:g} s" if elapsed < self.timeout + 1 else f"{elapsed:.0f} s (timeout {self.timeout:g} s)"
+            reason = f"store request {op} {key} timed out after {waited} ({self.source})"
             self._note_timeout(key, reason)
             raise StoreTimeoutError(reason)
 
