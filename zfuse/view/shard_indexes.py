@@ -97,7 +97,7 @@ class ShardIndexes:
                 self._sharding, StorePath(self._store, key), self._chunks_per_shard
             )
         except Exception as e:  # a bad index checksum or a short object
-            raise CorruptDataError(f"{key}: unreadable shard index: {e or type(e).__name__}") from e
+            raise CorruptDataError(f"{key}: unreadable shard index: {str(e) or type(e).__name__}") from e
         if index is not None:
             self._keep(key, index)
         return index

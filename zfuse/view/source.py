@@ -1229,7 +1229,7 @@ class ZarrChunkSource(ChunkSource):
                     buf = zarr_private.decode_sync(codec, buf, index_spec)
                 old = zarr_private.decode_sync(sharding.index_codecs[0], buf, index_spec).as_numpy_array()
             except Exception as e:  # a bad checksum: never overwrite what cannot be read
-                raise CorruptDataError(f"{key}: unreadable shard index: {e or type(e).__name__}") from e
+                raise CorruptDataError(f"{key}: unreadable shard index: {str(e) or type(e).__name__}") from e
             data = memoryview(stored)
             for local_coords in np.argwhere(old[..., 0] != MAX_UINT_64):
                 at = tuple(int(v) for v in local_coords)
