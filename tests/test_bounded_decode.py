@@ -189,3 +189,26 @@ def test_a_stored_jpeg_of_too_many_scans_is_refused_before_decoding() -> None:
     assert decompress_bounded("imagecodecs_jpeg", {}, few, 64 * 64) is None  # (decoded as usual)
     with pytest.raises(CorruptDataError, match="20001 scans"):
         decompress_bounded("imagecodecs_jpeg", {}, many, 64 * 64)
+
+
+def test_a_v2_chunk_with_filters_is_decompressed_within_a_bound(tmp_path) -> None:
+    """v2 arrays with filters (Delta here) and a compressor zfuse bounds: decompressed
+    into at most what any filter's encoding of the chunk can be, then the filters, as
+    zarr's V2Codec applies them (a 3 KB zlib chunk decompressed to 1.6 GiB before)."""
+    import zarr
+
+    from zfuse.daemon import MountConfig
+    from zfuse.open_view import make_view
+
+    root = tmp_path / "f.zarr"
+    arr = zarr.create_array(str(root), shape=(16, 16), chunks=(8, 8), dtype="<u2", zarr_format=2,
+                            filters=[numcodecs.Delta(dtype="<u2")], compressors=numcodecs.Zlib(level=1),
+                            fill_value=0)
+    values = (np.arange(256, dtype="<u2") * 7).reshape(16, 16)
+    arr[...] = values
+    (root / "1.1").write_bytes(zlib.compress(bytes(64 * 2**20), 1))  # (under the 1 MiB read bound)
+    view = make_view(MountConfig([str(root)], "/nonexistent", read_only=True))
+    array = dict(view.arrays())[()]
+    assert np.array_equal(np.frombuffer(bytes(array.pixel_bytes((0, 1))), "<u2").reshape(8, 8), values[:8, 8:])
+    with pytest.raises(CorruptDataError, match="decompress"):
+        array.pixel_bytes((1, 1))
