@@ -176,6 +176,9 @@ def hostile_http(tmp_path: Path) -> Iterator[tuple[Path, str]]:
 
 
 def test_http_bodies_are_bounded_and_never_decompressed(hostile_http: tuple[Path, str]) -> None:
+    """[hostile-12] an http(s) chunk whose body never ends is read to its bound and
+    refused; one the server gzips anyway is refused, not decompressed; a group's
+    members are listed from its directory page (`a/`)."""
     root, url = hostile_http
     _store(root / "s.zarr")
     view = make_view(MountConfig([f"{url}/s.zarr"], "/nonexistent", read_only=True))

@@ -286,7 +286,7 @@ def test_metadata_too_deep_or_large_hides_only_its_member(tmp_path: Path) -> Non
 
 
 def test_metadata_past_zfuse_bounds_hides_only_its_member(tmp_path: Path) -> None:
-    """33 dimensions, 65 codecs, a v2 element of 1.5 GB (which zarr-python would
+    """[hostile-11] 33 dimensions, 65 codecs, a v2 element of 1.5 GB (which zarr-python would
     allocate as the fill value), attributes that are a JSON list: that member is not
     shown, with the reason, before zarr-python parses it. OME-Zarr multiscales whose
     fields are the wrong JSON types (axes: 5, a 400-digit scale) cost only the OME
@@ -516,3 +516,33 @@ def test_find_over_many_members_holds_a_bounded_number_opened(tmp_path: Path, mo
     assert (tifffile.imread(m.path / "g00" / "a07" / "image.ome.tif") == 7).all()  # forgotten, opened again
     _good_reads(m)
     assert "Traceback" not in m.log()
+
+
+@pytest.mark.mount
+def test_mount_of_a_store_past_zfuse_bounds(tmp_path: Path, mount) -> None:
+    """[hostile-11] [hostile-12] [hostile-13] On a mount: members past zfuse's bounds
+    are directories with a README, the rest reads; a root member named `.zfuse` is not
+    merged into the mount's own directory; links to the store's root are not listed; a
+    sparse terabyte as a chunk and a FIFO as a chunk fail their reads with EIO at once."""
+    import errno as errno_mod
+
+    store = bounds_store(tmp_path / "b.zarr")
+    (store / "loop").symlink_to(".")
+    with open(store / "good" / "c" / "1" / "1", "wb") as f:
+        f.truncate(2**40)
+    (store / "good" / "c" / "0").mkdir()
+    os.mkfifo(store / "good" / "c" / "0" / "1")
+    m = mount(store)
+    names = os.listdir(m.path)
+    assert "loop" not in names and "good" in names
+    assert sorted(os.listdir(m.path / ".zfuse")).count("stats") == 1
+    assert "33 dimensions" in (m.path / "rank33" / "README").read_text()
+    assert "holds a JSON list" in (m.path / "v2attrlist" / "README").read_text()
+    for chunk in (m.path / "good" / "c" / "1" / "1.tiff", m.path / "good" / "c" / "0" / "1.tiff"):
+        with pytest.raises(OSError) as e:
+            chunk.read_bytes()
+        assert e.value.errno == errno_mod.EIO, chunk
+    values = tifffile.imread(m.path / "good" / "c" / "1" / "0.tiff")
+    assert (values == 7).all()
+    _alive(m)
+

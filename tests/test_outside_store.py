@@ -202,7 +202,7 @@ def test_a_socket_is_refused_and_crafted_sizes_are_never_allocated(tmp_path: Pat
 
 
 def test_odd_chunk_files_and_sparse_terabytes_cost_nothing(tmp_path: Path) -> None:
-    """The view (no FUSE): a FIFO and a socket as chunks of a raw array fail their
+    """[hostile-12] The view (no FUSE): a FIFO and a socket as chunks of a raw array fail their
     chunk and whole-image reads at once (the whole image's passthrough opened the FIFO
     blocking, and waited for a writer forever); a sparse terabyte as a zstd chunk is
     refused unread, naming its key."""
@@ -256,7 +256,7 @@ def test_odd_chunk_files_and_sparse_terabytes_cost_nothing(tmp_path: Path) -> No
 
 
 def test_links_to_a_directory_above_are_not_listed(tmp_path: Path) -> None:
-    """Two links to the store's root (`a -> .`, `b -> .`) made a hierarchy doubling at
+    """[hostile-13] Two links to the store's root (`a -> .`, `b -> .`) made a hierarchy doubling at
     every level, 2**64 directories at the depth shown, that `find` never finished; a
     link to the group it is in, or to one above, is not listed. A link to a sibling
     (no cycle) still is."""
