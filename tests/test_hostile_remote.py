@@ -190,3 +190,24 @@ def test_http_bodies_are_bounded_and_never_decompressed(hostile_http: tuple[Path
     with pytest.raises(CorruptDataError, match=r"a/c/0/1: the server sent a gzip-encoded body"):
         array.pixel_bytes((0, 1))
     assert json.loads(array.metadata_bytes)["shape"] == [16, 16]
+
+
+def test_a_remote_shard_is_rewritten_within_its_own_bound(tmp_path: Path, s3: S3Server, monkeypatch) -> None:
+    """Writing an inner chunk of a remote shard reads the shard whole (zarr rewrites it):
+    that read is bounded by what the shard can hold, not by the default bound of an
+    object of unknown size (here made smaller than the shard: before, the write failed)."""
+    from zfuse import defaults
+
+    root = tmp_path / "s.zarr"
+    zarr.open_group(str(root), mode="w")
+    a = zarr.create_array(str(root / "a"), shape=(64, 64), chunks=(8, 8), shards=(64, 64), dtype="u1",
+                          fill_value=0, compressors=None)
+    a[...] = (np.arange(64 * 64) % 251).astype("u1").reshape(64, 64)
+    upload(s3, root, "shards", "s.zarr")
+    monkeypatch.setattr(defaults, "REMOTE_OBJECT_MAX", 3000)  # (the shard is about 5 KB)
+    view = make_view(MountConfig(["s3://shards/s.zarr"], "/nonexistent", read_only=False,
+                                 storage_options=s3.storage_options))
+    view.list_dir(())
+    array = dict(view.arrays())[("a",)]
+    array.source.write_chunk((0, 0), np.full((8, 8), 7, "u1"))
+    assert bytes(array.pixel_bytes((0, 0))) == bytes([7]) * 64

@@ -36,6 +36,7 @@ from zarr.storage import LocalStore
 
 from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.ext.chunk_keys import METADATA_NAMES
+from zfuse.ext.read_limits import chunk_read_limit
 from zfuse.workers import WorkerThreads
 
 log = logging.getLogger("zfuse.store")  # the name its lines always had
@@ -344,7 +345,8 @@ class AtomicLocalStore(LocalStore):
 
     def _read_request(self, key: str, byte_range: ByteRequest | None) -> bytes | None:
         if byte_range is None:
-            return self.read_key(key)
+            # a chunk object read whole: no further than its reader says it can hold
+            return self.read_key(key, max_bytes=chunk_read_limit.get() if key_kind(key) == "chunk" else None)
         if isinstance(byte_range, RangeByteRequest):
             return self.read_key(key, (byte_range.start, byte_range.end))
         st = self.stat_key(key)

@@ -102,8 +102,8 @@ NON_STREAMING_MAX = 16 * 2**20
 
 
 def too_large(key: str, limit: int) -> CorruptDataError:
-    return CorruptDataError(f"{key}: the server sent more than {limit} bytes for it (more than "
-                            "what it can hold: a broken or hostile server): not read further")
+    return CorruptDataError(f"{key}: the server sent more than {limit} bytes for it, more than zfuse "
+                            "reads of such an object whole (what it can hold): not read further")
 
 
 async def read_whole(body: Any, limit: int, key: str) -> bytes:

@@ -14,8 +14,6 @@ cache and for writes made on condition of the version read.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
 import os
 import time
 import weakref
@@ -29,6 +27,7 @@ from zarr.storage import WrapperStore
 from zfuse import defaults
 from zfuse.errors import StoreTimeoutError
 from zfuse.ext.metadata_json import MAX_METADATA_BYTES
+from zfuse.ext.read_limits import chunk_read_limit
 from zfuse.local_store import AtomicLocalStore, key_kind, next_names
 from zfuse.remote_objects import (
     ABSENT,
@@ -687,23 +686,6 @@ def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] 
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such file or directory: {path}")
     return AtomicLocalStore(path, read_only=read_only, durable=durable)
-
-
-#: bytes the (inner) chunk being read can be stored in, set by its reader around its
-#: requests (a context variable: it follows them onto zarr's event loop and into the tasks
-#: they start); None: not known, `defaults.REMOTE_OBJECT_MAX`
-chunk_read_limit: contextvars.ContextVar[int | None] = contextvars.ContextVar("chunk_read_limit", default=None)
-
-
-@contextlib.contextmanager
-def chunk_read_limited(limit: int) -> Iterator[None]:
-    """The requests made inside (and the tasks they start) read a whole chunk object to
-    at most `limit` bytes (`chunk_read_limit`)."""
-    token = chunk_read_limit.set(limit)
-    try:
-        yield
-    finally:
-        chunk_read_limit.reset(token)
 
 
 def whole_object_limit(kind: str) -> int:

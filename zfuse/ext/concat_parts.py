@@ -45,6 +45,7 @@ from zarr.abc.store import ByteRequest, OffsetByteRequest, RangeByteRequest, Suf
 
 from zfuse.errors import CorruptDataError, MetadataError
 from zfuse.ext.layers import ChunkIO, slice_for_request
+from zfuse.ext.read_limits import chunk_read_limited
 
 __all__ = ["PARTS_MAX", "ConcatPartsConfig", "ConcatPartsIO", "Part", "parse_concat_parts"]
 
@@ -164,12 +165,15 @@ class ConcatPartsIO(ChunkIO):
                 f"expected {expected}"
             )
 
-    @staticmethod
-    def _sized(size: int | None) -> ByteRequest | None:
-        """How a part read whole is asked for: a sized part to one byte past its size, so
-        that a part far longer than it should be (a crafted 3 GB `.crc32c`) is found
-        wrong without being read; the unsized part whole."""
-        return None if size is None else RangeByteRequest(0, size + 1)
+    async def _get_part(self, key: str, size: int | None) -> bytes | None:
+        """A part read whole (so that its version is the one a write is conditioned on,
+        on stores that have versions), a sized one to at most one byte past its size:
+        a part far longer than it should be (a crafted 3 GB `.crc32c`) is found wrong
+        without being read."""
+        if size is None:
+            return await self.inner.get(key)
+        with chunk_read_limited(size + 1):
+            return await self.inner.get(key)
 
     # -- read ------------------------------------------------------------------------
 
@@ -206,7 +210,7 @@ class ConcatPartsIO(ChunkIO):
 
     async def _get_whole(self, key: str) -> bytes | None:
         parts = self.config.parts
-        values = await asyncio.gather(*(self.inner.get(self._pk(key, p), self._sized(p.size)) for p in parts))
+        values = await asyncio.gather(*(self._get_part(self._pk(key, p), p.size) for p in parts))
         got = dict(enumerate(values))
         if all(v is None for v in values):
             return None
@@ -247,7 +251,7 @@ class ConcatPartsIO(ChunkIO):
             lo, hi = requests[i]
             size = parts[i].size
             if lo == 0 and size is not None and hi == size:
-                data = await self.inner.get(self._pk(key, parts[i]), self._sized(size))
+                data = await self._get_part(self._pk(key, parts[i]), size)
                 if data is not None:
                     self._check_size(key, i, data, size)
                 return data

@@ -24,7 +24,7 @@ from zarr.core.buffer import default_buffer_prototype
 
 from zfuse.ext import zarr_private
 from zfuse.ext.chunk_keys import Coords
-from zfuse.store import chunk_read_limited
+from zfuse.ext.read_limits import chunk_read_limited
 from zfuse.view.fetch_ahead import MISSED, FetchAhead, coalesce
 from zfuse.view.shard_indexes import ShardIndexes
 

@@ -25,6 +25,7 @@ state of their own are modules of their own, each held by the source:
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import math
@@ -49,7 +50,7 @@ from zfuse.conditional import retry_lost_races
 from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.ext import zarr_private
 from zfuse.ext.chunk_keys import ChunkKeyDecoder, Coords, standard_layout
-from zfuse.store import chunk_read_limited
+from zfuse.ext.read_limits import chunk_read_limited
 from zfuse.view import bounded_decode
 from zfuse.view.caches import BoundedLRU
 from zfuse.view.chunk_listing import LIST_PAGE as LIST_PAGE  # (re-exported: the view pages by it)
@@ -665,8 +666,10 @@ class ZarrChunkSource(ChunkSource):
 
     def _read_chunk_once(self, coords: Coords, must_exist: bool) -> np.ndarray:
         if not self._direct:
+            limit = self._storage_object_max
             try:
-                return self.full_chunk(np.asarray(self.array[self.chunk_region(coords)]))
+                with contextlib.nullcontext() if limit is None else chunk_read_limited(limit):
+                    return self.full_chunk(np.asarray(self.array[self.chunk_region(coords)]))
             except (ValueError, RuntimeError, TypeError) as e:  # (as below; zarr's indexing decoded it)
                 raise CorruptDataError(f"{self.chunk_key(coords)}: the stored chunk does not decode: "
                                        f"{type(e).__name__}: {e}") from e
@@ -717,6 +720,16 @@ class ZarrChunkSource(ChunkSource):
             raise CorruptDataError(f"the stored chunk decodes to {values.size} values, "
                                    f"the chunk holds {math.prod(self.chunk_shape)}")
         return values.reshape(self.chunk_shape)
+
+    @functools.cached_property
+    def _storage_object_max(self) -> int | None:
+        """Bytes a whole storage object (a shard: its inner chunks and its index; else a
+        chunk) is read up to; None where storage transformers lie between (a
+        sharding-v1 shard's bound is theirs: the default bound applies)."""
+        if self.sharding is not None:
+            inner = math.prod(self.chunks_per_shard)
+            return inner * self._stored_max + 16 * inner + 4 + (1 << 20)
+        return None if self._has_transformers() else self._stored_max
 
     @functools.cached_property
     def _staged_codecs(self) -> tuple[Any, list[Any], Any, int] | None:
@@ -1195,7 +1208,9 @@ class ZarrChunkSource(ChunkSource):
                 elif self.sharding is None and self._direct:
                     sync(self._write_stored_chunk(coords, self.full_chunk(clipped)))
                 else:
-                    self._writer[region] = clipped  # zarr rewrites the shard
+                    limit = self._storage_object_max
+                    with contextlib.nullcontext() if limit is None else chunk_read_limited(limit):
+                        self._writer[region] = clipped  # zarr rewrites the shard (read whole, bounded)
             finally:
                 self._forget_index(coords)
                 if new_index is not None:  # the shard just written: no need to read it back
@@ -1235,7 +1250,7 @@ class ZarrChunkSource(ChunkSource):
         index_size = zarr_private.shard_index_size(sharding, cps)
         index_first = sharding.index_location == ShardingCodecIndexLocation.start
         proto = default_buffer_prototype()
-        stored = local.get_local(key)
+        stored = local.get_local(key, max_bytes=self._storage_object_max)
         parts: dict[tuple[int, ...], memoryview] = {}
         if stored is not None:
             if len(stored) < index_size:
