@@ -578,13 +578,24 @@ class AtomicLocalStore(LocalStore):
         links, which are listed through only when they stay inside the store)."""
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         keys: list[str] = []
-        stack = [base]
+        # each directory with those it lies in (by identity), from the store's root: a
+        # link to one of them loops
+        parents = ["/".join(base.split("/")[:depth]) for depth in range(1, base.count("/") + 1)] if base else []
+        outer = {(st.st_dev, st.st_ino) for st in ([os.fstat(self.root_fd())] if base else [])
+                 + [self.stat_key(p) for p in parents] if st is not None}
+        stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(base, frozenset(outer))]
         while stack:
-            rel = stack.pop()
+            rel, above = stack.pop()
             fd = self.open_dir(rel)
             if fd is None:
                 continue
             try:
+                st = os.fstat(fd)
+                here = (st.st_dev, st.st_ino)
+                if here in above:
+                    log.warning("not listed: %s: a link to a directory it lies in (a loop)", rel)
+                    continue
+                above = above | {here}
                 with os.scandir(fd) as entries:
                     found = [(e.name, e.is_dir(follow_symlinks=False), e.is_symlink()) for e in entries]
             finally:
@@ -605,7 +616,7 @@ class AtomicLocalStore(LocalStore):
                     is_dir = stat.S_ISDIR(st.st_mode)
                 if is_dir:
                     if key.startswith(prefix) or prefix.startswith(key + "/"):
-                        stack.append(key)
+                        stack.append((key, above))
                 elif key.startswith(prefix):
                     keys.append(key)
         return keys
