@@ -512,6 +512,54 @@ def test_a_rename_or_unlink_during_a_commit_waits_for_it_and_wins(tmp_path: Path
         assert not k.exists(CHUNK)
 
 
+def test_an_open_for_writing_waits_for_a_rename_under_way(tmp_path: Path, clock: Clock) -> None:
+    """[ns-3] a writer opening a chunk while a rename of it runs (its commit at the new
+    name under way) is opened after the rename, never detached by it: before, its
+    bytes were then stored nowhere while its close() said 0."""
+    from zfuse.view.writes import _commit_chunk
+
+    src = tmp_path / "a.zarr"
+    stores.v3(src)
+    gate, committing = trio.Event(), trio.Event()
+
+    async def gated_run(fn, *args):  # noqa: ANN001, ANN202
+        if fn is _commit_chunk and not committing.is_set():
+            committing.set()
+            await gate.wait()
+        return fn(*args)
+
+    fs, k = make_fs(src, clock, run=gated_run, replace_window=5.0, pending_timeout=60.0)
+    row0, row1 = k.walk("c/0"), k.walk("c/1")
+    old = k.walk(CHUNK)
+    order: list[str] = []
+    opened: list[int] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            async def rename() -> None:
+                await fs.rename(row0, "0.tiff", row1, "0.tiff", 0)
+                order.append("renamed")
+
+            nursery.start_soon(rename)
+            await committing.wait()
+
+            async def open_old() -> None:
+                opened.append((await fs.open(old, os.O_WRONLY | os.O_TRUNC, WRITER)).fh)
+                order.append("opened")
+
+            nursery.start_soon(open_old)
+            await trio.testing.wait_all_tasks_blocked()
+            assert order == []  # the open waits for the rename
+            gate.set()
+
+    trio.run(main)
+    assert order == ["renamed", "opened"]
+    new = stores.values((8, 16), "uint16", seed=51)
+    k.write(opened[0], tiff(new))
+    k.close(opened[0])  # stored at the old name, a new chunk there
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), new)
+
+
 def test_listing_during_a_replacement_keeps_the_chunk(v3) -> None:
     """[ns-4] a chunk being rewritten stays listed, once."""
     src, data, fs, k = v3

@@ -126,3 +126,7 @@ def test_truncate_and_empty_files_count_against_the_daemon_limits(tmp_path: Path
     assert refused.value.errno == errno.ENOSPC
     k.unlink("c/0/e1")
     k.close(k.open("c/0/e3", os.O_WRONLY | os.O_CREAT))
+    # an existing chunk opened O_TRUNC and closed empty is held (pending) too
+    with pytest.raises(FsError) as refused:
+        k.open("c/0/0.tiff", os.O_WRONLY | os.O_TRUNC)
+    assert refused.value.errno == errno.ENOSPC

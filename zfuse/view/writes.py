@@ -377,16 +377,23 @@ class Writes:
 
     # -- open/create ----------------------------------------------------------
     async def open(self, path: Path, entry: Entry | None, flags: int, pid: int | None) -> FileState:
-        """Open `path` for writing (an existing chunk or a file with a state)."""
+        """Open `path` for writing (an existing chunk or a file with a state). Waits for
+        a rename or unlink of it under way (`_changing`): a writer opened meanwhile
+        would be detached by it, and its bytes lost."""
         self._check_writable()
+        if path not in self.states and entry is None:
+            # The kernel still holds a dentry for a file that vanished (a refused
+            # new file, dropped at release): recreate it, as O_CREAT would have.
+            return await self.create(path, flags, pid)
+        async with self._changing(path):
+            return self._open(path, entry, flags, pid)
+
+    def _open(self, path: Path, entry: Entry | None, flags: int, pid: int | None) -> FileState:
         state = self.states.get(path)
         if state is None:
-            if entry is None:
-                # The kernel still holds a dentry for a file that vanished (a refused
-                # new file, dropped at release): recreate it, as O_CREAT would have.
-                return await self.create(path, flags, pid)
-            if entry.node is not Node.CHUNK or entry.array is None or entry.coords is None:
+            if entry is None or entry.node is not Node.CHUNK or entry.array is None or entry.coords is None:
                 raise NotAllowedError(errno.EACCES, "only chunk files can be written")
+            self._check_files_held()
             state = FileState(path, entry.array, entry.coords, changed_at=self.clock())
             self.states[path] = state
         if state.phase is Phase.PENDING:
@@ -402,6 +409,10 @@ class Writes:
 
     async def create(self, path: Path, flags: int, pid: int | None) -> FileState:
         self._check_writable()
+        async with self._changing(path):  # (as `open`)
+            return self._create(path, flags, pid)
+
+    def _create(self, path: Path, flags: int, pid: int | None) -> FileState:
         arr, coords = self.chunk_target(path)
         state = self.states.get(path)
         if state is None:
