@@ -211,3 +211,33 @@ def test_a_remote_shard_is_rewritten_within_its_own_bound(tmp_path: Path, s3: S3
     array = dict(view.arrays())[("a",)]
     array.source.write_chunk((0, 0), np.full((8, 8), 7, "u1"))
     assert bytes(array.pixel_bytes((0, 0))) == bytes([7]) * 64
+
+
+def test_a_remote_shard_index_claiming_a_huge_inner_chunk_asks_for_nothing(tmp_path: Path, s3: S3Server) -> None:
+    """[hostile-12] a shard index (checksum valid) giving an inner chunk 2**40 bytes: the
+    read is refused from the index, past what the inner chunk can be stored in, and no
+    such range is asked for (a server streaming it would have been read on)."""
+    import struct
+
+    import crc32c
+
+    root = tmp_path / "s.zarr"
+    zarr.open_group(str(root), mode="w")
+    a = zarr.create_array(str(root / "a"), shape=(16, 16), chunks=(8, 8), shards=(16, 16), dtype="u1",
+                          fill_value=0, compressors=None)
+    a[...] = 1
+    shard = bytearray((root / "a" / "c" / "0" / "0").read_bytes())
+    index = bytearray(shard[-(16 * 4 + 4):-4])
+    struct.pack_into("<QQ", index, 0, 0, 2**40)
+    shard[-(16 * 4 + 4):] = bytes(index) + struct.pack("<I", crc32c.crc32c(bytes(index)))
+    (root / "a" / "c" / "0" / "0").write_bytes(bytes(shard))
+    upload(s3, root, "bigentry", "s.zarr")
+    view = make_view(MountConfig(["s3://bigentry/s.zarr"], "/nonexistent", read_only=True,
+                                 storage_options=s3.storage_options))
+    view.list_dir(())
+    array = dict(view.arrays())[("a",)]
+    before = len(s3.requests())
+    with pytest.raises(CorruptDataError, match="inner chunk .* is 1099511627776 bytes in the shard's index"):
+        array.pixel_bytes((0, 0))
+    assert not [r for r in s3.requests()[before:] if "bytes=0-1099511627775" in str(r)]
+    assert bytes(array.pixel_bytes((1, 1))) == bytes([1]) * 64

@@ -183,8 +183,9 @@ class RemoteFetcher:
                 byte_slice = index.get_chunk_slice(coords) if index is not None else None
                 if byte_slice is None:
                     out[coords] = None
-                else:
+                elif byte_slice[1] - byte_slice[0] <= array._stored_max:
                     ranges.append((*byte_slice, coords))
+                # (else not fetched ahead: its read refuses it, naming it)
             # the shard's other inner chunks: those other fetches bring (parallel readers'
             # windows) no request here reaches across; those nobody fetches that lie
             # inside a request are fetched with it, and kept for their reads

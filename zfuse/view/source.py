@@ -1159,6 +1159,10 @@ class ZarrChunkSource(ChunkSource):
                 raise self._vanished(f"{key} (inner chunk {coords})")
             return None
         start, end = byte_slice
+        if end - start > self._stored_max:  # (as `_fetch_local`: never asked for, however it streams)
+            self._indexes.forget(shard)
+            raise CorruptDataError(f"{key}: inner chunk {coords} is {end - start} bytes in the shard's "
+                                   f"index, past the {self._stored_max} it can be stored in")
         proto = default_buffer_prototype()
         buf = await self.store.get(key, prototype=proto, byte_range=RangeByteRequest(start, end))
         if buf is None or len(buf) != end - start:
