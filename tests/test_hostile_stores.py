@@ -323,6 +323,39 @@ def test_metadata_past_zfuse_bounds_hides_only_its_member(tmp_path: Path) -> Non
     assert view.entry(("void", "README")) is not None
 
 
+def test_consolidated_metadata_past_zfuse_bounds_is_not_used(tmp_path: Path) -> None:
+    """[hostile-11] zarr-python opens members from a group's consolidated metadata
+    without reading their own documents: one entry past zfuse's bounds (65 codecs in a
+    v3 group's, a 1.5 GB v2 element in a `.zmetadata`) and the consolidated metadata is
+    not used (logged); the store is listed, and the member refused from its own document."""
+    root = tmp_path / "c.zarr"
+    _group(root)
+    _array(root, "codecs65", [8], [8])
+    doc = json.loads((root / "codecs65" / "zarr.json").read_text())
+    doc["codecs"] += [{"name": "crc32c"}] * 65
+    (root / "codecs65" / "zarr.json").write_text(json.dumps(doc))
+    group = json.loads((root / "zarr.json").read_text())
+    group["consolidated_metadata"] = {"kind": "inline", "must_understand": False, "metadata": {
+        "codecs65": doc, "good": json.loads((root / "good" / "zarr.json").read_text())}}
+    (root / "zarr.json").write_text(json.dumps(group))
+    report = _info(root)
+    why = {p["path"]: p["reason"] for p in report["not_shown"]}
+    assert "66 codecs" in why["codecs65"]
+    assert {"good"} <= {a["path"] for a in report["arrays"] if a["shown"]}
+    v2 = tmp_path / "v2.zarr"
+    v2.mkdir()
+    (v2 / ".zgroup").write_text(json.dumps({"zarr_format": 2}))
+    void = {"zarr_format": 2, "shape": [4], "chunks": [4], "dtype": "|V1500000000", "compressor": None,
+            "fill_value": None, "filters": None, "order": "C"}
+    (v2 / "void").mkdir()
+    (v2 / "void" / ".zarray").write_text(json.dumps(void))
+    (v2 / ".zmetadata").write_text(json.dumps({"zarr_consolidated_format": 1, "metadata": {
+        ".zgroup": {"zarr_format": 2}, "void/.zarray": void}}))
+    report = _info(v2)
+    why = {p["path"]: p["reason"] for p in report["not_shown"]}
+    assert "is 1500000000 bytes" in why["void"]
+
+
 # -- real mounts ----------------------------------------------------------------------
 
 

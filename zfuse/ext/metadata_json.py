@@ -131,6 +131,29 @@ def structure_problem(doc: Any, key: str) -> str | None:
     return None
 
 
+def consolidated_problem(doc: Any, key: str) -> str | None:
+    """Why the consolidated metadata in the document at `key` (a group's `zarr.json`,
+    or a v2 `.zmetadata`) is not used: the first member document in it past zfuse's
+    bounds (`structure_problem`); zarr-python opens members from it without reading
+    their own documents, so the store is then listed instead."""
+    name = key.rsplit("/", 1)[-1]
+    entries: Any = None
+    if isinstance(doc, dict) and name == "zarr.json":
+        consolidated = doc.get("consolidated_metadata")
+        entries = consolidated.get("metadata") if isinstance(consolidated, dict) else None
+        paths = {path: f"{path}/zarr.json" for path in entries} if isinstance(entries, dict) else {}
+    elif isinstance(doc, dict) and name == ".zmetadata":
+        entries = doc.get("metadata")
+        paths = {path: path for path in entries} if isinstance(entries, dict) else {}
+    if not isinstance(entries, dict):
+        return None
+    for path, entry in entries.items():
+        problem = structure_problem(entry, str(paths[path]))
+        if problem is not None:
+            return f"{key}: the consolidated metadata of {path}: {problem}"
+    return None
+
+
 def _kind(value: Any) -> str:
     """A parsed JSON value's kind, as JSON names it."""
     if value is None:

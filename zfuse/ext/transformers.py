@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import threading
 from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
@@ -46,8 +47,15 @@ from zfuse.errors import MetadataError
 from zfuse.ext.chunk_keys import METADATA_NAMES, ChunkKeyDecoder, chunk_key_encoding_of
 from zfuse.ext.layers import ChunkIO, StoreIO
 from zfuse.ext.mapped_store import MappedStore
-from zfuse.ext.metadata_json import is_metadata_key, load_metadata, metadata_problem
+from zfuse.ext.metadata_json import (
+    consolidated_problem,
+    is_metadata_key,
+    load_metadata,
+    metadata_problem,
+)
 from zfuse.ext.stack import build_stack, is_transformed_array
+
+_log = logging.getLogger("zfuse.store")  # (what the store layer logs under)
 
 if TYPE_CHECKING:
     from typing import Self
@@ -321,11 +329,14 @@ class TransformerStore(MappedStore):
             buf = await self._store.get(key, prototype, byte_range)
             if buf is not None and byte_range is None and is_metadata_key(key):
                 try:  # v2 documents: zarr-python parses them next
-                    load_metadata(buf.to_bytes(), key)
+                    doc = load_metadata(buf.to_bytes(), key)
                 except MetadataError:
                     raise
                 except ValueError:
-                    pass  # not JSON: zarr-python says so
+                    return buf  # not JSON: zarr-python says so
+                if (problem := consolidated_problem(doc, key)) is not None:
+                    _log.warning("%s: not used, the store is listed instead", problem)
+                    return None  # (as if there were none)
             return buf
         stack, rel = routed
         data = await stack.get(rel, byte_range)
@@ -346,7 +357,11 @@ class TransformerStore(MappedStore):
         except ValueError:
             doc = None  # not JSON: not ours to judge; zarr will complain
         await self._register(_dirname(key), doc)
-        if isinstance(doc, dict) and (
+        if (problem := consolidated_problem(doc, key)) is not None:
+            _log.warning("%s: not used, the store is listed instead", problem)
+            doc = {k: v for k, v in doc.items() if k != "consolidated_metadata"}
+            raw = _dumps(self._present(doc))
+        elif isinstance(doc, dict) and (
             is_transformed_array(doc) or _has_transformed_consolidated(doc)
         ):
             raw = _dumps(self._present(doc))
