@@ -19,6 +19,7 @@ import logging
 import random
 import string
 import urllib.parse
+import zlib
 from collections.abc import Callable
 from typing import Any
 
@@ -166,13 +167,35 @@ def note_range_ignored(server: str, url: str) -> None:
                     "objects, which costs their transfer", source_label(url))
 
 
+def _encoding(response: Any) -> str:
+    return str(response.headers.get("Content-Encoding", "identity")).strip().lower() or "identity"
+
+
 def _refuse_encoded(response: Any, url: str) -> None:
-    """zfuse asks http(s) servers for bodies as stored (Accept-Encoding: identity) and
-    does not decompress them: a 6 MB gzip body of zeros would be gigabytes."""
-    encoding = response.headers.get("Content-Encoding", "identity").strip().lower()
-    if encoding not in ("", "identity"):
+    """zfuse asks http(s) servers for bodies as stored (Accept-Encoding: identity): a
+    byte range of an encoded body is no range of the object."""
+    encoding = _encoding(response)
+    if encoding != "identity":
         raise CorruptDataError(f"{url}: the server sent a {encoding}-encoded body, though the body "
                                "as stored was asked for (Accept-Encoding: identity): not read")
+
+
+def _inflate(data: bytes, encoding: str, limit: int, url: str) -> bytes:
+    """A gzip- or deflate-encoded body (sent whatever was asked: an object stored with
+    that encoding behind some servers) decoded into at most `limit` bytes (a 6 MB body
+    of zeros is gigabytes: `too_large` past the limit)."""
+    wbits = {"gzip": 31, "x-gzip": 31, "deflate": 15}.get(encoding)
+    if wbits is None:
+        raise CorruptDataError(f"{url}: the server sent a {encoding}-encoded body, though the body "
+                               "as stored was asked for (Accept-Encoding: identity): not read")
+    inflater = zlib.decompressobj(wbits)
+    try:
+        out = inflater.decompress(data, limit + 1)
+    except zlib.error as e:
+        raise CorruptDataError(f"{url}: its {encoding}-encoded body does not decode: {e}") from e
+    if len(out) > limit:
+        raise too_large(url, limit)
+    return out
 
 
 async def get_http_object(fs: Any, url: str, limit: int) -> bytes | None:
@@ -185,10 +208,11 @@ async def get_http_object(fs: Any, url: str, limit: int) -> bytes | None:
             fs._raise_not_found_for_status(response, url)
         except FileNotFoundError:
             return None
-        _refuse_encoded(response, url)
         if response.content_length is not None and response.content_length > limit:
             raise too_large(url, limit)
-        return await read_whole(response.content, limit, url)
+        data = await read_whole(response.content, limit, url)
+        encoding = _encoding(response)
+        return data if encoding == "identity" else _inflate(data, encoding, limit, url)
 
 
 async def get_http_range(fs: Any, url: str, byte_range: ByteRequest) -> bytes | None:
