@@ -15,6 +15,8 @@ import pytest
 from zfuse.testing import Mount, MountError, Mounts, fuse_available
 from zfuse.testing import start_mount as _start_mount
 
+from s3server import S3Server
+
 REQUIRE_FUSE = os.environ.get("ZFUSE_REQUIRE_FUSE") == "1"
 
 # rm's deferred store deletion: short in tests, which wait for it with Mount.settle()
@@ -55,3 +57,16 @@ def mount(tmp_path: Path) -> Iterator:
             return _mount_or_fail(lambda: mounts.start(source, *args, name=name))
 
         yield make
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
+    """A real S3-compatible server on loopback (moto's server mode), one per test module
+    (each test makes its own bucket)."""
+    server = S3Server(tmp_path_factory.mktemp("moto") / "server.log")
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+

@@ -44,16 +44,6 @@ def _store(root: Path) -> Path:
 # -- S3 ------------------------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    server = S3Server(tmp_path_factory.mktemp("moto") / "server.log")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
-
-
 def test_s3_objects_past_what_they_can_hold_are_refused_unread(tmp_path: Path, s3: S3Server) -> None:
     root = _store(tmp_path / "s.zarr")
     (root / "a" / "c" / "1" / "1").write_bytes(bytes(3 * 2**20))  # 3 MB for a 64-byte chunk
@@ -151,22 +141,18 @@ class _Hostile(http.server.SimpleHTTPRequestHandler):
                 return
         if self.path.endswith("/a/c/1/1"):  # an honest chunk, stored gzip-encoded (sent so whatever is asked)
             with open(Path(self.directory) / self.path.lstrip("/"), "rb") as f:
-                body = gzip.compress(f.read())
-            self.send_response(200)
-            self.send_header("Content-Encoding", "gzip")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
+                return self._gzipped(f.read())
         if self.path.endswith("/a/c/0/1"):
-            body = gzip.compress(bytes(64 * 2**20), 1)
-            self.send_response(200)
-            self.send_header("Content-Encoding", "gzip")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-            return
+            return self._gzipped(bytes(64 * 2**20))
         super().do_GET()
+
+    def _gzipped(self, data: bytes) -> None:
+        body = gzip.compress(data, 1)
+        self.send_response(200)
+        self.send_header("Content-Encoding", "gzip")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
 
 @pytest.fixture

@@ -92,6 +92,18 @@ def deep_store(root: Path) -> Path:
     return root
 
 
+def _sharded(root: Path, name: str, shape: list[int], shard: list[int], inner: list[int], stored: bytes) -> None:
+    """A uint8 array of one shard (crc32c index) whose stored bytes are `stored`."""
+    _array(root, name, shape, shard, "uint8")
+    doc = json.loads((root / name / "zarr.json").read_text())
+    doc["codecs"] = [{"name": "sharding_indexed", "configuration": {
+        "chunk_shape": inner, "codecs": [{"name": "bytes"}],
+        "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}]
+    (root / name / "zarr.json").write_text(json.dumps(doc))
+    (root / name / "c" / "0").mkdir(parents=True)
+    (root / name / "c" / "0" / "0").write_bytes(stored)
+
+
 def bounds_store(root: Path) -> Path:
     """Members small on disk whose metadata costs zarr-python time or memory out of
     proportion (rank, codec count, a v2 element of 1.5 GB), attributes that are no
@@ -117,26 +129,11 @@ def bounds_store(root: Path) -> Path:
         {"zarr_format": 2, "shape": [8], "chunks": [8], "dtype": "<u2", "compressor": None,
          "fill_value": 0, "filters": None, "order": "C"}))
     (root / "v2attrlist" / ".zattrs").write_text("[1, 2]")
-    _array(root, "bigshard", [2**20, 2**20], [2**20, 2**20], "uint8")
-    doc = json.loads((root / "bigshard" / "zarr.json").read_text())
-    doc["codecs"] = [{"name": "sharding_indexed", "configuration": {
-        "chunk_shape": [1, 1], "codecs": [{"name": "bytes"}],
-        "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}]
-    (root / "bigshard" / "zarr.json").write_text(json.dumps(doc))
-    (root / "bigshard" / "c" / "0").mkdir(parents=True)
-    (root / "bigshard" / "c" / "0" / "0").write_bytes(random.Random(0).randbytes(100))
+    _sharded(root, "bigshard", [2**20, 2**20], [2**20, 2**20], [1, 1], random.Random(0).randbytes(100))
     (root / ".zfuse").mkdir()
     (root / ".zfuse" / "zarr.json").write_text(json.dumps({"zarr_format": 3, "node_type": "group"}))
     _array(root / ".zfuse", "stats", [8], [8])
-    _array(root, "badshard", [16, 16], [8, 8], "uint8")
-    doc = json.loads((root / "badshard" / "zarr.json").read_text())
-    doc["chunk_grid"]["configuration"]["chunk_shape"] = [16, 16]
-    doc["codecs"] = [{"name": "sharding_indexed", "configuration": {
-        "chunk_shape": [8, 8], "codecs": [{"name": "bytes"}],
-        "index_codecs": [{"name": "bytes", "configuration": {"endian": "little"}}, {"name": "crc32c"}]}}]
-    (root / "badshard" / "zarr.json").write_text(json.dumps(doc))
-    (root / "badshard" / "c" / "0").mkdir(parents=True)
-    (root / "badshard" / "c" / "0" / "0").write_bytes(random.Random(1).randbytes(300))
+    _sharded(root, "badshard", [16, 16], [16, 16], [8, 8], random.Random(1).randbytes(300))
     _array(root, "v1big", [4096, 4096], [1, 1], "uint8")
     doc = json.loads((root / "v1big" / "zarr.json").read_text())
     doc["storage_transformers"] = [{"name": "https://purl.org/zarr/spec/storage_transformers/sharding/1.0",

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import time
 import urllib.parse
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -33,17 +32,6 @@ pytestmark = pytest.mark.mount
 
 
 # -- helpers -----------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Server]:
-    """One server for the module's read tests (a fresh bucket per test)."""
-    server = S3Server(tmp_path_factory.mktemp("moto") / "server.log")
-    server.start()
-    try:
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
