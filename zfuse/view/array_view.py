@@ -122,20 +122,9 @@ def stored_files_bound() -> int:
     return _DESCRIPTORS.bound()
 
 
-def advise_willneed(path: str) -> bool:
-    """Ask the OS to read the file at `path` into its page cache in the background
-    (posix_fadvise WILLNEED; blocking only to open it). False if it cannot be opened."""
-    try:
-        # never through a final link, never waiting on a FIFO: the callers' paths were
-        # checked to stay inside the store (`stored_chunk_path`), and this only hints
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW | os.O_NONBLOCK)
-    except OSError:
-        return False
-    return advise_willneed_fd(fd)
-
-
 def advise_willneed_fd(fd: int) -> bool:
-    """`advise_willneed` of an open descriptor, which it closes. True."""
+    """Ask the OS to read the file open as `fd` into its page cache in the background
+    (posix_fadvise WILLNEED); `fd` is closed. True."""
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_WILLNEED)
     except OSError:

@@ -21,8 +21,10 @@ from __future__ import annotations
 import threading
 from collections import deque
 from collections.abc import Callable
+from typing import Any
 
-from zfuse.view.array_view import advise_willneed
+from zfuse.errors import OutsideStoreError
+from zfuse.view.array_view import advise_willneed_fd
 from zfuse.view.whole_image.layout import FileLayout
 from zfuse.workers import WorkerThreads
 
@@ -41,10 +43,16 @@ _PUSH_RING_BYTES = 16 * 1024**2  # at most this much of the ring per read (big t
 _PUSH_RECENT = 8  # the reader's last reads of new tiles: whether it works in an area
 
 
-def _advise_all(paths: list[str]) -> None:
-    for path in paths:
-        # not stored (fill value) or unreadable: nothing to advise, the read will say
-        advise_willneed(path)
+def _advise_all(chunks: list[tuple[Any, tuple[int, ...]]]) -> None:
+    for array, coords in chunks:
+        try:
+            # opened inside the store only: a directory swapped for a link out of it
+            # since the path was planned is not followed (the daemon, often root, opened
+            # files an attacker chose)
+            fd = array.source.open_raw_chunk(coords)
+        except (OSError, OutsideStoreError):
+            continue  # not stored (fill value) or refused: nothing to advise, the read will say
+        advise_willneed_fd(fd)
 
 
 class ReadAheadAdvisor:
@@ -57,9 +65,10 @@ class ReadAheadAdvisor:
     def __init__(self, keep: int = 64) -> None:
         self._thread = WorkerThreads(1, "zfuse-read-ahead", keep=keep)
 
-    def will_need(self, paths: list[str]) -> None:
-        if paths:
-            self._thread.submit(_advise_all, paths)
+    def will_need(self, chunks: list[tuple[Any, tuple[int, ...]]]) -> None:
+        """Read ahead the stored files of these (array view, chunk coordinates)."""
+        if chunks:
+            self._thread.submit(_advise_all, chunks)
 
     def close(self) -> None:
         self._thread.close()
@@ -268,11 +277,11 @@ class Pusher:
             self._advised.clear()
         self._advised.add(key)
         ty, tx = divmod(tile, lv.tiles_across)
-        paths = []
+        chunks = []
         for ny, nx in ((ty, tx + 1), (ty + 1, tx), (ty + 1, tx + 1)):
             if ny < lv.tiles_down and nx < lv.tiles_across:
-                path = lv.chunk_file(lv.tile_chunk(plane, ny * lv.tiles_across + nx))
-                if path is None:
+                coords = lv.tile_chunk(plane, ny * lv.tiles_across + nx)
+                if lv.chunk_file(coords) is None:
                     return
-                paths.append(path)
-        self._advisor.will_need(paths)
+                chunks.append((lv.array, coords))
+        self._advisor.will_need(chunks)
