@@ -133,3 +133,30 @@ def test_at_most_a_bounded_number_of_replaced_objects_wait_to_be_freed(tmp_path:
         assert time.monotonic() < deadline, _open_deleted_files()
         time.sleep(0.01)
     assert (tmp_path / "k").read_bytes() == bytes([69]) * 1000
+
+
+def test_a_rewritten_object_keeps_its_mode_and_a_new_one_is_readable(tmp_path) -> None:
+    """A chunk rewritten through the store keeps the mode (and owner) it had: a root
+    daemon's writes made a user's 0644 chunks 0600 and root's, unreadable to the user;
+    a new one is 0666 less the umask, as zarr-python makes it."""
+    import os
+    import stat as stat_mod
+
+    from zfuse.local_store import AtomicLocalStore
+
+    root = tmp_path / "s"
+    (root / "c").mkdir(parents=True)
+    (root / "c" / "0").write_bytes(b"old")
+    os.chmod(root / "c" / "0", 0o640)
+    import asyncio
+
+    from zarr.core.buffer import cpu
+
+    store = AtomicLocalStore(str(root))
+    asyncio.run(store.set("c/0", cpu.Buffer.from_bytes(b"new")))
+    asyncio.run(store.set("c/1", cpu.Buffer.from_bytes(b"new")))
+    assert (root / "c" / "0").read_bytes() == b"new"
+    assert stat_mod.S_IMODE(os.stat(root / "c" / "0").st_mode) == 0o640
+    umask = os.umask(0)
+    os.umask(umask)
+    assert stat_mod.S_IMODE(os.stat(root / "c" / "1").st_mode) == 0o666 & ~umask

@@ -704,6 +704,7 @@ def _atomic_write(dir_fd: int, name: str, data: Any, durable: bool = True, *, ex
     fd, tmp = _create_temp(dir_fd, name)
     try:
         try:
+            _keep_owner_and_mode(fd, dir_fd, name)
             for part in data if isinstance(data, list) else [data]:
                 view = memoryview(part).cast("B")
                 while view:
@@ -733,14 +734,31 @@ def _atomic_write(dir_fd: int, name: str, data: Any, durable: bool = True, *, ex
         raise
 
 
+def _keep_owner_and_mode(fd: int, dir_fd: int, name: str) -> None:
+    """The new object `fd` gets the mode and owner of the one it replaces, as a file
+    rewritten in place keeps them (a root daemon's writes made a user's chunks 0600 and
+    root's: the user could no longer read them); a new object the mode the umask gives."""
+    try:
+        old = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(old.st_mode):
+        return
+    os.fchmod(fd, stat.S_IMODE(old.st_mode))
+    try:
+        os.fchown(fd, old.st_uid, old.st_gid)
+    except PermissionError:
+        pass  # (not root: the new object is the daemon's user's, as any file it writes)
+
+
 def _create_temp(dir_fd: int, name: str) -> tuple[int, str]:
-    """A new temporary file ".NAME.XXXXXXXX.tmp" (TEMP_NAME) in `dir_fd`, mode 0600, as
-    tempfile.mkstemp makes it (which takes no directory descriptor)."""
+    """A new temporary file ".NAME.XXXXXXXX.tmp" (TEMP_NAME) in `dir_fd`, readable as any
+    new file is (0666 less the umask: zarr-python's writes make the same)."""
     for _ in range(100):
         tmp = f".{name}.{''.join(random.choices(TEMP_CHARS, k=8))}.tmp"
         try:
             flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
-            return os.open(tmp, flags, 0o600, dir_fd=dir_fd), tmp
+            return os.open(tmp, flags, 0o666, dir_fd=dir_fd), tmp
         except FileExistsError:
             continue
     raise FileExistsError(errno.EEXIST, "no unused temporary file name", name)
