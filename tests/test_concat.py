@@ -471,3 +471,33 @@ def test_a_source_listed_thousands_of_times_is_opened_once(tmp_path: Path, monke
     ca = concat_module.load_concat(tmp_path / "c.json")
     assert len(opens) == 1 and ca.shape == (20_000, 4)
     np.testing.assert_array_equal(np.asarray(ca[19_996:20_000]), np.arange(16, dtype="u1").reshape(4, 4))
+
+
+def test_a_fifo_in_place_of_a_description_is_refused_not_waited_on(tmp_path) -> None:
+    """A description file swapped for a FIFO (between a reload's looks at the path) is
+    refused at once: opening it blocked the reload, every later one, and the unmount."""
+    import os
+    import threading
+
+    from zfuse.errors import MetadataError
+    from zfuse.ext.concat import load_concat
+
+    fifo = tmp_path / "c.json"
+    os.mkfifo(fifo)
+    outcome: list[BaseException] = []
+
+    def load() -> None:
+        try:
+            load_concat(fifo)
+        except BaseException as e:  # noqa: BLE001 - kept for the assertion
+            outcome.append(e)
+
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    reader.join(30)
+    if reader.is_alive():
+        with open(fifo, "wb"):  # (lets the blocked open go)
+            pass
+        pytest.fail("loading a FIFO description waited for a writer")
+    assert len(outcome) == 1 and isinstance(outcome[0], MetadataError), outcome
+    assert "not a regular file" in str(outcome[0])

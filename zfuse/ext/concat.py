@@ -41,6 +41,7 @@ import json
 import math
 import operator
 import os
+import stat
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -635,10 +636,18 @@ def save_concat(
 
 def _read_description(path: str | os.PathLike[str]) -> dict[str, Any]:
     try:
-        with open(path, "rb") as f:
-            raw = f.read(_MAX_DESCRIPTION_BYTES + 1)
+        # non-blocking, and only a regular file read: a FIFO swapped in since the path
+        # was looked at would block the reader (a reload, the mount) for ever
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except (IsADirectoryError, NotADirectoryError) as e:
         raise MetadataError(f"{os.fspath(path)}: not a concat description file") from e
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise MetadataError(f"{os.fspath(path)}: not a regular file, so no concat description file")
+        with os.fdopen(os.dup(fd), "rb") as f:
+            raw = f.read(_MAX_DESCRIPTION_BYTES + 1)
+    finally:
+        os.close(fd)
     if len(raw) > _MAX_DESCRIPTION_BYTES:
         raise MetadataError(f"{os.fspath(path)}: too large for a concat description file")
     try:
