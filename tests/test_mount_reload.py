@@ -180,3 +180,34 @@ def test_reloads_in_a_row_keep_the_daemon_bounded(tmp_path: Path, mount) -> None
     assert tifffile.imread(m.path / "c" / "7.tiff").ravel().tolist() == [1]
     assert peak() - before < 150 * 2**20, (before, peak())
     assert_no_traceback(m)
+
+
+def test_a_reload_never_follows_the_source_path_to_another_store(tmp_path: Path, mount) -> None:
+    """[cons-2] Whoever may write the store's parent directory swaps the store for a
+    link to another (root-only) store: a root daemon mounted -o allow_other served it
+    after the next reload. The reload is refused (logged), the mount keeps showing the
+    store it mounted; put back, reloads work again."""
+    from zfuse.daemon import MountConfig
+    from zfuse.errors import MetadataError
+    from zfuse.open_view import local_source_identities, reload_view
+
+    src = tmp_path / "a.zarr"
+    arr = zarr.create_array(str(src), shape=(4,), chunks=(4,), dtype="u1", compressors=None, fill_value=0)
+    arr[...] = 1
+    secret = tmp_path / "private" / "s.zarr"
+    other = zarr.create_array(str(secret), shape=(4,), chunks=(4,), dtype="u1", compressors=None, fill_value=0)
+    other[...] = 9
+    config = MountConfig([str(src)], "/nonexistent", read_only=True)
+    identities = local_source_identities(config)
+    m = mount(src)
+    assert tifffile.imread(m.path / "c" / "0.tiff").ravel().tolist() == [1] * 4
+    src.rename(tmp_path / "moved.zarr")
+    src.symlink_to(secret)
+    with pytest.raises(MetadataError, match="no longer what was mounted"):
+        reload_view(config, None, identities)
+    _hup(m)
+    assert "no longer what was mounted" in m.log()
+    assert tifffile.imread(m.path / "c" / "0.tiff").ravel().tolist() == [1] * 4
+    src.unlink()
+    (tmp_path / "moved.zarr").rename(src)
+    assert reload_view(config, None, identities) is not None

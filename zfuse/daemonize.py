@@ -56,7 +56,7 @@ def describe_open_error(sources: list[str], exc: BaseException) -> str:
 def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int | None,
                     verbose: int) -> int:
     from zfuse.daemon import check_mountpoint, check_sources, mounted_elsewhere, serve
-    from zfuse.open_view import make_view
+    from zfuse.open_view import local_source_identities, make_view, reload_view
     from zfuse.stats import Stats
 
     log = logging.getLogger("zfuse.daemon")
@@ -106,8 +106,9 @@ def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int 
     if verbose:
         config.log_operations = True
     try:
+        identities = local_source_identities(config)
         serve(config, view, stats, on_ready=lambda: report("ready"),
-              reload=lambda: make_view(config, stats))
+              reload=lambda: reload_view(config, stats, identities))
     except Exception as e:
         return fail(f"mount failed: {e}")
     return 0

@@ -9,6 +9,7 @@ import logging
 import os
 from typing import TYPE_CHECKING, Any
 
+from zfuse.errors import MetadataError
 from zfuse.stats import Stats
 
 if TYPE_CHECKING:  # zarr and the view are imported where used: `zfuse --help` starts without them
@@ -163,4 +164,41 @@ def make_view(config: MountConfig, stats: Stats | None = None, *, all_members: b
     # that ignores conditions is refused now, before the mount is served
     for store in unsettled:
         store.settle_conditions()
+    return view
+
+
+def local_source_identities(config: MountConfig) -> dict[str, tuple[int, int]]:
+    """(device, inode) of each local source as the mount found it (links followed: the
+    directory or description file mounted), for `reload_view`."""
+    from zfuse.store import is_remote
+
+    found = {}
+    for source in config.sources:
+        if is_remote(source):
+            continue
+        try:
+            st = os.stat(source.removeprefix("file://"))
+        except OSError:
+            continue
+        found[source] = (st.st_dev, st.st_ino)
+    return found
+
+
+def reload_view(config: MountConfig, stats: Stats | None, identities: dict[str, tuple[int, int]]) -> View:
+    """The view made again (a reload), of the sources the mount opened: a local source
+    path that now names another directory or file (replaced, or swapped for a link by
+    whoever may write its parent) is refused (MetadataError: the reload keeps the view
+    it had). A root daemon mounted -o allow_other otherwise served, after the next
+    reload, a store only root may read."""
+    def check() -> None:
+        now = local_source_identities(config)
+        for source, identity in identities.items():
+            if now.get(source) != identity:
+                raise MetadataError(f"{source} is no longer what was mounted (replaced, or swapped for a "
+                                    "link, since the mount): not reloaded; mount it again to show what "
+                                    "is there now")
+
+    check()
+    view = make_view(config, stats)
+    check()  # (and not swapped while it was opened)
     return view
