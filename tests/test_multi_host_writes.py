@@ -61,7 +61,6 @@ def test_a_lost_race_is_redone_and_gives_up_with_estale() -> None:
 # -- real mounts against moto ------------------------------------------------------------
 
 s3_tests = pytest.importorskip("test_s3")
-s3 = s3_tests.s3
 aws_env = s3_tests.aws_env
 pytestmark = pytest.mark.mount
 

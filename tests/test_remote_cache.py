@@ -219,7 +219,6 @@ def test_the_options_reach_the_remote_store_and_only_it(tmp_path: Path) -> None:
 # -- real mounts against moto's server -----------------------------------------------
 
 s3_tests = pytest.importorskip("test_s3")  # (its helpers and fixtures: one S3 setup for all)
-s3 = s3_tests.s3
 aws_env = s3_tests.aws_env
 CHUNKS = "store_get_chunk", "store_get_chunk_ranged"
 
