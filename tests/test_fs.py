@@ -560,6 +560,80 @@ def test_an_open_for_writing_waits_for_a_rename_under_way(tmp_path: Path, clock:
     np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), new)
 
 
+def test_an_open_waiting_for_an_unlink_finds_the_chunk_removed(tmp_path: Path, clock: Clock) -> None:
+    """[ns-4] an open for writing that waited for an unlink of its chunk (itself
+    waiting for the chunk's commit) finds it removed (ENOENT), instead of bringing it
+    back under the name `rm` just removed."""
+    from zfuse.view.writes import _commit_chunk
+
+    src = tmp_path / "a.zarr"
+    stores.v3(src)
+    gate, committing = trio.Event(), trio.Event()
+
+    async def gated_run(fn, *args):  # noqa: ANN001, ANN202
+        if fn is _commit_chunk and not committing.is_set():
+            committing.set()
+            await gate.wait()
+        return fn(*args)
+
+    fs, k = make_fs(src, clock, run=gated_run, replace_window=5.0, pending_timeout=60.0)
+    chunk, row0 = k.walk(CHUNK), k.walk("c/0")
+    fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC)
+    k.write(fh, tiff(stores.values((8, 16), "uint16", seed=61)))
+    outcome: list[object] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fs.flush, fh)
+            await committing.wait()
+            nursery.start_soon(fs.unlink, row0, "0.tiff")
+            await trio.testing.wait_all_tasks_blocked()
+
+            async def open_it() -> None:
+                try:
+                    outcome.append(await fs.open(chunk, os.O_WRONLY, WRITER))
+                except FsError as e:
+                    outcome.append(e.errno)
+
+            nursery.start_soon(open_it)
+            await trio.testing.wait_all_tasks_blocked()
+            gate.set()
+
+    trio.run(main)
+    fs.release(fh)
+    assert outcome == [errno.ENOENT]
+    assert not k.exists(CHUNK)
+
+
+def test_invalidations_never_drift_when_no_thread_can_start() -> None:
+    """Inodes waiting to be invalidated when no worker can be started (no nursery yet,
+    or any more): the count of drainers stays right, and the next start drains them."""
+    from zfuse.fuse_ops import _Kernel
+
+    class Ops:
+        started: list = []
+        nursery = None
+
+        def spawn_thread(self, fn):  # noqa: ANN001, ANN202 - ZfuseOperations.spawn_thread's contract
+            if self.nursery is None:
+                return False
+            self.started.append(fn)
+            return True
+
+    ops = Ops()
+    kernel = _Kernel(ops)  # type: ignore[arg-type]
+    done: list[int] = []
+    kernel.invalidate_inode_here = done.append  # type: ignore[method-assign] (no kernel here)
+    for ino in range(10):
+        kernel.invalidate_inode(ino)
+    assert kernel._draining == 0 and len(kernel._waiting) == 10
+    ops.nursery = object()
+    kernel.invalidate_inode(10)
+    assert len(ops.started) == 1
+    ops.started[0]()
+    assert sorted(done) == list(range(11)) and kernel._draining == 0
+
+
 def test_listing_during_a_replacement_keeps_the_chunk(v3) -> None:
     """[ns-4] a chunk being rewritten stays listed, once."""
     src, data, fs, k = v3

@@ -237,3 +237,24 @@ def test_a_remote_shard_index_claiming_a_huge_inner_chunk_asks_for_nothing(tmp_p
         array.pixel_bytes((0, 0))
     assert not [r for r in s3.requests()[before:] if "bytes=0-1099511627775" in str(r)]
     assert bytes(array.pixel_bytes((1, 1))) == bytes([1]) * 64
+
+
+def test_an_encoded_body_is_decoded_whole_and_checked() -> None:
+    """[hostile-12] a gzip body: every member, each to its end (a cut-off one, whose
+    checksum never came, is refused), within the bound; a deflate body zlib-wrapped or
+    raw, as servers send it."""
+    import zlib
+
+    from zfuse.remote_objects import _inflate
+
+    two = gzip.compress(b"a" * 1000) + gzip.compress(b"b" * 10)
+    assert _inflate(two, "gzip", 2000, "u") == b"a" * 1000 + b"b" * 10
+    with pytest.raises(CorruptDataError, match="does not decode"):
+        _inflate(gzip.compress(b"a" * 1000)[:-6], "gzip", 2000, "u")
+    with pytest.raises(CorruptDataError, match="more than 1000 bytes"):
+        _inflate(gzip.compress(bytes(10**6)), "gzip", 1000, "u")
+    raw = zlib.compressobj(6, zlib.DEFLATED, -15)
+    assert _inflate(raw.compress(b"xyz" * 100) + raw.flush(), "deflate", 1000, "u") == b"xyz" * 100
+    assert _inflate(zlib.compress(b"q" * 50), "deflate", 1000, "u") == b"q" * 50
+    with pytest.raises(CorruptDataError, match="br-encoded"):
+        _inflate(b"x", "br", 1000, "u")

@@ -351,6 +351,13 @@ def test_consolidated_metadata_past_zfuse_bounds_is_not_used(tmp_path: Path) -> 
     report = _info(v2)
     why = {p["path"]: p["reason"] for p in report["not_shown"]}
     assert "is 1500000000 bytes" in why["void"]
+    # an entry's own consolidated metadata (a subgroup's) is parsed too: checked as well
+    from zfuse.ext.metadata_json import consolidated_problem
+
+    nested = {"zarr_format": 3, "node_type": "group", "consolidated_metadata": {"metadata": {
+        "sub": {"zarr_format": 3, "node_type": "group", "consolidated_metadata": {"metadata": {
+            "deep": doc}}}}}}
+    assert "66 codecs" in (consolidated_problem(nested, "zarr.json") or "")
 
 
 # -- real mounts ----------------------------------------------------------------------

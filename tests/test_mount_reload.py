@@ -184,9 +184,10 @@ def test_reloads_in_a_row_keep_the_daemon_bounded(tmp_path: Path, mount) -> None
 
 def test_a_reload_never_follows_the_source_path_to_another_store(tmp_path: Path, mount) -> None:
     """[cons-2] Whoever may write the store's parent directory swaps the store for a
-    link to another (root-only) store: a root daemon mounted -o allow_other served it
-    after the next reload. The reload is refused (logged), the mount keeps showing the
-    store it mounted; put back, reloads work again."""
+    link to another owner's (root-only) store: a root daemon mounted -o allow_other
+    served it after the next reload. The reload is refused (logged), the mount keeps
+    showing the store it mounted; put back, reloads work again. A store of the same
+    owner put in its place (`mv new.zarr a.zarr`) is reloaded."""
     from zfuse.daemon import MountConfig
     from zfuse.errors import MetadataError
     from zfuse.open_view import local_source_identities, reload_view
@@ -197,6 +198,9 @@ def test_a_reload_never_follows_the_source_path_to_another_store(tmp_path: Path,
     secret = tmp_path / "private" / "s.zarr"
     other = zarr.create_array(str(secret), shape=(4,), chunks=(4,), dtype="u1", compressors=None, fill_value=0)
     other[...] = 9
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the store is given to another user, as in the attack")
+    os.chown(src, 65534, 65534)  # (the store's owner: nobody; the other store: root's)
     config = MountConfig([str(src)], "/nonexistent", read_only=True)
     identities = local_source_identities(config)
     m = mount(src)
@@ -210,4 +214,11 @@ def test_a_reload_never_follows_the_source_path_to_another_store(tmp_path: Path,
     assert tifffile.imread(m.path / "c" / "0.tiff").ravel().tolist() == [1] * 4
     src.unlink()
     (tmp_path / "moved.zarr").rename(src)
+    assert reload_view(config, None, identities) is not None
+    # the owner's own replacement: reloaded
+    new = tmp_path / "new.zarr"
+    zarr.create_array(str(new), shape=(4,), chunks=(4,), dtype="u1", compressors=None, fill_value=0)[...] = 5
+    os.chown(new, 65534, 65534)
+    src.rename(tmp_path / "old.zarr")
+    new.rename(src)
     assert reload_view(config, None, identities) is not None

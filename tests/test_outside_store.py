@@ -281,6 +281,17 @@ def test_links_to_a_directory_above_are_not_listed(tmp_path: Path) -> None:
     keys = AtomicLocalStore(str(root), read_only=True)._walk_keys("g/")
     assert "g/arr/c/0" in keys and "g/sibling/zarr.json" in keys
     assert not [k for k in keys if "/x/" in k or "/y/" in k or "/up/" in k or "/self/" in k]
+    # a chain of links without a loop (two to the next directory, level after level:
+    # 2**n paths) is walked to a bound, not for ever
+    chain = root / "chain"
+    for level in range(40):
+        (chain / f"d{level}").mkdir(parents=True)
+        (chain / f"d{level}" / "k").write_bytes(b"x")
+    for level in range(39):
+        for name in ("x", "y"):
+            (chain / f"d{level}" / name).symlink_to(f"../d{level + 1}")
+    walked = AtomicLocalStore(str(root), read_only=True)._walk_keys("chain/d0/")
+    assert "chain/d0/k" in walked and len(walked) <= 2 * local_store.LINKED_DIRS_WALKED_MAX + 2
     everything = AtomicLocalStore(str(root), read_only=True)._walk_keys("")
     assert {"zarr.json", "other/zarr.json", "g/arr/c/0", "g/sibling/zarr.json"} <= set(everything)
     assert not [k for k in everything if k.startswith(("a/", "b/"))]

@@ -98,6 +98,7 @@ def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int 
             if message:
                 log.warning("%s", message)
         stats = Stats()
+        identities = local_source_identities(config)  # (as found before the mount opens them)
         view = make_view(config, stats)
     except SystemExit as e:
         return fail(str(e.code).removeprefix("zfuse: "))
@@ -106,7 +107,6 @@ def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int 
     if verbose:
         config.log_operations = True
     try:
-        identities = local_source_identities(config)
         serve(config, view, stats, on_ready=lambda: report("ready"),
               reload=lambda: reload_view(config, stats, identities))
     except Exception as e:

@@ -60,16 +60,27 @@ class _Kernel:
             if self._draining >= min(self.INVALIDATORS, len(self._waiting)):
                 return
             self._draining += 1
-        self.ops.spawn_thread(self._drain)
+        if not self.ops.spawn_thread(self._drain):  # (no nursery: starting up, shutting down)
+            with self._lock:
+                self._draining -= 1
 
     def _drain(self) -> None:
-        while True:
-            with self._lock:
-                if not self._waiting:
+        counted = True
+        try:
+            while True:
+                with self._lock:
+                    if not self._waiting:
+                        # (under the lock that saw it empty: an inode added after finds
+                        # this drainer gone, and starts one)
+                        self._draining -= 1
+                        counted = False
+                        return
+                    ino = self._waiting.pop()
+                self.invalidate_inode_here(ino)
+        finally:
+            if counted:  # (ended by an exception)
+                with self._lock:
                     self._draining -= 1
-                    return
-                ino = self._waiting.pop()
-            self.invalidate_inode_here(ino)
 
     def invalidate_inode_here(self, ino: int) -> None:
         try:
@@ -225,9 +236,12 @@ class ZfuseOperations(pyfuse3.Operations):
     async def _thread(self, fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
 
-    def spawn_thread(self, fn: Callable[[], None]) -> None:
-        if self.nursery is not None:
-            self.nursery.start_soon(trio.to_thread.run_sync, fn)
+    def spawn_thread(self, fn: Callable[[], None]) -> bool:
+        """Run `fn` in a worker thread, in the background; False if nothing was started."""
+        if self.nursery is None:
+            return False
+        self.nursery.start_soon(trio.to_thread.run_sync, fn)
+        return True
 
     def _spawn_background(self, fn: Callable[[Any], None], arg: Any) -> None:
         if self.nursery is not None:

@@ -584,6 +584,7 @@ class AtomicLocalStore(LocalStore):
         outer = {(st.st_dev, st.st_ino) for st in ([os.fstat(self.root_fd())] if base else [])
                  + [self.stat_key(p) for p in parents] if st is not None}
         stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(base, frozenset(outer))]
+        linked_dirs = 0
         while stack:
             rel, above = stack.pop()
             fd = self.open_dir(rel)
@@ -614,6 +615,15 @@ class AtomicLocalStore(LocalStore):
                     if st is None:
                         continue
                     is_dir = stat.S_ISDIR(st.st_mode)
+                    if is_dir:
+                        linked_dirs += 1
+                        if linked_dirs > LINKED_DIRS_WALKED_MAX:
+                            # (two links to the next directory, level after level: no loop,
+                            # and 2**n paths)
+                            if linked_dirs == LINKED_DIRS_WALKED_MAX + 1:
+                                log.warning("not listed: %s and any further directory reached through a link: "
+                                            "more than %d in one walk", key, LINKED_DIRS_WALKED_MAX)
+                            continue
                 if is_dir:
                     if key.startswith(prefix) or prefix.startswith(key + "/"):
                         stack.append((key, above))
@@ -672,6 +682,9 @@ def _close_all(fds: list[int]) -> None:
 
 
 LIST_DIR_BATCH = 1000
+#: directories one walk of keys enters through links, at most (links to directories are
+#: rare in a store; chains of them double the paths at each level)
+LINKED_DIRS_WALKED_MAX = 10_000
 
 
 def next_names(entries: Any, count: int, links: list[str] | None = None) -> list[str]:
@@ -744,10 +757,10 @@ def _keep_owner_and_mode(fd: int, dir_fd: int, name: str) -> None:
         return
     if not stat.S_ISREG(old.st_mode):
         return
-    os.fchmod(fd, stat.S_IMODE(old.st_mode))
-    try:
+    try:  # best effort: a filesystem without modes or owners, an unmapped owner in a user namespace
+        os.fchmod(fd, stat.S_IMODE(old.st_mode) & 0o777)
         os.fchown(fd, old.st_uid, old.st_gid)
-    except PermissionError:
+    except OSError:
         pass  # (not root: the new object is the daemon's user's, as any file it writes)
 
 

@@ -167,9 +167,9 @@ def make_view(config: MountConfig, stats: Stats | None = None, *, all_members: b
     return view
 
 
-def local_source_identities(config: MountConfig) -> dict[str, tuple[int, int]]:
-    """(device, inode) of each local source as the mount found it (links followed: the
-    directory or description file mounted), for `reload_view`."""
+def local_source_identities(config: MountConfig) -> dict[str, tuple[int, int, int]]:
+    """(device, inode, owner) of each local source as the mount found it (links
+    followed: the directory or description file mounted), for `reload_view`."""
     from zfuse.store import is_remote
 
     found = {}
@@ -180,23 +180,26 @@ def local_source_identities(config: MountConfig) -> dict[str, tuple[int, int]]:
             st = os.stat(source.removeprefix("file://"))
         except OSError:
             continue
-        found[source] = (st.st_dev, st.st_ino)
+        found[source] = (st.st_dev, st.st_ino, st.st_uid)
     return found
 
 
-def reload_view(config: MountConfig, stats: Stats | None, identities: dict[str, tuple[int, int]]) -> View:
+def reload_view(config: MountConfig, stats: Stats | None, identities: dict[str, tuple[int, int, int]]) -> View:
     """The view made again (a reload), of the sources the mount opened: a local source
-    path that now names another directory or file (replaced, or swapped for a link by
-    whoever may write its parent) is refused (MetadataError: the reload keeps the view
-    it had). A root daemon mounted -o allow_other otherwise served, after the next
-    reload, a store only root may read."""
+    path that now names another directory or file of *another owner* (swapped for a
+    link to someone else's store by whoever may write its parent) is refused
+    (MetadataError: the reload keeps the view it had). A root daemon mounted -o
+    allow_other otherwise served, after the next reload, a store only root may read.
+    One of the same owner (`mv new.zarr a.zarr`, a description saved anew by `zfuse
+    concat` or an editor) is what its owner could have written in place: reloaded."""
     def check() -> None:
         now = local_source_identities(config)
-        for source, identity in identities.items():
-            if now.get(source) != identity:
-                raise MetadataError(f"{source} is no longer what was mounted (replaced, or swapped for a "
-                                    "link, since the mount): not reloaded; mount it again to show what "
-                                    "is there now")
+        for source, (dev, ino, owner) in identities.items():
+            found = now.get(source)
+            if found is None or (found[:2] != (dev, ino) and found[2] != owner):
+                raise MetadataError(f"{source} is no longer what was mounted (replaced by another "
+                                    "owner's, or gone, since the mount): not reloaded; mount it again "
+                                    "to show what is there now")
 
     check()
     view = make_view(config, stats)

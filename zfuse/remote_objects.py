@@ -184,18 +184,28 @@ def _inflate(data: bytes, encoding: str, limit: int, url: str) -> bytes:
     """A gzip- or deflate-encoded body (sent whatever was asked: an object stored with
     that encoding behind some servers) decoded into at most `limit` bytes (a 6 MB body
     of zeros is gigabytes: `too_large` past the limit)."""
-    wbits = {"gzip": 31, "x-gzip": 31, "deflate": 15}.get(encoding)
-    if wbits is None:
+    if encoding not in ("gzip", "x-gzip", "deflate"):
         raise CorruptDataError(f"{url}: the server sent a {encoding}-encoded body, though the body "
                                "as stored was asked for (Accept-Encoding: identity): not read")
-    inflater = zlib.decompressobj(wbits)
-    try:
-        out = inflater.decompress(data, limit + 1)
-    except zlib.error as e:
-        raise CorruptDataError(f"{url}: its {encoding}-encoded body does not decode: {e}") from e
-    if len(out) > limit:
-        raise too_large(url, limit)
-    return out
+    # gzip (every member, each checked to its end), or deflate: zlib-wrapped as HTTP says,
+    # or raw as many servers send it
+    attempts = [31] if encoding != "deflate" else [15, -15]
+    for i, wbits in enumerate(attempts):
+        out, rest = bytearray(), data
+        try:
+            while rest:
+                inflater = zlib.decompressobj(wbits)
+                out += inflater.decompress(rest, limit + 1 - len(out))
+                if len(out) > limit:
+                    raise too_large(url, limit)
+                if not inflater.eof:
+                    raise zlib.error("the stream ends early")
+                rest = inflater.unused_data if wbits == 31 else b""
+            return bytes(out)
+        except zlib.error as e:
+            if i == len(attempts) - 1:
+                raise CorruptDataError(f"{url}: its {encoding}-encoded body does not decode: {e}") from e
+    raise AssertionError("unreachable")  # pragma: no cover
 
 
 async def get_http_object(fs: Any, url: str, limit: int) -> bytes | None:

@@ -137,20 +137,25 @@ def consolidated_problem(doc: Any, key: str) -> str | None:
     bounds (`structure_problem`); zarr-python opens members from it without reading
     their own documents, so the store is then listed instead."""
     name = key.rsplit("/", 1)[-1]
-    entries: Any = None
-    if isinstance(doc, dict) and name == "zarr.json":
-        consolidated = doc.get("consolidated_metadata")
-        entries = consolidated.get("metadata") if isinstance(consolidated, dict) else None
-        paths = {path: f"{path}/zarr.json" for path in entries} if isinstance(entries, dict) else {}
-    elif isinstance(doc, dict) and name == ".zmetadata":
+    if isinstance(doc, dict) and name == ".zmetadata":
         entries = doc.get("metadata")
-        paths = {path: path for path in entries} if isinstance(entries, dict) else {}
-    if not isinstance(entries, dict):
+        for path, entry in entries.items() if isinstance(entries, dict) else ():
+            if (problem := structure_problem(entry, str(path))) is not None:
+                return f"{key}: the consolidated metadata of {path}: {problem}"
         return None
-    for path, entry in entries.items():
-        problem = structure_problem(entry, str(paths[path]))
-        if problem is not None:
-            return f"{key}: the consolidated metadata of {path}: {problem}"
+    if not (isinstance(doc, dict) and name == "zarr.json"):
+        return None
+    # a group's entries may hold consolidated metadata of their own (zarr-python parses
+    # them all): walked without recursion
+    pending: list[Any] = [doc]
+    while pending:
+        consolidated = pending.pop().get("consolidated_metadata")
+        entries = consolidated.get("metadata") if isinstance(consolidated, dict) else None
+        for path, entry in entries.items() if isinstance(entries, dict) else ():
+            if (problem := structure_problem(entry, f"{path}/zarr.json")) is not None:
+                return f"{key}: the consolidated metadata of {path}: {problem}"
+            if isinstance(entry, dict):
+                pending.append(entry)
     return None
 
 

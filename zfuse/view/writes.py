@@ -391,6 +391,8 @@ class Writes:
     def _open(self, path: Path, entry: Entry | None, flags: int, pid: int | None) -> FileState:
         state = self.states.get(path)
         if state is None:
+            if path in self.removed:  # (unlinked while this open waited for the unlink)
+                raise NotAllowedError(errno.ENOENT, "no such chunk: removed")
             if entry is None or entry.node is not Node.CHUNK or entry.array is None or entry.coords is None:
                 raise NotAllowedError(errno.EACCES, "only chunk files can be written")
             self._check_files_held()
