@@ -215,6 +215,27 @@ def test_a_reload_never_follows_the_source_path_to_another_store(tmp_path: Path,
     src.unlink()
     (tmp_path / "moved.zarr").rename(src)
     assert reload_view(config, None, identities) is not None
+    # swapped while the reload opens it, and back before it looks again: what it opened
+    # is what is checked
+    import zfuse.open_view as open_view
+
+    made = open_view.make_view
+
+    def swapping(*args, **kw):  # noqa: ANN002, ANN003, ANN202 - the attacker's timing
+        src.rename(tmp_path / "moved.zarr")
+        src.symlink_to(secret)
+        try:
+            return made(*args, **kw)
+        finally:
+            src.unlink()
+            (tmp_path / "moved.zarr").rename(src)
+
+    open_view.make_view = swapping
+    try:
+        with pytest.raises(MetadataError, match="no longer what was mounted"):
+            reload_view(config, None, identities)
+    finally:
+        open_view.make_view = made
     # the owner's own replacement: reloaded
     new = tmp_path / "new.zarr"
     zarr.create_array(str(new), shape=(4,), chunks=(4,), dtype="u1", compressors=None, fill_value=0)[...] = 5

@@ -30,6 +30,7 @@ def open_source(
     timeout: float | None = None,
     durable: bool = True,
     unsettled: list[Any] | None = None,
+    opened_from: list[tuple[str, Any]] | None = None,
 ) -> Any:
     """The zarr group/array (or concatenation) a mount shows, on metered stores. Each
     request is bounded by `timeout` seconds (0: not bounded); by default a remote
@@ -37,7 +38,8 @@ def open_source(
 
     A read-write S3 store's probe of conditional writes runs in the background; it is
     waited for here, or, with `unsettled`, left to the caller (`MeteredStore.settle_conditions`
-    of each store put there), which builds the view meanwhile."""
+    of each store put there), which builds the view meanwhile. `opened_from`: gets
+    (source, store) of each source opened as a store here."""
     from zfuse.ext.api import open_array
     from zfuse.store import MeteredStore, default_timeout, is_remote, open_store
 
@@ -48,6 +50,8 @@ def open_source(
         store = MeteredStore(open_store(source, read_only=read_only, storage_options=storage_options,
                                         durable=durable), stats, default_timeout(source, timeout), source)
         opened.append(store)
+        if opened_from is not None:
+            opened_from.append((source, store))
         return store
 
     def settled(node: Any) -> Any:
@@ -131,9 +135,11 @@ def _open_node(store: Any, source: str, mode: str) -> Any:
 READ_ONLY_SCHEMES = ("http://", "https://")
 
 
-def make_view(config: MountConfig, stats: Stats | None = None, *, all_members: bool = False) -> View:
+def make_view(config: MountConfig, stats: Stats | None = None, *, all_members: bool = False,
+              opened_from: list[tuple[str, Any]] | None = None) -> View:
     """The view of the config's sources. `all_members`: keep every group member opened
-    (`zfuse info` describes them all), not a mount's bounded number."""
+    (`zfuse info` describes them all), not a mount's bounded number. `opened_from`: see
+    `open_source`."""
     if not config.read_only and any(s.startswith(READ_ONLY_SCHEMES) for s in config.sources):
         log.info("http(s) sources are read-only: mounting read-only")
         config.read_only = True
@@ -152,7 +158,7 @@ def make_view(config: MountConfig, stats: Stats | None = None, *, all_members: b
     unsettled: list[MeteredStore] = []
     obj = open_source(config.sources, config.concat_axis, read_only=config.read_only,
                       storage_options=config.storage_options, stats=stats, timeout=config.timeout,
-                      durable=config.durable, unsettled=unsettled)
+                      durable=config.durable, unsettled=unsettled, opened_from=opened_from)
     from zfuse.ext.concat import ConcatArray
 
     if isinstance(obj, ConcatArray):
@@ -192,16 +198,24 @@ def reload_view(config: MountConfig, stats: Stats | None, identities: dict[str, 
     allow_other otherwise served, after the next reload, a store only root may read.
     One of the same owner (`mv new.zarr a.zarr`, a description saved anew by `zfuse
     concat` or an editor) is what its owner could have written in place: reloaded."""
-    def check() -> None:
-        now = local_source_identities(config)
-        for source, (dev, ino, owner) in identities.items():
-            found = now.get(source)
-            if found is None or (found[:2] != (dev, ino) and found[2] != owner):
-                raise MetadataError(f"{source} is no longer what was mounted (replaced by another "
-                                    "owner's, or gone, since the mount): not reloaded; mount it again "
-                                    "to show what is there now")
+    from zfuse.view.source import store_access
 
-    check()
-    view = make_view(config, stats)
-    check()  # (and not swapped while it was opened)
+    def check(source: str, found: tuple[int, int, int] | None) -> None:
+        dev, ino, owner = identities[source]
+        if found is None or (found[:2] != (dev, ino) and found[2] != owner):
+            raise MetadataError(f"{source} is no longer what was mounted (replaced by another "
+                                "owner's, or gone, since the mount): not reloaded; mount it again "
+                                "to show what is there now")
+
+    now = local_source_identities(config)
+    for source in identities:
+        check(source, now.get(source))
+    opened: list[tuple[str, Any]] = []
+    view = make_view(config, stats, opened_from=opened)
+    # and the directory each store opened (the path may have been swapped back meanwhile)
+    for source, store in opened:
+        files = store_access(store).files
+        if source in identities and files is not None:
+            st = os.fstat(files.root_fd())
+            check(source, (st.st_dev, st.st_ino, st.st_uid))
     return view
