@@ -451,26 +451,33 @@ def test_a_file_not_stored_yet_is_not_renamed(v3) -> None:
     np.testing.assert_array_equal(pixels(k.read_file(other)), new)
 
 
+class GatedCommits:
+    """A worker pool (`run`) whose first chunk commit waits at `gate` once it has
+    started (`committing`): what arrives meanwhile meets a commit under way."""
+
+    def __init__(self) -> None:
+        self.gate, self.committing = trio.Event(), trio.Event()
+
+    async def run(self, fn, *args):  # noqa: ANN001, ANN202 - the FileSystem's `run`
+        from zfuse.view.writes import _commit_chunk
+
+        if fn is _commit_chunk and not self.committing.is_set():
+            self.committing.set()
+            await self.gate.wait()
+        return fn(*args)
+
+
 @pytest.mark.parametrize("change", ["rename", "unlink"])
 def test_a_rename_or_unlink_during_a_commit_waits_for_it_and_wins(tmp_path: Path, clock: Clock, change: str) -> None:
     """[ns-4] a chunk's commit, then a rename onto it (or an unlink of it) that arrives
     while the commit runs: the change waits for the commit and then takes effect. Before,
     it took effect at once and the commit, ending later, stored over the renamed chunk
     (whose values were then nowhere) or brought the unlinked chunk back."""
-    from zfuse.view.writes import _commit_chunk
-
     src = tmp_path / "a.zarr"
     data = stores.v3(src)
-    gate = trio.Event()
-    committing = trio.Event()
-
-    async def gated_run(fn, *args):  # noqa: ANN001, ANN202 - a worker pool whose first commit waits at the gate
-        if fn is _commit_chunk and not committing.is_set():
-            committing.set()
-            await gate.wait()
-        return fn(*args)
-
-    fs, k = make_fs(src, clock, run=gated_run, replace_window=5.0, pending_timeout=60.0)
+    gated = GatedCommits()
+    gate, committing = gated.gate, gated.committing
+    fs, k = make_fs(src, clock, run=gated.run, replace_window=5.0, pending_timeout=60.0)
     written = stores.values((8, 16), "uint16", seed=41)
     other = "c/1/0.tiff"
     fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC)
@@ -516,19 +523,11 @@ def test_an_open_for_writing_waits_for_a_rename_under_way(tmp_path: Path, clock:
     """[ns-3] a writer opening a chunk while a rename of it runs (its commit at the new
     name under way) is opened after the rename, never detached by it: before, its
     bytes were then stored nowhere while its close() said 0."""
-    from zfuse.view.writes import _commit_chunk
-
     src = tmp_path / "a.zarr"
     stores.v3(src)
-    gate, committing = trio.Event(), trio.Event()
-
-    async def gated_run(fn, *args):  # noqa: ANN001, ANN202
-        if fn is _commit_chunk and not committing.is_set():
-            committing.set()
-            await gate.wait()
-        return fn(*args)
-
-    fs, k = make_fs(src, clock, run=gated_run, replace_window=5.0, pending_timeout=60.0)
+    gated = GatedCommits()
+    gate, committing = gated.gate, gated.committing
+    fs, k = make_fs(src, clock, run=gated.run, replace_window=5.0, pending_timeout=60.0)
     row0, row1 = k.walk("c/0"), k.walk("c/1")
     old = k.walk(CHUNK)
     order: list[str] = []
@@ -564,19 +563,11 @@ def test_an_open_waiting_for_an_unlink_finds_the_chunk_removed(tmp_path: Path, c
     """[ns-4] an open for writing that waited for an unlink of its chunk (itself
     waiting for the chunk's commit) finds it removed (ENOENT), instead of bringing it
     back under the name `rm` just removed."""
-    from zfuse.view.writes import _commit_chunk
-
     src = tmp_path / "a.zarr"
     stores.v3(src)
-    gate, committing = trio.Event(), trio.Event()
-
-    async def gated_run(fn, *args):  # noqa: ANN001, ANN202
-        if fn is _commit_chunk and not committing.is_set():
-            committing.set()
-            await gate.wait()
-        return fn(*args)
-
-    fs, k = make_fs(src, clock, run=gated_run, replace_window=5.0, pending_timeout=60.0)
+    gated = GatedCommits()
+    gate, committing = gated.gate, gated.committing
+    fs, k = make_fs(src, clock, run=gated.run, replace_window=5.0, pending_timeout=60.0)
     chunk, row0 = k.walk(CHUNK), k.walk("c/0")
     fh = k.open(CHUNK, os.O_WRONLY | os.O_TRUNC)
     k.write(fh, tiff(stores.values((8, 16), "uint16", seed=61)))
