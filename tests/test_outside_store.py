@@ -297,6 +297,27 @@ def test_links_to_a_directory_above_are_not_listed(tmp_path: Path) -> None:
     assert not [k for k in everything if k.startswith(("a/", "b/"))]
 
 
+def test_a_concat_description_s_sources_read_nothing_outside(tmp_path: Path) -> None:
+    """[outside-1] the sources a concatenation description names are opened on the
+    mount's own stores: a chunk of one that is a link to a file outside is refused, as
+    in any store (zarr's own store, which read them before, followed it)."""
+    from zfuse.ext.concat import save_concat
+
+    private = _private(tmp_path)
+    for name in ("a", "b"):
+        z = zarr.create_array(str(tmp_path / f"{name}.zarr"), shape=(4, 4), chunks=(4, 4), dtype="u1",
+                              compressors=None, fill_value=0)
+        z[...] = 1
+    (tmp_path / "b.zarr" / "c" / "0" / "0").unlink()
+    (tmp_path / "b.zarr" / "c" / "0" / "0").symlink_to(private / "secret")
+    save_concat(tmp_path / "ab.json", [tmp_path / "a.zarr", tmp_path / "b.zarr"], 0)
+    view = make_view(MountConfig([str(tmp_path / "ab.json")], "/nonexistent", read_only=True))
+    array = dict(view.arrays())[()]
+    assert bytes(array.pixel_bytes((0, 0))) == bytes([1]) * 16
+    with pytest.raises(OutsideStoreError, match="resolves outside the store"):
+        array.pixel_bytes((1, 0))
+
+
 def test_a_suffix_that_leaves_the_store_is_refused() -> None:
     from zfuse.ext.suffix import SuffixChunkKeyEncoding
 

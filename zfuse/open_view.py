@@ -74,7 +74,9 @@ def open_source(
     from zfuse.ext.concat import is_concat_description, load_concat
 
     if os.path.isfile(source) and is_concat_description(source):
-        return load_concat(source, mode=mode)
+        # its sources on the mount's own stores: nothing outside a local source's
+        # directory is read (zarr's own store followed a chunk's link to /etc/shadow)
+        return settled(load_concat(source, mode=mode, store_of=store_of))
     if not is_remote(source):
         return _open_node(store_of(source), source, mode)
     from zfuse.ext.open_memo import OpenMemo

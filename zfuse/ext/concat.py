@@ -42,7 +42,7 @@ import math
 import operator
 import os
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -529,18 +529,17 @@ def concat(
     labels: list[str] = []
     # a source named again is the array opened before (a description file may list one
     # source thousands of times: one open, not one each)
-    opened: dict[str, zarr.Array] = {}
+    opened: dict[Any, zarr.Array] = {}  # by path, or by the Store object given
     for i, given in enumerate(sources):
         if isinstance(given, zarr.Array):
             arr = given
         else:
             try:
                 target = os.fspath(given) if isinstance(given, os.PathLike) else given
-                arr = opened.get(target) if isinstance(target, str) else None
+                key = target if isinstance(target, str) else id(target)
+                arr = opened.get(key)
                 if arr is None:
-                    arr = _open(target, mode, **open_kwargs)
-                    if isinstance(target, str):
-                        opened[target] = arr
+                    arr = opened[key] = _open(target, mode, **open_kwargs)
             except Exception as e:
                 e.add_note(f"while opening concat source {i} ({_source_name(None, given)})")
                 raise
@@ -672,10 +671,13 @@ def is_concat_description(path: str | os.PathLike[str]) -> bool:
     return True
 
 
-def load_concat(path: str | os.PathLike[str], mode: str = "r", **open_kwargs: Any) -> ConcatArray:
+def load_concat(path: str | os.PathLike[str], mode: str = "r",
+                store_of: Callable[[str], Any] | None = None, **open_kwargs: Any) -> ConcatArray:
     """Open the concatenation described by the file at ``path``; relative
     source paths are resolved against the file's directory.  ``open_kwargs``
-    go to the opener of every source (e.g. ``storage_options``)."""
+    go to the opener of every source (e.g. ``storage_options``). ``store_of``: the
+    Store each source path or URL is opened on (a mount's own stores, which read
+    nothing outside a local source's directory); by default zarr's."""
     doc = _read_description(path)
     where = os.fspath(path)
     if doc[DESCRIPTION_KEY] != DESCRIPTION_VERSION:
@@ -690,7 +692,14 @@ def load_concat(path: str | os.PathLike[str], mode: str = "r", **open_kwargs: An
     if not isinstance(srcs, list) or not all(isinstance(s, str) for s in srcs) or not srcs:
         raise MetadataError(f"{where}: 'sources' must be a non-empty list of strings")
     base = Path(path).expanduser().absolute().parent
-    return concat([_from_stored(s, base) for s in srcs], axis, mode=mode, **open_kwargs)
+    resolved = [_from_stored(s, base) for s in srcs]
+    if store_of is None:
+        return concat(resolved, axis, mode=mode, **open_kwargs)
+    stores: dict[str, Any] = {}  # (a source named again: one store, as `concat` opens it once)
+    for source in resolved:
+        if source not in stores:
+            stores[source] = store_of(source)
+    return concat([stores[s] for s in resolved], axis, mode=mode, names=resolved, **open_kwargs)
 
 
 def describe(ca: ConcatArray, max_straddling: int = 100) -> dict[str, Any]:
