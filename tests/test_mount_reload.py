@@ -239,3 +239,35 @@ def test_a_reload_never_follows_the_source_path_to_another_store(tmp_path: Path,
     src.rename(tmp_path / "old.zarr")
     new.rename(src)
     assert reload_view(config, None, identities) is not None
+
+
+def test_a_reload_never_follows_a_description_s_source_to_another_store(tmp_path: Path) -> None:
+    """[cons-2] The same for the sources a concatenation description names: one swapped
+    for a link to another owner's store is not reloaded; the description saved anew by
+    its owner, naming other sources of that owner, is."""
+    from zfuse.daemon import MountConfig
+    from zfuse.errors import MetadataError
+    from zfuse.ext.concat import save_concat
+    from zfuse.open_view import local_source_identities, reload_view
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the stores are given to another user, as in the attack")
+    for name in ("a", "b", "c"):
+        z = zarr.create_array(str(tmp_path / f"{name}.zarr"), shape=(4,), chunks=(4,), dtype="u1",
+                              compressors=None, fill_value=0)
+        z[...] = 1
+        os.chown(tmp_path / f"{name}.zarr", 65534, 65534)
+    secret = tmp_path / "private" / "s.zarr"
+    zarr.create_array(str(secret), shape=(4,), chunks=(4,), dtype="u1", compressors=None, fill_value=0)[...] = 9
+    save_concat(tmp_path / "ab.json", [tmp_path / "a.zarr", tmp_path / "b.zarr"], 0)
+    config = MountConfig([str(tmp_path / "ab.json")], "/nonexistent", read_only=True)
+    identities = local_source_identities(config)
+    assert str(tmp_path / "b.zarr") in identities
+    (tmp_path / "b.zarr").rename(tmp_path / "b-moved.zarr")
+    (tmp_path / "b.zarr").symlink_to(secret)
+    with pytest.raises(MetadataError, match="no longer what was mounted"):
+        reload_view(config, None, identities)
+    (tmp_path / "b.zarr").unlink()
+    (tmp_path / "b-moved.zarr").rename(tmp_path / "b.zarr")
+    save_concat(tmp_path / "ab.json", [tmp_path / "a.zarr", tmp_path / "c.zarr"], 0)  # (its owner's edit)
+    assert reload_view(config, None, identities) is not None

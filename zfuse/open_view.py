@@ -178,17 +178,22 @@ def make_view(config: MountConfig, stats: Stats | None = None, *, all_members: b
 def local_source_identities(config: MountConfig) -> dict[str, tuple[int, int, int]]:
     """(device, inode, owner) of each local source as the mount found it (links
     followed: the directory or description file mounted), for `reload_view`."""
+    from zfuse.ext.concat import description_sources
     from zfuse.store import is_remote
 
-    found = {}
+    paths = []
     for source in config.sources:
-        if is_remote(source):
-            continue
+        if not is_remote(source):
+            paths.append(source)
+            # (a description's sources too, as it names them now)
+            paths += [s for s in description_sources(source.removeprefix("file://")) if not is_remote(s)]
+    found = {}
+    for path in paths:
         try:
-            st = os.stat(source.removeprefix("file://"))
+            st = os.stat(path.removeprefix("file://"))
         except OSError:
             continue
-        found[source] = (st.st_dev, st.st_ino, st.st_uid)
+        found[path] = (st.st_dev, st.st_ino, st.st_uid)
     return found
 
 
@@ -211,7 +216,10 @@ def reload_view(config: MountConfig, stats: Stats | None, identities: dict[str, 
 
     now = local_source_identities(config)
     for source in identities:
-        check(source, now.get(source))
+        # (a description's source it no longer names: not looked at; one it names anew:
+        # nothing to compare with, as at the mount)
+        if source in config.sources or source in now:
+            check(source, now.get(source))
     opened: list[tuple[str, Any]] = []
     view = make_view(config, stats, opened_from=opened)
     # and the directory each store opened (the path may have been swapped back meanwhile)

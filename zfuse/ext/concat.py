@@ -660,6 +660,22 @@ def _read_description(path: str | os.PathLike[str]) -> dict[str, Any]:
     return doc
 
 
+def description_sources(path: str | os.PathLike[str]) -> list[str]:
+    """The sources a concat description file names, resolved as `load_concat` opens
+    them; [] if `path` is no such file."""
+    try:
+        if not os.path.isfile(path):
+            return []
+        doc = _read_description(path)
+    except (OSError, MetadataError):
+        return []
+    srcs = doc.get("sources")
+    if not isinstance(srcs, list) or not all(isinstance(s, str) for s in srcs):
+        return []
+    base = Path(path).expanduser().absolute().parent
+    return list(dict.fromkeys(_from_stored(s, base) for s in srcs))
+
+
 def is_concat_description(path: str | os.PathLike[str]) -> bool:
     """True if ``path`` is a file whose JSON has the ``"zfuse_concat"`` key."""
     try:
