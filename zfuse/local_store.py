@@ -183,6 +183,11 @@ def _read_fd(fd: int, size: int, key: str, max_bytes: int | None = None) -> byte
         parts.append(more)
 
 
+def _ident(st: os.stat_result) -> tuple[int, int]:
+    """A file's identity: (device, inode)."""
+    return st.st_dev, st.st_ino
+
+
 def _too_large(key: str, size: int, max_bytes: int) -> CorruptDataError:
     return CorruptDataError(f"{key}: stored object of {size} bytes or more, past the {max_bytes} "
                             "that what it holds can be stored in: not read")
@@ -281,28 +286,37 @@ class AtomicLocalStore(LocalStore):
         check_key(key)
         return open_beneath(self.root_fd(), key, flags)
 
+    def open_file_key(self, key: str) -> tuple[int, os.stat_result]:
+        """A read-only descriptor of `key`'s regular file, inside the store only, and its
+        stat. Opened non-blocking (a FIFO would block the opener for ever); a FIFO,
+        socket or device (a socket fails open(2) with ENXIO): OutsideStoreError; a
+        directory: IsADirectoryError; absent: FileNotFoundError (or NotADirectoryError)."""
+        not_regular = f"{key}: not a regular file (a FIFO, socket or device): not read"
+        try:
+            fd = self.open_key(key, os.O_RDONLY | os.O_NONBLOCK)
+        except OSError as e:
+            if e.errno == errno.ENXIO:
+                raise OutsideStoreError(not_regular) from e
+            raise
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            os.close(fd)
+            if stat.S_ISDIR(st.st_mode):
+                raise IsADirectoryError(errno.EISDIR, os.strerror(errno.EISDIR), key)
+            raise OutsideStoreError(not_regular)
+        return fd, st
+
     def read_key(self, key: str, byte_range: tuple[int, int] | None = None,
                  max_bytes: int | None = None) -> bytes | None:
         """A stored object's bytes (or [start, end) of them, as far as the file goes);
         None if absent or a directory (what zarr's LocalStore answers). Not a regular
-        file (a FIFO would block the reader forever, a device is not the store's):
-        OutsideStoreError. Whole, larger than `max_bytes` (a crafted sparse file of a
-        terabyte): CorruptDataError, nothing read."""
+        file (`open_file_key`): OutsideStoreError. Whole, larger than `max_bytes` (a
+        crafted sparse file of a terabyte): CorruptDataError, nothing read."""
         try:
-            fd = self.open_key(key, os.O_RDONLY | os.O_NONBLOCK)
+            fd, st = self.open_file_key(key)
         except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
             return None
-        except OSError as e:
-            if e.errno == errno.ENXIO:  # a socket: open(2) refuses it before fstat could say
-                raise OutsideStoreError(f"{key}: not a regular file (a FIFO, socket or device): "
-                                        "not read") from e
-            raise
         try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode):
-                if stat.S_ISDIR(st.st_mode):
-                    return None
-                raise OutsideStoreError(f"{key}: not a regular file (a FIFO, socket or device): not read")
             if byte_range is None:
                 if max_bytes is not None and st.st_size > max_bytes:
                     raise _too_large(key, st.st_size, max_bytes)
@@ -535,16 +549,9 @@ class AtomicLocalStore(LocalStore):
         """`names` without the `links` among them that lead to the directory listed or one
         above it (logged): two links to the store's root (`a -> .`, `b -> .`) make a
         hierarchy of 2**64 directories at the depth shown, which no walk finishes."""
-        def ident(st: os.stat_result) -> tuple[int, int]:
-            return st.st_dev, st.st_ino
-
-        above = {ident(os.fstat(dir_fd)), ident(os.fstat(self.root_fd()))}
         key = prefix.strip("/")
-        parts = key.split("/") if key else []
-        for depth in range(1, len(parts)):
-            st = self.stat_key("/".join(parts[:depth]))
-            if st is not None:
-                above.add(ident(st))
+        here = _ident(os.fstat(dir_fd))
+        above = {here} | self._above(key)
         drop = set()
         for name in links:
             link = f"{key}/{name}" if key else name
@@ -552,11 +559,24 @@ class AtomicLocalStore(LocalStore):
                 st = self.stat_key(link)
             except OutsideStoreError:
                 continue  # (leading out: refused where it is read)
-            if st is not None and stat.S_ISDIR(st.st_mode) and ident(st) in above:
+            if st is not None and stat.S_ISDIR(st.st_mode) and _ident(st) in above:
                 log.warning("%s: a link to %s: not listed (a cycle)", link,
-                            "the directory it is in" if ident(st) == ident(os.fstat(dir_fd)) else "a directory above it")
+                            "the directory it is in" if _ident(st) == here else "a directory above it")
                 drop.add(name)
         return [n for n in names if n not in drop] if drop else names
+
+    def _above(self, key: str) -> set[tuple[int, int]]:
+        """Identities (`_ident`) of the directories `key` lies in: the store's root and
+        each proper prefix of it (links inside followed); none for the root itself."""
+        if not key:
+            return set()
+        parts = key.split("/")
+        found = {_ident(os.fstat(self.root_fd()))}
+        for depth in range(1, len(parts)):
+            st = self.stat_key("/".join(parts[:depth]))
+            if st is not None:
+                found.add(_ident(st))
+        return found
 
     def open_dir(self, prefix: str) -> int | None:
         """A descriptor of the directory `prefix` (a key prefix, "" or ending in "/")
@@ -580,10 +600,7 @@ class AtomicLocalStore(LocalStore):
         keys: list[str] = []
         # each directory with those it lies in (by identity), from the store's root: a
         # link to one of them loops
-        parents = ["/".join(base.split("/")[:depth]) for depth in range(1, base.count("/") + 1)] if base else []
-        outer = {(st.st_dev, st.st_ino) for st in ([os.fstat(self.root_fd())] if base else [])
-                 + [self.stat_key(p) for p in parents] if st is not None}
-        stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(base, frozenset(outer))]
+        stack: list[tuple[str, frozenset[tuple[int, int]]]] = [(base, frozenset(self._above(base)))]
         linked_dirs = 0
         while stack:
             rel, above = stack.pop()
@@ -591,8 +608,7 @@ class AtomicLocalStore(LocalStore):
             if fd is None:
                 continue
             try:
-                st = os.fstat(fd)
-                here = (st.st_dev, st.st_ino)
+                here = _ident(os.fstat(fd))
                 if here in above:
                     log.warning("not listed: %s: a link to a directory it lies in (a loop)", rel)
                     continue

@@ -171,13 +171,17 @@ def _encoding(response: Any) -> str:
     return str(response.headers.get("Content-Encoding", "identity")).strip().lower() or "identity"
 
 
+def _encoded_refusal(url: str, encoding: str) -> CorruptDataError:
+    return CorruptDataError(f"{url}: the server sent a {encoding}-encoded body, though the body "
+                            "as stored was asked for (Accept-Encoding: identity): not read")
+
+
 def _refuse_encoded(response: Any, url: str) -> None:
     """zfuse asks http(s) servers for bodies as stored (Accept-Encoding: identity): a
     byte range of an encoded body is no range of the object."""
     encoding = _encoding(response)
     if encoding != "identity":
-        raise CorruptDataError(f"{url}: the server sent a {encoding}-encoded body, though the body "
-                               "as stored was asked for (Accept-Encoding: identity): not read")
+        raise _encoded_refusal(url, encoding)
 
 
 def _inflate(data: bytes, encoding: str, limit: int, url: str) -> bytes:
@@ -185,8 +189,7 @@ def _inflate(data: bytes, encoding: str, limit: int, url: str) -> bytes:
     that encoding behind some servers) decoded into at most `limit` bytes (a 6 MB body
     of zeros is gigabytes: `too_large` past the limit)."""
     if encoding not in ("gzip", "x-gzip", "deflate"):
-        raise CorruptDataError(f"{url}: the server sent a {encoding}-encoded body, though the body "
-                               "as stored was asked for (Accept-Encoding: identity): not read")
+        raise _encoded_refusal(url, encoding)
     # gzip (every member, each checked to its end), or deflate: zlib-wrapped as HTTP says,
     # or raw as many servers send it
     attempts = [31] if encoding != "deflate" else [15, -15]

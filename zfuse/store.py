@@ -765,7 +765,8 @@ def fsspec_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         for key in ("anon", "profile"):
             opts.pop(key, None)
         # bodies as stored, never decompressed on the way (a 6 MB gzip body of zeros is
-        # gigabytes): what a server encodes anyway is refused (`remote_objects`)
+        # gigabytes): what a server encodes anyway is decoded within the read's bound
+        # (`remote_objects.get_http_object`), or refused
         opts["headers"] = {"Accept-Encoding": "identity", **(opts.get("headers") or {})}
         for key in ("endpoint_url", "region_name"):  # (s3's: no meaning for a URL)
             client_kwargs.pop(key, None)

@@ -156,7 +156,7 @@ class ConcatPartsIO(ChunkIO):
             )
 
     def _check_size(self, key: str, i: int, data: bytes, expected: int) -> None:
-        """`data`: the part read as `_sized` asks (one byte past its size, if there is one)."""
+        """`data`: the part as `_get_part` read it (to one byte past its size)."""
         if len(data) != expected:
             part = self.config.parts[i]
             held = f"more than {expected}" if len(data) > expected else str(len(data))

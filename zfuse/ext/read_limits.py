@@ -19,9 +19,12 @@ chunk_read_limit: contextvars.ContextVar[int | None] = contextvars.ContextVar("c
 
 
 @contextlib.contextmanager
-def chunk_read_limited(limit: int) -> Iterator[None]:
+def chunk_read_limited(limit: int | None) -> Iterator[None]:
     """The requests made inside (and the tasks they start) read a whole chunk object to
-    at most `limit` bytes (`chunk_read_limit`)."""
+    at most `limit` bytes (`chunk_read_limit`); None: as the stores below decide."""
+    if limit is None:
+        yield
+        return
     token = chunk_read_limit.set(limit)
     try:
         yield

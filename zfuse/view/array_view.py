@@ -731,7 +731,7 @@ class ArrayView:
         fd, st = -1, None
         try:
             # inside the store only (a link out of it: refused, then decoding reports it)
-            fd = self.source.open_raw_chunk(coords, os.O_RDONLY | os.O_NONBLOCK)
+            fd = self.source.open_raw_chunk(coords)
             st = os.fstat(fd)
             if stat_mod.S_ISREG(st.st_mode) and st.st_size == self.layout.data_size:
                 if advise:
@@ -756,8 +756,14 @@ class ArrayView:
         waits on no disk. Blocking (opens it); False when no such file is stored."""
         if self._raw_path(coords) is None:
             return False
+        return self.advise_stored(coords)
+
+    def advise_stored(self, coords: Coords) -> bool:
+        """`advise_ahead` of a chunk's stored file, however it is stored (whole-image
+        tiles read ahead): opened inside the store only, never a link swapped in that
+        leads out of it. False when no such file is stored, or it is refused."""
         try:
-            fd = self.source.open_raw_chunk(coords, os.O_RDONLY | os.O_NONBLOCK)
+            fd = self.source.open_raw_chunk(coords)
         except (OSError, OutsideStoreError):
             return False  # not stored, or refused: the read says which
         return advise_willneed_fd(fd)

@@ -25,8 +25,6 @@ state of their own are modules of their own, each held by the source:
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import functools
 import math
 import os
@@ -263,7 +261,7 @@ class ChunkSource(ABC):
         when there is one (`ZarrChunkSource.raw_chunk_path`); here: none."""
         return None
 
-    def open_raw_chunk(self, coords: Coords, flags: int = os.O_RDONLY) -> int:
+    def open_raw_chunk(self, coords: Coords) -> int:
         """A descriptor of `raw_chunk_path(coords)`'s file, opened inside the store only
         (`ZarrChunkSource.open_raw_chunk`); only called where that is not None."""
         raise NotImplementedError
@@ -401,7 +399,6 @@ def _collect(aiter: Any) -> list[Any]:
 _NOT_LOCAL: Any = object()
 
 
-
 def _decode_bytes_stages(bytes_codecs: Sequence[Any], buf: Any, spec: Any, nbytes: int) -> Any:
     """A stored chunk through its bytes->bytes codecs, last first, in this thread, each
     stage's output bounded (bounded_decode): the one feeding the array->bytes codec by
@@ -421,6 +418,7 @@ def _decode_bytes_stages(bytes_codecs: Sequence[Any], buf: Any, spec: Any, nbyte
 def _decode_on_loop(codec: Any, buf: Any, spec: Any) -> Any:
     (out,) = sync(codec.decode([(buf, spec)]))
     return out
+
 
 class ZarrChunkSource(ChunkSource):
     """A zarr-python array (v2 or v3, any codecs, optionally sharded)."""
@@ -666,9 +664,8 @@ class ZarrChunkSource(ChunkSource):
 
     def _read_chunk_once(self, coords: Coords, must_exist: bool) -> np.ndarray:
         if not self._direct:
-            limit = self._storage_object_max
             try:
-                with contextlib.nullcontext() if limit is None else chunk_read_limited(limit):
+                with chunk_read_limited(self._storage_object_max):
                     return self.full_chunk(np.asarray(self.array[self.chunk_region(coords)]))
             except (ValueError, RuntimeError, TypeError) as e:  # (as below; zarr's indexing decoded it)
                 raise CorruptDataError(f"{self.chunk_key(coords)}: the stored chunk does not decode: "
@@ -954,24 +951,19 @@ class ZarrChunkSource(ChunkSource):
         finally:
             os.close(fd)
 
-    def open_raw_chunk(self, coords: Coords, flags: int = os.O_RDONLY) -> int:
-        """A descriptor of chunk `coords`'s stored file (`stored_chunk_path`), opened inside
-        the store only: a key or link leading out of it raises OutsideStoreError."""
+    def open_raw_chunk(self, coords: Coords) -> int:
+        """A read-only descriptor of chunk `coords`'s stored file (`stored_chunk_path`),
+        opened inside the store only: a key or link leading out of it, or what is no
+        regular file, raises OutsideStoreError."""
         files = self._local_files()
         if files is None:
             raise OutsideStoreError(f"{self.name}: chunk {coords} is not in a local store")
         key = self._storage_key(coords)
-        try:  # non-blocking: opening a FIFO would wait for a writer forever
-            fd = int(files.open_key(key, flags | os.O_NONBLOCK))
-        except OSError as e:
-            if e.errno != errno.ENXIO:
-                raise
-            fd = -1  # (a socket: open(2) refuses it)
-        if fd < 0 or not stat_mod.S_ISREG(os.fstat(fd).st_mode):
-            if fd >= 0:
-                os.close(fd)
-            raise OutsideStoreError(f"{key}: not a regular file (a FIFO, socket, device or directory): not read")
-        return fd
+        try:
+            fd, _ = files.open_file_key(key)  # (never waiting on a FIFO)
+        except IsADirectoryError as e:
+            raise OutsideStoreError(f"{key}: a directory, not a stored chunk: not read") from e
+        return int(fd)
 
     def raw_chunk_path(self, coords: Coords) -> str | None:
         """The local file whose bytes are chunk `coords`'s values exactly as a chunk file
@@ -1094,15 +1086,20 @@ class ZarrChunkSource(ChunkSource):
                 raise self._vanished(f"{key} (inner chunk {coords})")
             return None
         start, end = byte_slice
-        if end - start > self._stored_max:
-            self._indexes.forget(shard)
-            raise CorruptDataError(f"{key}: inner chunk {coords} is {end - start} bytes in the shard's "
-                                   f"index, past the {self._stored_max} it can be stored in")
+        self._check_inner_size(key, shard, coords, start, end)
         data = local.get_local(key, byte_slice)
         if data is None or len(data) != end - start:
             self._indexes.forget(shard)
             raise CorruptDataError(f"{key}: inner chunk {coords} lies outside the stored shard")
         return proto.buffer.from_bytes(data), self._chunk_spec
+
+    def _check_inner_size(self, key: str, shard: Coords, coords: Coords, start: int, end: int) -> None:
+        """CorruptDataError (the index forgotten) if an inner chunk's range in its shard's
+        index is past what it can be stored in: never read, locally or remotely."""
+        if end - start > self._stored_max:
+            self._indexes.forget(shard)
+            raise CorruptDataError(f"{key}: inner chunk {coords} is {end - start} bytes in the shard's "
+                                   f"index, past the {self._stored_max} it can be stored in")
 
     @functools.cached_property
     def _chunk_spec(self) -> Any:
@@ -1159,10 +1156,7 @@ class ZarrChunkSource(ChunkSource):
                 raise self._vanished(f"{key} (inner chunk {coords})")
             return None
         start, end = byte_slice
-        if end - start > self._stored_max:  # (as `_fetch_local`: never asked for, however it streams)
-            self._indexes.forget(shard)
-            raise CorruptDataError(f"{key}: inner chunk {coords} is {end - start} bytes in the shard's "
-                                   f"index, past the {self._stored_max} it can be stored in")
+        self._check_inner_size(key, shard, coords, start, end)  # (never asked for, however it streams)
         proto = default_buffer_prototype()
         buf = await self.store.get(key, prototype=proto, byte_range=RangeByteRequest(start, end))
         if buf is None or len(buf) != end - start:
@@ -1212,8 +1206,7 @@ class ZarrChunkSource(ChunkSource):
                 elif self.sharding is None and self._direct:
                     sync(self._write_stored_chunk(coords, self.full_chunk(clipped)))
                 else:
-                    limit = self._storage_object_max
-                    with contextlib.nullcontext() if limit is None else chunk_read_limited(limit):
+                    with chunk_read_limited(self._storage_object_max):
                         self._writer[region] = clipped  # zarr rewrites the shard (read whole, bounded)
             finally:
                 self._forget_index(coords)

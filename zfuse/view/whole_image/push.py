@@ -23,8 +23,6 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from zfuse.errors import OutsideStoreError
-from zfuse.view.array_view import advise_willneed_fd
 from zfuse.view.whole_image.layout import FileLayout
 from zfuse.workers import WorkerThreads
 
@@ -45,14 +43,9 @@ _PUSH_RECENT = 8  # the reader's last reads of new tiles: whether it works in an
 
 def _advise_all(chunks: list[tuple[Any, tuple[int, ...]]]) -> None:
     for array, coords in chunks:
-        try:
-            # opened inside the store only: a directory swapped for a link out of it
-            # since the path was planned is not followed (the daemon, often root, opened
-            # files an attacker chose)
-            fd = array.source.open_raw_chunk(coords)
-        except (OSError, OutsideStoreError):
-            continue  # not stored (fill value) or refused: nothing to advise, the read will say
-        advise_willneed_fd(fd)
+        # inside the store only (a path opened here had let the daemon, often root, open
+        # files an attacker chose); not stored or refused: nothing to advise, the read says
+        array.advise_stored(coords)
 
 
 class ReadAheadAdvisor:
