@@ -217,3 +217,37 @@ class RangeIgnoredProxy(ConditionsIgnoredProxy):
     or a server that does not do ranges."""
 
     DROPPED = frozenset({"range"})
+
+
+class FailingProxy(ConditionsIgnoredProxy):
+    """The same proxy, answering every GET of an object whose key ends in `suffix` with
+    `status` and an S3 error document of `code` (a server failing one object: 500
+    InternalError, 503 SlowDown), and counting those GETs (`failed`). `gone()`: no
+    request answered any more, nor any connection accepted (the endpoint gone)."""
+
+    gone_now = False
+
+    DROPPED = frozenset()
+
+    def __init__(self, server: S3Server, suffix: str, status: int, code: str) -> None:
+        self.suffix, self.status, self.code = suffix, status, code
+        self.failed = 0
+        super().__init__(server)
+
+    def gone(self) -> None:
+        self.gone_now = True
+        self.close()
+
+    def forward(self, handler: Any) -> None:
+        if self.gone_now:  # (a connection kept alive from before: closed unanswered)
+            handler.close_connection = True
+            return
+        if handler.command == "GET" and handler.path.split("?")[0].endswith(self.suffix):
+            self.failed += 1
+            body = f"<Error><Code>{self.code}</Code><Message>failing on purpose</Message></Error>".encode()
+            handler.send_response(self.status)
+            handler.send_header("Content-Length", str(len(body)))
+            handler.end_headers()
+            handler.wfile.write(body)
+            return
+        super().forward(handler)

@@ -4,6 +4,9 @@ loopback): what a response holds is bounded by what its reader can use.
 - S3 (moto): a chunk object larger than its chunk can be stored in is refused from its
   Content-Length, unread; a `zarr.json` past the 16 MiB zfuse reads is refused at that
   bound; a LIST page botocore reads whole is read to at most 16 MiB.
+- S3 failing (a proxy in front of moto answering one object's GETs with a 500 or a
+  503): the error says what the server answered to how many tries, the key fails at
+  once for a while after (not the retries again per read()); a server gone says so.
 - http(s) (a server written here): a chunk whose body never ends is read to the chunk's
   bound and refused; a body the server gzips although zfuse asked for it as stored
   (Accept-Encoding: identity) is decoded to that bound, never further (a 6 MB gzip of
@@ -12,9 +15,11 @@ loopback): what a response holds is bounded by what its reader can use.
 
 from __future__ import annotations
 
+import errno
 import gzip
 import http.server
 import json
+import re
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,11 +30,12 @@ import zarr
 from test_s3 import upload
 
 from zfuse.daemon import MountConfig
-from zfuse.errors import CorruptDataError
+from zfuse.errors import CorruptDataError, StoreServerError, StoreTimeoutError
 from zfuse.open_view import make_view
 from zfuse.remote_objects import NON_STREAMING_MAX, bound_non_streaming_responses
+from zfuse.stats import Stats
 
-from s3server import S3Server
+from s3server import FailingProxy, S3Server
 
 
 def _store(root: Path) -> Path:
@@ -61,6 +67,66 @@ def test_s3_objects_past_what_they_can_hold_are_refused_unread(tmp_path: Path, s
     why = {p.path: p.reason for p in view.problems}
     assert "more than 16777217 bytes" in why["big"]
     assert all(r.status < 500 for r in s3.requests()[before:])
+
+
+def _failing_view(tmp_path: Path, s3: S3Server, bucket: str, status: int, code: str,
+                  timeout: float | None = None) -> tuple[object, FailingProxy, Stats]:
+    """A view of `_store` on S3 through a proxy failing every GET of `a/c/1/1`, botocore
+    retrying each request 3 times (its default 4: the same, slower)."""
+    upload(s3, _store(tmp_path / "s.zarr"), bucket, "s.zarr")
+    proxy = FailingProxy(s3, "/a/c/1/1", status, code)
+    options = {**s3.storage_options, "endpoint_url": proxy.endpoint_url,
+               "config_kwargs": {"retries": {"max_attempts": 3, "mode": "legacy"}}}
+    stats = Stats()
+    view = make_view(MountConfig([f"s3://{bucket}/s.zarr"], "/nonexistent", read_only=True,
+                                 storage_options=options, timeout=timeout), stats)
+    view.list_dir(())
+    return dict(view.arrays())[("a",)], proxy, stats
+
+
+def test_a_server_failing_an_object_says_what_it_answered_and_is_not_asked_again_at_once(
+        tmp_path: Path, s3: S3Server) -> None:
+    """[read-12] a 500 on every try: EREMOTEIO naming the request, the key, the server's
+    answer and the tries; the next read of the key fails at once (before: each read()
+    waited out botocore's retries again), other keys are read as usual."""
+    arr, proxy, stats = _failing_view(tmp_path, s3, "fails500", 500, "InternalError")
+    try:
+        with pytest.raises(StoreServerError) as e:
+            arr.pixel_bytes((1, 1))
+        assert e.value.errno == errno.EREMOTEIO
+        said = re.fullmatch(r"store request get a/c/1/1 failed after [\d.]+ s: failing on purpose; the server "
+                            r"answered 500 InternalError to (\d+) tries \(s3://fails500/s.zarr\)", e.value.strerror)
+        assert said is not None and int(said[1]) == proxy.failed >= 3
+        tries = proxy.failed
+        with pytest.raises(StoreServerError, match=r"500 InternalError to \d+ tries .* ago: get of the same key fails at once"):
+            arr.pixel_bytes((1, 1))
+        assert proxy.failed == tries  # (not asked again)
+        assert bytes(arr.pixel_bytes((0, 0)))[:2] == bytes([0, 1])
+        assert stats.snapshot()["store_failed_tries"] == tries
+    finally:
+        proxy.close()
+
+
+def test_a_server_throttling_past_the_timeout_is_no_silence(tmp_path: Path, s3: S3Server) -> None:
+    """[read-12] 503 SlowDown on every try, retried (by botocore, then s3fs) past the
+    timeout: the timeout's message says what the server answered meanwhile."""
+    arr, proxy, _ = _failing_view(tmp_path, s3, "fails503", 503, "SlowDown", timeout=2.0)
+    try:
+        with pytest.raises(StoreTimeoutError, match=r"^store request get a/c/1/1 timed out after 2 s: the server "
+                                                    r"answered 503 SlowDown to \d+ tries \(s3://fails503/s.zarr\)$"):
+            arr.pixel_bytes((1, 1))
+    finally:
+        proxy.close()
+
+
+def test_a_server_gone_says_it_gave_no_answer(tmp_path: Path, s3: S3Server) -> None:
+    """[read-12] connections refused after the mount opened (the endpoint gone): EREMOTEIO
+    saying the tries got no answer, and why."""
+    arr, proxy, _ = _failing_view(tmp_path, s3, "gone", 500, "InternalError")
+    proxy.gone()
+    with pytest.raises(StoreServerError, match=r"store request get a/c/1/1 failed after [\d.]+ s: .*; no answer "
+                                               r"to \d+ tries \(EndpointConnectionError\) \(s3://gone/s.zarr\)"):
+        arr.pixel_bytes((1, 1))
 
 
 class _HugeAnswers(http.server.BaseHTTPRequestHandler):

@@ -62,6 +62,18 @@ class StoreTimeoutError(ZfuseError, TimeoutError):
     the key, the wait and the store."""
 
 
+class StoreServerError(ZfuseError, OSError):
+    """A store request the server failed (a 5xx, a throttle, a lost connection) after the
+    tries of its client, or one refused at once because the same key failed so moments
+    ago. EREMOTEIO; the message names the request, the key, what the server answered
+    and the store."""
+
+    def __init__(self, message: str) -> None:
+        import errno
+
+        super().__init__(errno.EREMOTEIO, message)
+
+
 class ReadOnlyError(ZfuseError):
     """A change on a read-only mount (EROFS)."""
 

@@ -21,6 +21,7 @@ import string
 import urllib.parse
 import zlib
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
 from zarr.abc.store import (
@@ -38,6 +39,53 @@ log = logging.getLogger("zfuse.store")  # the name its lines always had
 S3_PROTOCOLS = ("s3", "s3a")
 ABSENT = ""  # the version of no object: a write on condition that there is none (If-None-Match: *)
 SINGLE_PUT_MAX = 5 * 2**30  # S3's largest PutObject; bigger objects go through s3fs (multipart)
+
+
+class ServerAnswers:
+    """The failed tries of one request: botocore retries a 5xx, a throttle (429) or a
+    lost connection inside the request, so without this a server answering 503 for
+    ever reads as a timeout, and a 500 as the server's text alone."""
+
+    __slots__ = ("failed", "answer", "exception")
+
+    def __init__(self) -> None:
+        self.failed = 0
+        self.answer = ""  # the last failed try's answer ("503 SlowDown"), if it had one
+        self.exception = ""  # else the error's type ("EndpointConnectionError")
+
+    def __bool__(self) -> bool:
+        return self.failed > 0
+
+    def __str__(self) -> str:
+        tries = "its only try" if self.failed == 1 else f"{self.failed} tries"
+        if self.answer:
+            return f"the server answered {self.answer} to {tries}"
+        return f"no answer to {tries} ({self.exception})" if self.failed else ""
+
+
+# the answers of the request under way (set around each request by MeteredStore; the
+# request's task carries it into botocore's retry loop)
+request_answers: ContextVar[ServerAnswers | None] = ContextVar("zfuse_request_answers", default=None)
+RETRIED_STATUS_MIN = 500
+
+
+def note_server_answer(response: Any = None, caught_exception: BaseException | None = None, **_: Any) -> None:
+    """botocore's `needs-retry` event (each try of a request, before botocore decides
+    whether to retry it): a failed try is noted in the request's ServerAnswers. Decides
+    nothing (None: botocore's own handler decides)."""
+    answers = request_answers.get()
+    if answers is None:
+        return
+    if caught_exception is not None:
+        answers.failed += 1
+        answers.answer, answers.exception = "", type(caught_exception).__name__
+    elif response is not None:
+        http, parsed = response
+        status = getattr(http, "status_code", 0) or 0
+        if status >= RETRIED_STATUS_MIN or status == 429:
+            code = ((parsed or {}).get("Error") or {}).get("Code") if isinstance(parsed, dict) else None
+            answers.failed += 1
+            answers.answer = f"{status} {code}" if code else str(status)
 
 
 def _version_of(info: dict[str, Any]) -> str | None:
@@ -298,6 +346,7 @@ class RemoteObjects:
         self._conditions_probe: Any = None  # the probe under way (a concurrent Future, ...), if any
         self.probe_cleanup: Any = None  # the probe object's deletion (a concurrent Future)
         self.cache_dir = cache_dir
+        self._observed_client: Any = None  # the s3fs client whose tries `note_server_answer` sees
         self.cache_limit = cache_limit
         client_kwargs = getattr(self.fs, "client_kwargs", None) or {}
         endpoint = client_kwargs.get("endpoint_url") or getattr(self.fs, "endpoint_url", None) or ""
@@ -355,12 +404,26 @@ class RemoteObjects:
     def path(self, key: str) -> str:
         return f"{self.root}/{key}".rstrip("/") if self.root else key
 
+    async def _observe(self) -> None:
+        """Have `note_server_answer` see every try of S3 requests (once per client
+        s3fs makes; listings and zarr's own requests share the client)."""
+        if self.s3:
+            client = await self.fs.set_session()
+            if client is not self._observed_client:
+                client.meta.events.register("needs-retry.s3", note_server_answer)
+                self._observed_client = client
+
+    async def _call_s3(self, method: str, **kwargs: Any) -> Any:
+        await self._observe()
+        return await self.fs._call_s3(method, **kwargs)
+
     def identity(self, key: str, byte_range: ByteRequest | None) -> str:
         """What a cached byte range is of: server, object and range (the version apart)."""
         return f"{self._identity_base}{key}\n{_http_range(byte_range) or 'all'}"
 
     async def head(self, key: str) -> str | None:
         """`key`'s current version, or None if there is no such object."""
+        await self._observe()
         try:
             info = await self.fs._info(self.path(key))
         except FileNotFoundError:
@@ -407,7 +470,7 @@ class RemoteObjects:
         if if_match:
             extra["IfMatch"] = if_match
         try:
-            response = await self.fs._call_s3("get_object", Bucket=bucket, Key=name, **extra)
+            response = await self._call_s3("get_object", Bucket=bucket, Key=name, **extra)
         except FileNotFoundError:
             if if_match:
                 raise ObjectChangedError(key) from None  # (deleted since)
@@ -462,7 +525,7 @@ class RemoteObjects:
         bucket, name, _ = self.fs.split_path(self.path(key))
         extra = {} if condition is None else {"IfNoneMatch": "*"} if condition == ABSENT else {"IfMatch": condition}
         try:
-            response = await self.fs._call_s3("put_object", Bucket=bucket, Key=name, Body=data, **extra)
+            response = await self._call_s3("put_object", Bucket=bucket, Key=name, Body=data, **extra)
         except OSError as e:
             if condition is not None and _precondition_failed(e):
                 raise WriteConflictError(key) from e
@@ -478,11 +541,11 @@ class RemoteObjects:
         if http_range is not None:
             extra["Range"] = http_range
         try:
-            response = await self.fs._call_s3("get_object", Bucket=bucket, Key=name, **extra)
+            response = await self._call_s3("get_object", Bucket=bucket, Key=name, **extra)
         except FileNotFoundError:
             return False
         except OSError as e:
-            if _status(e) == 304 or "Not Modified" in str(e):
+            if http_status(e) == 304 or "Not Modified" in str(e):
                 return True
             raise
         response["Body"].close()  # (another version: its bytes are fetched by the GET that follows)
@@ -490,12 +553,13 @@ class RemoteObjects:
 
     async def delete(self, key: str) -> None:
         bucket, name, _ = self.fs.split_path(self.path(key))
-        await self.fs._call_s3("delete_object", Bucket=bucket, Key=name)
+        await self._call_s3("delete_object", Bucket=bucket, Key=name)
 
     async def list_dir(self, prefix: str) -> list[tuple[str, str | None]]:
         """(name, version) of a directory's entries, as FsspecStore.list_dir names them
         (one listing; subdirectories have no version)."""
         path = f"{self.root}/{prefix.rstrip('/')}" if self.root else prefix.rstrip("/")
+        await self._observe()
         try:
             entries = await self.fs._ls(path, detail=True)
         except FileNotFoundError:
@@ -508,6 +572,7 @@ class RemoteObjects:
 
     async def list_prefix(self, prefix: str) -> list[tuple[str, str | None]]:
         """(key, version) of every object whose key starts with `prefix` (FsspecStore's listing)."""
+        await self._observe()
         found = await self.fs._find(f"{self.root}/{prefix}", detail=True, maxdepth=None, withdirs=False)
         return [(name.removeprefix(f"{self.root}/"), _version_of(info)) for name, info in found.items()]
 
@@ -541,14 +606,18 @@ class ConditionsIgnoredError(ValueError):
     without `-o last_writer_wins`."""
 
 
-def _status(exc: BaseException | None) -> int | None:
-    """The HTTP status of a failed S3 request (the botocore error s3fs translated)."""
+def http_status(exc: BaseException | None) -> int | None:
+    """The HTTP status of a failed request: S3's (the botocore error s3fs translated)
+    or aiohttp's (an http(s) store's); None if it got no answer, or it is unknown."""
     for _ in range(8):
         if exc is None:
             return None
         response = getattr(exc, "response", None)
         if isinstance(response, dict):
             return (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
+        status = getattr(exc, "status", None)
+        if isinstance(status, int) and type(exc).__module__.startswith("aiohttp"):
+            return status
         exc = exc.__cause__ or exc.__context__
     return None
 

@@ -18,14 +18,14 @@ import os
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
-from typing import Any, NoReturn
+from typing import Any, NamedTuple, NoReturn
 
 from zarr.abc.store import ByteRequest, RangeByteRequest, Store
 from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
 from zfuse import defaults
-from zfuse.errors import StoreTimeoutError
+from zfuse.errors import StoreServerError, StoreTimeoutError, ZfuseError
 from zfuse.ext.metadata_json import MAX_METADATA_BYTES
 from zfuse.ext.read_limits import chunk_read_limit
 from zfuse.local_store import AtomicLocalStore, key_kind, next_names
@@ -34,9 +34,12 @@ from zfuse.remote_objects import (
     S3_PROTOCOLS,
     ObjectChangedError,
     RemoteObjects,
+    ServerAnswers,
     WriteConflictError,
     get_http_object,
     get_http_range,
+    http_status,
+    request_answers,
     source_label,
 )
 from zfuse.stats import Stats
@@ -45,9 +48,10 @@ from zfuse.stats import Stats
 # unless `-o timeout=S` says otherwise: aiohttp's own bound is 5 minutes, during which the
 # reader sits in `D` state, deaf to SIGKILL.
 DEFAULT_REMOTE_TIMEOUT = defaults.REMOTE_TIMEOUT
-# After a request for a key timed out, requests for the same key fail at once for this
-# long (the read-ahead, zarr's and the kernel's repeated requests of one read() each
-# waited out a whole timeout, one after another)...
+# After a request for a key timed out, or the server failed it (a 5xx after its client's
+# retries), requests for the same key fail at once for this long (the read-ahead, zarr's
+# and the kernel's repeated requests of one read() each waited out a whole timeout, or
+# the retries of a server answering 500, one after another)...
 FAILED_RECENTLY_S = 5.0
 # ... and requests for it still under way give up with it (checked this often). A new
 # open of the chunk file asks the store again (`forget_timeouts`).
@@ -59,19 +63,20 @@ _metered_stores: weakref.WeakValueDictionary[int, MeteredStore] = weakref.WeakVa
 
 
 def timeouts_pending() -> bool:
-    """Whether some store of this process remembers a recent timeout (cheap: lookups ask)."""
+    """Whether some store of this process remembers a recent timeout or server failure
+    (cheap: lookups ask)."""
     now = time.monotonic()
-    return any(now - store._last_timeout < FAILED_RECENTLY_S for store in list(_metered_stores.values()))
+    return any(now - store._last_failure < FAILED_RECENTLY_S for store in list(_metered_stores.values()))
 
 
 def forget_timeouts(key: str) -> None:
     """Ask the store again for `key` (a key, or its end: a chunk's key in its array), at
-    once: a chunk file looked up or opened anew after a request for it timed out (a
-    reader retrying)."""
+    once: a chunk file looked up or opened anew after a request for it timed out or
+    failed (a reader retrying)."""
     for store in list(_metered_stores.values()):
-        if store._timed_out:
-            for k in [k for k in list(store._timed_out) if k == key or k.endswith("/" + key)]:
-                store._timed_out.pop(k, None)
+        if store._failed_keys:
+            for k in [k for k in list(store._failed_keys) if k == key or k.endswith("/" + key)]:
+                store._failed_keys.pop(k, None)
 
 
 def is_remote(source: str) -> bool:
@@ -105,9 +110,9 @@ class MeteredStore(WrapperStore[Store]):
         self.stats = stats or Stats()
         self.timeout = timeout or None  # (0: none)
         self.source = source_label(source) if source else _describe(store)
-        # key -> (monotonic time its request timed out, the reason)
-        self._timed_out: dict[str, tuple[float, str]] = {}
-        self._last_timeout = float("-inf")  # (monotonic) when a request last timed out
+        # key -> (monotonic time its request timed out or failed, the error saying why)
+        self._failed_keys: dict[str, tuple[float, ZfuseError]] = {}
+        self._last_failure = float("-inf")  # (monotonic) when a request last did
         _metered_stores[id(self)] = self
         # a remote store's objects with their versions (ETags): the disk cache and
         # conditional writes need them; None for local stores and other kinds
@@ -152,98 +157,118 @@ class MeteredStore(WrapperStore[Store]):
         return cls(await store_cls.open(*args, **kwargs), stats, timeout, source)
 
     # -- bounding requests ------------------------------------------------------
-    def _failed_recently(self, key: str, since: float | None = None) -> tuple[float, str] | None:
-        """(when, reason) of the timeout of a request for `key` less than FAILED_RECENTLY_S
-        ago (and at or after `since`, if given), else None."""
-        memo = self._timed_out.get(key)
-        if memo is None:
+    def _failed_recently(self, key: str, since: float | None = None) -> _Failure | None:
+        """The timeout or server failure of a request for `key` less than
+        FAILED_RECENTLY_S ago (and at or after `since`, if given), else None."""
+        failure = self._failed_keys.get(key)
+        if failure is None:
             return None
-        if time.monotonic() - memo[0] >= FAILED_RECENTLY_S:
-            self._timed_out.pop(key, None)
+        if time.monotonic() - failure.when >= FAILED_RECENTLY_S:
+            self._failed_keys.pop(key, None)
             return None
-        return memo if since is None or memo[0] >= since else None
+        return failure if since is None or failure.when >= since else None
 
-    def _note_timeout(self, key: str, reason: str) -> None:
-        if len(self._timed_out) >= FAILED_KEYS_KEPT:
+    def _note_failure(self, key: str, error: StoreTimeoutError | StoreServerError) -> None:
+        if len(self._failed_keys) >= FAILED_KEYS_KEPT:
             now = time.monotonic()
-            for k in [k for k, (t, _) in list(self._timed_out.items()) if now - t >= FAILED_RECENTLY_S]:
-                self._timed_out.pop(k, None)
-            if len(self._timed_out) >= FAILED_KEYS_KEPT:
-                self._timed_out.clear()
-        self._timed_out[key] = (time.monotonic(), reason)
-        self._last_timeout = time.monotonic()
+            for k in [k for k, f in list(self._failed_keys.items()) if now - f.when >= FAILED_RECENTLY_S]:
+                self._failed_keys.pop(k, None)
+            if len(self._failed_keys) >= FAILED_KEYS_KEPT:
+                self._failed_keys.clear()
+        self._failed_keys[key] = _Failure(time.monotonic(), error.args[-1], type(error))
+        self._last_failure = time.monotonic()
 
-    def _shared_failure(self, op: str, key: str, memo: tuple[float, str]) -> StoreTimeoutError:
-        ago = time.monotonic() - memo[0]
-        return StoreTimeoutError(f"{memo[1]} {ago:.1f} s ago: {op} of the same key fails at once "
-                                 f"for {FAILED_RECENTLY_S:g} s")
+    def _shared_failure(self, op: str, failure: _Failure) -> StoreTimeoutError | StoreServerError:
+        ago = time.monotonic() - failure.when
+        return failure.kind(f"{failure.reason} {ago:.1f} s ago: {op} of the same key fails at once "
+                            f"for {FAILED_RECENTLY_S:g} s")
 
     async def _bounded(self, coro: Any, op: str = "request", key: str = "") -> Any:
         """Await a request of the wrapped store (`op` of `key`, for messages), bounded."""
-        memo = self._failed_recently(key)
-        if memo is not None:
+        failure = self._failed_recently(key)
+        if failure is not None:
             close = getattr(coro, "close", None)
             if close is not None:
                 close()  # (never awaited)
             self.stats.count("store_failed_fast")
-            raise self._shared_failure(op, key, memo)
+            raise self._shared_failure(op, failure)
         start = time.monotonic()
-        with self.stats.in_flight():
-            if self.timeout is None:
+        answers = ServerAnswers()
+        token = request_answers.set(answers)  # (the request's task inherits it)
+        try:
+            with self.stats.in_flight():
+                if self.timeout is None:
+                    try:
+                        return await coro
+                    except Exception as e:
+                        self._raise_failed(e, op, key, start, answers)
+                task = asyncio.ensure_future(coro)
+                deadline = start + self.timeout
                 try:
-                    return await coro
-                except Exception as e:
-                    self._raise_failed(e, op, key, start)
-            task = asyncio.ensure_future(coro)
-            deadline = start + self.timeout
-            try:
-                while True:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        break
-                    done, _ = await asyncio.wait({task}, timeout=min(remaining, SHARED_CHECK_S))
-                    if done:
-                        try:
-                            return task.result()
-                        except Exception as e:
-                            self._raise_failed(e, op, key, start)
-                    memo = self._failed_recently(key, since=start)
-                    if memo is not None:  # another request for this key timed out meanwhile
-                        _abandon(task)
-                        self.stats.count("store_failed_fast")
-                        raise self._shared_failure(op, key, memo)
-            except asyncio.CancelledError:
+                    while True:
+                        remaining = deadline - time.monotonic()
+                        if remaining <= 0:
+                            break
+                        done, _ = await asyncio.wait({task}, timeout=min(remaining, SHARED_CHECK_S))
+                        if done:
+                            try:
+                                return task.result()
+                            except Exception as e:
+                                self._raise_failed(e, op, key, start, answers)
+                        failure = self._failed_recently(key, since=start)
+                        if failure is not None:  # another request for this key failed meanwhile
+                            _abandon(task)
+                            self.stats.count("store_failed_fast")
+                            raise self._shared_failure(op, failure)
+                except asyncio.CancelledError:
+                    _abandon(task)
+                    raise
                 _abandon(task)
-                raise
-            _abandon(task)
-            raise self._timed_out_now(op, key, start)
+                raise self._timed_out_now(op, key, start, answers)
+        finally:
+            request_answers.reset(token)
+            if answers.failed:
+                self.stats.count("store_failed_tries", answers.failed)
 
-    def _timed_out_now(self, op: str, key: str, start: float) -> StoreTimeoutError:
+    def _timed_out_now(self, op: str, key: str, start: float, answers: ServerAnswers | None) -> StoreTimeoutError:
         """A request that got no answer within the timeout: counted, remembered for its
-        key (`_failed_recently`), and the error saying so."""
+        key (`_failed_recently`), and the error saying so (and what the server answered
+        to the tries that failed, if any did: a 503 for ever is no silence)."""
         assert self.timeout is not None
         self.stats.count("store_timeouts")
         elapsed = time.monotonic() - start
         # (more than the timeout when the event loop itself was held meanwhile)
         waited = f"{self.timeout:g} s" if elapsed < self.timeout + 1 else f"{elapsed:.0f} s (timeout {self.timeout:g} s)"
-        reason = f"store request {op} {key} timed out after {waited} ({self.source})"
-        self._note_timeout(key, reason)
-        return StoreTimeoutError(reason)
+        answered = f": {answers}" if answers else ""
+        error = StoreTimeoutError(f"store request {op} {key} timed out after {waited}{answered} ({self.source})")
+        self._note_failure(key, error)
+        return error
 
-    def _raise_failed(self, exc: Exception, op: str, key: str, start: float) -> NoReturn:
+    def _raise_failed(self, exc: Exception, op: str, key: str, start: float, answers: ServerAnswers | None) -> NoReturn:
         """Raise what a failed request raises: the store's own timeout (aiohttp's, whose
-        message is empty) as a StoreTimeoutError naming the request; anything else as
-        it is. Counted either way (the end of a listing is no failure)."""
+        message is empty) as a StoreTimeoutError naming the request; a failure of the
+        server's (a 5xx, a throttle or a lost connection, after its client's retries) as
+        a StoreServerError naming the request and what the server answered, remembered
+        for its key as a timeout is (a 500 for ever cost each read() its retries); anything
+        else as it is. Counted either way (the end of a listing is no failure)."""
         if isinstance(exc, StopAsyncIteration):
             raise exc
+        elapsed = time.monotonic() - start
         if isinstance(exc, TimeoutError) and not isinstance(exc, StoreTimeoutError):
             self.stats.count("store_timeouts")
             detail = f": {exc}" if str(exc) else ""
-            reason = (f"store request {op} {key} timed out after {time.monotonic() - start:.1f} s "
-                      f"(the store's own timeout{detail}) ({self.source})")
-            self._note_timeout(key, reason)
-            raise StoreTimeoutError(reason) from exc
+            error = StoreTimeoutError(f"store request {op} {key} timed out after {elapsed:.1f} s "
+                                      f"(the store's own timeout{detail}) ({self.source})")
+            self._note_failure(key, error)
+            raise error from exc
         self.stats.count("store_errors")
+        if _server_failed(exc, answers):
+            answered = f"; {answers}" if answers else ""
+            server_error = StoreServerError(f"store request {op} {key} failed after {elapsed:.1f} s: "
+                                            f"{_message_of(exc)}{answered} ({self.source})")
+            if op in _READ_OPS:  # (a failed write is the writer's to retry)
+                self._note_failure(key, server_error)
+            raise server_error from exc
         raise exc
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
@@ -573,10 +598,10 @@ class MeteredStore(WrapperStore[Store]):
         as a hung get does: StoreTimeoutError naming the listing and its prefix)."""
         self.stats.count("store_list")
         keys = 0
-        memo = self._failed_recently(prefix)
-        if memo is not None:  # (as `_bounded`: the same listing timed out moments ago)
+        failure = self._failed_recently(prefix)
+        if failure is not None:  # (as `_bounded`: the same listing failed moments ago)
             self.stats.count("store_failed_fast")
-            raise self._shared_failure(op, prefix, memo)
+            raise self._shared_failure(op, failure)
         try:
             while True:
                 try:
@@ -600,20 +625,25 @@ class MeteredStore(WrapperStore[Store]):
         them), and a task each cost 13 us a key, the event loop's time (a 3-million-name
         page took a minute)."""
         start = time.monotonic()
-        with self.stats.in_flight():
-            if self.timeout is None:
+        answers = ServerAnswers()
+        token = request_answers.set(answers)
+        try:
+            with self.stats.in_flight():
+                if self.timeout is None:
+                    try:
+                        return await it.__anext__()
+                    except Exception as e:
+                        self._raise_failed(e, op, prefix, start, answers)
+                deadline = asyncio.timeout(self.timeout)
                 try:
-                    return await it.__anext__()
+                    async with deadline:
+                        return await it.__anext__()
                 except Exception as e:
-                    self._raise_failed(e, op, prefix, start)
-            deadline = asyncio.timeout(self.timeout)
-            try:
-                async with deadline:
-                    return await it.__anext__()
-            except Exception as e:
-                if deadline.expired():
-                    raise self._timed_out_now(op, prefix, start) from None
-                self._raise_failed(e, op, prefix, start)
+                    if deadline.expired():
+                        raise self._timed_out_now(op, prefix, start, answers) from None
+                    self._raise_failed(e, op, prefix, start, answers)
+        finally:
+            request_answers.reset(token)
 
     def list(self) -> AsyncIterator[str]:
         return self._listing(self._store.list(), "list", "/")
@@ -664,6 +694,37 @@ class _PieceStream:
             keep_from = min(pieces[self.next][1], covered) if self.next < len(pieces) else covered
             del self.buffer[:keep_from - self.base]
             self.base = keep_from
+
+
+class _Failure(NamedTuple):
+    """A request for a key that timed out or that the server failed: when, why, and the
+    error that said so (what requests for the key raise for FAILED_RECENTLY_S)."""
+
+    when: float  # (monotonic)
+    reason: str
+    kind: type[StoreTimeoutError] | type[StoreServerError]
+
+
+_READ_OPS = frozenset({"get", "head", "exists", "get_partial_values", "list", "list_dir", "list_prefix"})
+
+
+def _server_failed(exc: BaseException, answers: ServerAnswers | None) -> bool:
+    """Whether a request failed on the server's side: it answered 5xx (or 429), or the
+    connection failed, on the last try. Not an answer that means something (no such
+    object, a condition that failed, bytes refused as corrupt) and no bug of ours."""
+    if isinstance(exc, (ZfuseError, FileNotFoundError, FileExistsError, PermissionError,
+                        ObjectChangedError, WriteConflictError)):
+        return False
+    status = http_status(exc)
+    if status is not None:
+        return status >= 500 or status == 429
+    return bool(answers) or isinstance(exc, ConnectionError)
+
+
+def _message_of(exc: BaseException) -> str:
+    """An error's own words (an OSError's without its "[Errno N]"), or its type's name."""
+    words = exc.args[-1] if isinstance(exc, OSError) and len(exc.args) == 2 else str(exc)
+    return str(words) or type(exc).__name__
 
 
 def _abandon(task: Any) -> None:
