@@ -69,6 +69,15 @@ def test_store_layers_know_no_fuse() -> None:
         assert not bad, f"{name} imports {bad}"
 
 
+def test_the_filesystem_layer_reaches_stores_through_the_view() -> None:
+    """The filesystem layer, the adapter and the open files never use the store layer:
+    what they ask of stores (a failing chunk asked again) goes through the view, which
+    holds the stores its sources were opened on."""
+    users = {module_name(p) for p in PACKAGE.rglob("*.py") if module_name(p).startswith(
+        ("zfuse.fs", "zfuse.fuse_ops", "zfuse.handles")) and set(imports_of(p)) & set(STORE_PARTS)}
+    assert not users
+
+
 def test_only_the_adapter_and_the_daemon_import_pyfuse3() -> None:
     users = {module_name(p) for p in PACKAGE.rglob("*.py") if any(
         m.split(".")[0] == "pyfuse3" for m in imports_of(p))}

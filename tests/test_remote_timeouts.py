@@ -35,7 +35,6 @@ from zfuse.store import (
     FAILED_RECENTLY_S,
     MeteredStore,
     default_timeout,
-    forget_timeouts,
 )
 from zfuse.testing import Fault, FaultyStore, wait_until
 
@@ -82,7 +81,7 @@ def test_a_timeout_names_request_key_wait_and_store(tmp_path: Path) -> None:
 
 def test_a_key_that_timed_out_fails_at_once_then_is_asked_again(tmp_path: Path) -> None:
     """[read-11] after a timeout, requests for the same key (get or exists) fail at once with
-    the same reason, without reaching the store; `forget_timeouts` (a new open of the file)
+    the same reason, without reaching the store; `StoreFailures.forget` (a new open of the file)
     or FAILED_RECENTLY_S later, the store is asked again."""
     store, faulty, stats = _metered(tmp_path, Fault("hang", pattern="c/1/0", ops=("get", "exists")))
 
@@ -97,7 +96,7 @@ def test_a_key_that_timed_out_fails_at_once_then_is_asked_again(tmp_path: Path) 
         assert time.monotonic() - start < 0.2
         assert len(faulty.requests) == asked  # none reached the store
         faulty.set_faults([])
-        forget_timeouts("c/1/0")
+        store.failures.forget("c/1/0")
         assert await store.get("c/1/0", PROTO) is not None
 
     asyncio.run(run())
@@ -381,3 +380,50 @@ def test_mounting_a_server_that_never_answers_fails_within_the_timeout(tmp_path:
     assert time.monotonic() - start < 4 * 1 + 5
     assert f"store request get zarr.json timed out after 1 s ({url})" in result.stderr, result.stderr
     assert conns  # it did connect: the server accepted and said nothing
+
+
+def test_a_chunk_asked_again_asks_for_its_shard_again(tmp_path: Path) -> None:
+    """[read-11] a chunk file opened anew after its shard's request timed out: the shard is
+    asked again at once (the chunk's source forgets the key that failed, its shard's:
+    forgetting the inner chunk's name left the shard failing at once for 5 s), and a
+    timed-out shard index is a timeout, not a corrupt index."""
+    from zarr.storage import LocalStore
+
+    from zfuse.view.array_view import ArrayView, ChunkCache, ViewOptions
+    from zfuse.view.source import ZarrChunkSource
+
+    stores.sharded(tmp_path / "s.zarr", shape=(16, 16), shards=(8, 8), chunks=(2, 2))
+    faulty = FaultyStore(LocalStore(str(tmp_path / "s.zarr"), read_only=True),
+                         [Fault("hang", pattern="c/1/0", ops=("get", "exists", "getsize"))])
+    store = MeteredStore(faulty, Stats(), 0.3, source="https://host/s.zarr")
+    import zarr
+
+    arr = ArrayView(ZarrChunkSource(zarr.open_array(store, mode="r")), ViewOptions(), ChunkCache(1 << 20))
+    with pytest.raises(StoreTimeoutError, match="c/1/0 timed out"):
+        arr.exists((5, 1))  # (an inner chunk of shard (1, 0))
+    faulty.set_faults([])
+    with pytest.raises(StoreTimeoutError, match="fails at once"):
+        arr.exists((5, 1))
+    arr.source.retry_failed((5, 1))
+    assert arr.exists((5, 1))
+    faulty.release()
+
+
+def test_stores_keep_their_failures_apart_and_copies_share_them(tmp_path: Path) -> None:
+    """[read-11] a key failing on one store fails at once on that store and its copies
+    (zarr's read-only copy of a store), never on another store of the process (another
+    mount, another source of a concatenation)."""
+    one, faulty, _ = _metered(tmp_path / "1", Fault("hang", pattern="c/0/0"))
+    other, _, _ = _metered(tmp_path / "2")
+    copy = one.with_read_only(True)
+
+    async def run() -> None:
+        with pytest.raises(StoreTimeoutError):
+            await one.get("c/0/0", PROTO)
+        with pytest.raises(StoreTimeoutError, match="fails at once"):
+            await copy.get("c/0/0", PROTO)
+        assert await other.get("c/0/0", PROTO) is not None
+        assert one.failures.pending() and not other.failures.pending()
+
+    asyncio.run(run())
+    faulty.release()

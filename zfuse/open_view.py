@@ -158,9 +158,12 @@ def make_view(config: MountConfig, stats: Stats | None = None, *, all_members: b
         members_kept=None if all_members else config.members_kept,
     )
     unsettled: list[MeteredStore] = []
+    opened: list[tuple[str, Any]] = []
     obj = open_source(config.sources, config.concat_axis, read_only=config.read_only,
                       storage_options=config.storage_options, stats=stats, timeout=config.timeout,
-                      durable=config.durable, unsettled=unsettled, opened_from=opened_from)
+                      durable=config.durable, unsettled=unsettled, opened_from=opened)
+    if opened_from is not None:
+        opened_from.extend(opened)
     from zfuse.ext.concat import ConcatArray
 
     if isinstance(obj, ConcatArray):
@@ -168,6 +171,7 @@ def make_view(config: MountConfig, stats: Stats | None = None, *, all_members: b
 
         obj = ConcatChunkSource(obj)
     view = build_view(obj, options, stats)
+    view.stores = [store for _, store in opened]
     # the conditional-writes probe ran while the members were listed and opened: a store
     # that ignores conditions is refused now, before the mount is served
     for store in unsettled:

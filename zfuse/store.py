@@ -6,8 +6,8 @@ fsync, swapped into place; S3, and any remote store with `-o cache=`, also get t
 objects with versions, `RemoteObjects` of `zfuse.remote_objects`). `MeteredStore` wraps
 any store: it counts requests and bytes into `Stats` (the mount's `.zfuse/stats`) and
 bounds every request by a timeout so a hung server gives an error, never a hung `ls`
-(the timeouts remembered per key are this module's: `timeouts_pending`,
-`forget_timeouts`); over remote objects it keeps each object's version, for the disk
+(the keys that timed out or failed lately are its `StoreFailures`: their requests fail
+at once for a while); over remote objects it keeps each object's version, for the disk
 cache and for writes made on condition of the version read.
 """
 
@@ -16,7 +16,6 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, NamedTuple, NoReturn
 
@@ -54,29 +53,58 @@ DEFAULT_REMOTE_TIMEOUT = defaults.REMOTE_TIMEOUT
 # the retries of a server answering 500, one after another)...
 FAILED_RECENTLY_S = 5.0
 # ... and requests for it still under way give up with it (checked this often). A new
-# open of the chunk file asks the store again (`forget_timeouts`).
+# open of the chunk file asks the store again (`StoreFailures.forget`).
 SHARED_CHECK_S = 0.25
 FAILED_KEYS_KEPT = 1024
 VERSIONS_KEPT = 1_000_000  # object versions a mount remembers (~150 bytes each)
 SMALL_DIR_BYTES = 256 * 1024  # a directory's st_size: roughly its names' bytes (ext4: ~5,000 names)
-_metered_stores: weakref.WeakValueDictionary[int, MeteredStore] = weakref.WeakValueDictionary()  # (stores are unhashable)
 
 
-def timeouts_pending() -> bool:
-    """Whether some store of this process remembers a recent timeout or server failure
-    (cheap: lookups ask)."""
-    now = time.monotonic()
-    return any(now - store._last_failure < FAILED_RECENTLY_S for store in list(_metered_stores.values()))
+class StoreFailures:
+    """The keys of one store (its copies share them) whose requests timed out, or that
+    the server failed, less than FAILED_RECENTLY_S ago: requests for such a key fail at
+    once with the same reason, unless a reader asks again (`forget`: a chunk file looked
+    up or opened anew). Touched from zarr's event loop and the filesystem's threads:
+    single dict operations, atomic under the GIL."""
 
+    def __init__(self) -> None:
+        self._keys: dict[str, _Failure] = {}
+        self._last = float("-inf")  # (monotonic) when a request last failed
 
-def forget_timeouts(key: str) -> None:
-    """Ask the store again for `key` (a key, or its end: a chunk's key in its array), at
-    once: a chunk file looked up or opened anew after a request for it timed out or
-    failed (a reader retrying)."""
-    for store in list(_metered_stores.values()):
-        if store._failed_keys:
-            for k in [k for k in list(store._failed_keys) if k == key or k.endswith("/" + key)]:
-                store._failed_keys.pop(k, None)
+    def pending(self) -> bool:
+        """Whether some key failed lately (cheap: every lookup of a failing store asks)."""
+        return time.monotonic() - self._last < FAILED_RECENTLY_S
+
+    def recent(self, key: str, since: float | None = None) -> _Failure | None:
+        """The failure of a request for `key` less than FAILED_RECENTLY_S ago (and at or
+        after `since`, if given), else None."""
+        failure = self._keys.get(key)
+        if failure is None:
+            return None
+        if time.monotonic() - failure.when >= FAILED_RECENTLY_S:
+            self._keys.pop(key, None)
+            return None
+        return failure if since is None or failure.when >= since else None
+
+    def note(self, key: str, error: StoreTimeoutError | StoreServerError) -> None:
+        if len(self._keys) >= FAILED_KEYS_KEPT:
+            now = time.monotonic()
+            for k in [k for k, f in list(self._keys.items()) if now - f.when >= FAILED_RECENTLY_S]:
+                self._keys.pop(k, None)
+            if len(self._keys) >= FAILED_KEYS_KEPT:
+                self._keys.clear()
+        self._keys[key] = _Failure(time.monotonic(), error.args[-1], type(error))
+        self._last = time.monotonic()
+
+    def forget(self, key: str) -> None:
+        """Ask the store again for `key`, at once."""
+        self._keys.pop(key, None)
+
+    def forget_under(self, prefix: str) -> None:
+        """Ask the store again, at once, for every key starting with `prefix` (an array's
+        keys, where storage transformers map a chunk to keys of their own)."""
+        for key in [k for k in list(self._keys) if k.startswith(prefix)]:
+            self._keys.pop(key, None)
 
 
 def is_remote(source: str) -> bool:
@@ -105,15 +133,12 @@ class MeteredStore(WrapperStore[Store]):
     """
 
     def __init__(self, store: Store, stats: Stats | None = None, timeout: float | None = None,
-                 source: str | None = None) -> None:
+                 source: str | None = None, failures: StoreFailures | None = None) -> None:
         super().__init__(store)
         self.stats = stats or Stats()
         self.timeout = timeout or None  # (0: none)
         self.source = source_label(source) if source else _describe(store)
-        # key -> (monotonic time its request timed out or failed, the error saying why)
-        self._failed_keys: dict[str, tuple[float, ZfuseError]] = {}
-        self._last_failure = float("-inf")  # (monotonic) when a request last did
-        _metered_stores[id(self)] = self
+        self.failures = failures or StoreFailures()
         # a remote store's objects with their versions (ETags): the disk cache and
         # conditional writes need them; None for local stores and other kinds
         self.remote: RemoteObjects | None = getattr(store, "zfuse_remote", None)
@@ -139,7 +164,7 @@ class MeteredStore(WrapperStore[Store]):
             store.on_leftover = lambda key: stats_.count("leftovers_removed")
 
     def _with_store(self, store: Store) -> MeteredStore:
-        copy = type(self)(store, self.stats, self.timeout, self.source)
+        copy = type(self)(store, self.stats, self.timeout, self.source, self.failures)
         if self.remote is not None and copy.remote is None:
             # (zarr's read-only copy of the store: the same objects, versions and cache;
             # a version learnt by one, e.g. an exists() HEAD, serves the other's reads)
@@ -157,27 +182,6 @@ class MeteredStore(WrapperStore[Store]):
         return cls(await store_cls.open(*args, **kwargs), stats, timeout, source)
 
     # -- bounding requests ------------------------------------------------------
-    def _failed_recently(self, key: str, since: float | None = None) -> _Failure | None:
-        """The timeout or server failure of a request for `key` less than
-        FAILED_RECENTLY_S ago (and at or after `since`, if given), else None."""
-        failure = self._failed_keys.get(key)
-        if failure is None:
-            return None
-        if time.monotonic() - failure.when >= FAILED_RECENTLY_S:
-            self._failed_keys.pop(key, None)
-            return None
-        return failure if since is None or failure.when >= since else None
-
-    def _note_failure(self, key: str, error: StoreTimeoutError | StoreServerError) -> None:
-        if len(self._failed_keys) >= FAILED_KEYS_KEPT:
-            now = time.monotonic()
-            for k in [k for k, f in list(self._failed_keys.items()) if now - f.when >= FAILED_RECENTLY_S]:
-                self._failed_keys.pop(k, None)
-            if len(self._failed_keys) >= FAILED_KEYS_KEPT:
-                self._failed_keys.clear()
-        self._failed_keys[key] = _Failure(time.monotonic(), error.args[-1], type(error))
-        self._last_failure = time.monotonic()
-
     def _shared_failure(self, op: str, failure: _Failure) -> StoreTimeoutError | StoreServerError:
         ago = time.monotonic() - failure.when
         return failure.kind(f"{failure.reason} {ago:.1f} s ago: {op} of the same key fails at once "
@@ -185,7 +189,7 @@ class MeteredStore(WrapperStore[Store]):
 
     async def _bounded(self, coro: Any, op: str = "request", key: str = "") -> Any:
         """Await a request of the wrapped store (`op` of `key`, for messages), bounded."""
-        failure = self._failed_recently(key)
+        failure = self.failures.recent(key)
         if failure is not None:
             close = getattr(coro, "close", None)
             if close is not None:
@@ -215,7 +219,7 @@ class MeteredStore(WrapperStore[Store]):
                                 return task.result()
                             except Exception as e:
                                 self._raise_failed(e, op, key, start, answers)
-                        failure = self._failed_recently(key, since=start)
+                        failure = self.failures.recent(key, since=start)
                         if failure is not None:  # another request for this key failed meanwhile
                             _abandon(task)
                             self.stats.count("store_failed_fast")
@@ -232,7 +236,7 @@ class MeteredStore(WrapperStore[Store]):
 
     def _timed_out_now(self, op: str, key: str, start: float, answers: ServerAnswers | None) -> StoreTimeoutError:
         """A request that got no answer within the timeout: counted, remembered for its
-        key (`_failed_recently`), and the error saying so (and what the server answered
+        key (`StoreFailures`), and the error saying so (and what the server answered
         to the tries that failed, if any did: a 503 for ever is no silence)."""
         assert self.timeout is not None
         self.stats.count("store_timeouts")
@@ -241,7 +245,7 @@ class MeteredStore(WrapperStore[Store]):
         waited = f"{self.timeout:g} s" if elapsed < self.timeout + 1 else f"{elapsed:.0f} s (timeout {self.timeout:g} s)"
         answered = f": {answers}" if answers else ""
         error = StoreTimeoutError(f"store request {op} {key} timed out after {waited}{answered} ({self.source})")
-        self._note_failure(key, error)
+        self.failures.note(key, error)
         return error
 
     def _raise_failed(self, exc: Exception, op: str, key: str, start: float, answers: ServerAnswers | None) -> NoReturn:
@@ -259,7 +263,7 @@ class MeteredStore(WrapperStore[Store]):
             detail = f": {exc}" if str(exc) else ""
             error = StoreTimeoutError(f"store request {op} {key} timed out after {elapsed:.1f} s "
                                       f"(the store's own timeout{detail}) ({self.source})")
-            self._note_failure(key, error)
+            self.failures.note(key, error)
             raise error from exc
         self.stats.count("store_errors")
         if _server_failed(exc, answers):
@@ -267,7 +271,7 @@ class MeteredStore(WrapperStore[Store]):
             server_error = StoreServerError(f"store request {op} {key} failed after {elapsed:.1f} s: "
                                             f"{_message_of(exc)}{answered} ({self.source})")
             if op in _READ_OPS:  # (a failed write is the writer's to retry)
-                self._note_failure(key, server_error)
+                self.failures.note(key, server_error)
             raise server_error from exc
         raise exc
 
@@ -598,7 +602,7 @@ class MeteredStore(WrapperStore[Store]):
         as a hung get does: StoreTimeoutError naming the listing and its prefix)."""
         self.stats.count("store_list")
         keys = 0
-        failure = self._failed_recently(prefix)
+        failure = self.failures.recent(prefix)
         if failure is not None:  # (as `_bounded`: the same listing failed moments ago)
             self.stats.count("store_failed_fast")
             raise self._shared_failure(op, failure)

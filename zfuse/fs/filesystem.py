@@ -86,7 +86,6 @@ from zfuse.handles import (
 )
 from zfuse.inodes import Inode, InodeTable
 from zfuse.stats import Stats
-from zfuse.store import forget_timeouts, timeouts_pending
 from zfuse.view.tree import NEEDS_IO, DirReader, Entry, Node, View
 from zfuse.view.whole_image import NAMES as IMAGE_NAMES
 from zfuse.view.writes import (
@@ -353,8 +352,7 @@ class FileSystem:
     @operation(_by_child)
     async def lookup(self, parent: int, name: str, pid: int | None = None) -> Attributes:
         path = self._child(parent, name)
-        if timeouts_pending():  # a reader looking the file up again asks a timed-out store again
-            forget_timeouts(self.store_key(path))
+        self.view.retry_failed(path)  # a reader looking the file up again asks a failing store again
         entry = await self._entry(path, pid)
         if entry is None:
             raise FsError(errno.ENOENT)
@@ -605,8 +603,8 @@ class FileSystem:
         bytes still read), with the next chunks read ahead."""
         path = inode.path
         arr, coords = entry.array, entry.coords
-        if coords is not None and timeouts_pending():  # a reader opening anew asks a timed-out store again
-            forget_timeouts(arr.key_name(coords))
+        if coords is not None:  # a reader opening anew asks a failing store again
+            arr.source.retry_failed(coords)
         opened_before = self.stored.known(arr, coords)
         state = self.writes.states.get(path)
         stored = None

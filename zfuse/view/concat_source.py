@@ -10,6 +10,7 @@ not by probing every grid position.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from zfuse.view.source import ChunkSource, Coords, ZarrChunkSource
 
 class ConcatChunkSource(ChunkSource):
     def __init__(self, array: ConcatArray, name: str = "") -> None:
+        super().__init__()
         self.array = array
         self.name = name or "concat"
         self.shape = tuple(array.shape)
@@ -56,14 +58,20 @@ class ConcatChunkSource(ChunkSource):
     def chunk_exists(self, coords: Coords) -> bool:
         """Whether any stored source chunk overlaps view chunk `coords`: existence
         checks of those source chunks only (usually one), no listing."""
-        if not self.in_grid(coords):
-            return False
+        return self.in_grid(coords) and any(part.chunk_exists(c) for part, c in self._part_chunks(coords))
+
+    def _part_chunks(self, coords: Coords) -> Iterator[tuple[ZarrChunkSource, Coords]]:
+        """(part, its chunk) of every source chunk view chunk `coords` overlaps."""
         for index, src_region, _ in self.array.chunk_sources(coords):
             part = self.parts[index]
             ranges = [range(r.start // c, -(-r.stop // c)) for r, c in zip(src_region, part.chunk_shape, strict=True)]
-            if any(part.chunk_exists(c) for c in itertools.product(*ranges)):
-                return True
-        return False
+            for c in itertools.product(*ranges):
+                yield part, c
+
+    def retry_failed(self, coords: Coords) -> None:
+        if self.in_grid(coords):
+            for part, c in self._part_chunks(coords):
+                part.retry_failed(c)
 
     def _aligned(self, coords: Coords) -> tuple[ZarrChunkSource, Coords] | None:
         """The one source chunk that is exactly view chunk `coords`, if there is one.
@@ -99,15 +107,31 @@ class ConcatChunkSource(ChunkSource):
         return self.array.read_chunk(coords)
 
     def write_chunk(self, coords: Coords, data: np.ndarray) -> None:
-        aligned = self._aligned(coords)
-        if aligned is not None:
-            part, src_coords = aligned
-            part.write_chunk(src_coords, np.asarray(data, dtype=self.dtype))
-            return
-        self.array.write_chunk(coords, self.full_chunk(np.asarray(data, dtype=self.dtype)))
+        """Through the parts (each locks and forgets what it stores), never past them."""
+        data = np.asarray(data, dtype=self.dtype)
+        try:
+            aligned = self._aligned(coords)
+            if aligned is not None:
+                part, src_coords = aligned
+                part.write_chunk(src_coords, data)
+                return
+            full = self.full_chunk(data)
+            origin = [r.start for r in self.chunk_region(coords)]
+            for index, src_region, view_region in self.array.chunk_sources(coords):
+                here = tuple(slice(v.start - o, v.stop - o) for v, o in zip(view_region, origin, strict=True))
+                self.parts[index].write_region(src_region, full[here])
+        finally:
+            self.forget_listing()  # (after: a listing made meanwhile may not show it)
 
     def delete_chunk(self, coords: Coords) -> None:
-        self.array.delete_chunk(coords)
+        """The view chunk's values made the parts' fill values (each part drops a chunk
+        left all fill), through the parts."""
+        try:
+            for index, src_region, _ in self.array.chunk_sources(coords):
+                part = self.parts[index]
+                part.write_region(src_region, part.fill_value)
+        finally:
+            self.forget_listing()
 
     def v3_metadata(self) -> dict[str, Any]:
         meta = dict(self.parts[0].v3_metadata())

@@ -15,7 +15,7 @@ from typing import Any
 
 from zarr.storage import StorePath
 
-from zfuse.errors import CorruptDataError
+from zfuse.errors import CorruptDataError, StoreServerError, StoreTimeoutError
 from zfuse.ext import zarr_private
 from zfuse.view.caches import BoundedLRU, owner_ident
 
@@ -96,6 +96,8 @@ class ShardIndexes:
             index = await zarr_private.load_shard_index(
                 self._sharding, StorePath(self._store, key), self._chunks_per_shard
             )
+        except (StoreTimeoutError, StoreServerError):
+            raise  # (the store's failure, named as such: no corrupt index)
         except Exception as e:  # a bad index checksum or a short object
             raise CorruptDataError(f"{key}: unreadable shard index: {str(e) or type(e).__name__}") from e
         if index is not None:

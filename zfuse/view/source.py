@@ -25,7 +25,9 @@ state of their own are modules of their own, each held by the source:
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import itertools
 import math
 import os
 import stat as stat_mod
@@ -76,7 +78,9 @@ class StoreAccess:
       whose requests each wait a round trip: chunks are fetched ahead of readers;
     - `metered`: zfuse's metered store of a remote source (`forget_version`: a shard
       another host rewrote is read afresh), reached through nothing but transformer
-      stores.
+      stores;
+    - `bounded`: zfuse's metered store of any source, so reached (its `failures`:
+      the keys whose requests failed lately).
     """
 
     local: Any = None
@@ -84,6 +88,7 @@ class StoreAccess:
     files: Any = None
     remote: bool = False
     metered: Any = None
+    bounded: Any = None
 
 
 def store_access(store: Any) -> StoreAccess:
@@ -99,13 +104,14 @@ def store_access(store: Any) -> StoreAccess:
     # transformer stores pass keys through unless transformers; OpenMemo passes all
     while isinstance(inner, (TransformerStore, OpenMemo)):
         inner = zarr_private.wrapped_store(inner)
-    local = inner if isinstance(inner, MeteredStore) and inner.local_root is not None else None
-    metered = inner if isinstance(inner, MeteredStore) and inner.remote is not None else None
+    bounded = inner if isinstance(inner, MeteredStore) else None
+    local = bounded if bounded is not None and bounded.local_root is not None else None
+    metered = bounded if bounded is not None and bounded.remote is not None else None
     while isinstance(inner, (TransformerStore, MeteredStore, OpenMemo)):
         inner = zarr_private.wrapped_store(inner)
     root = str(inner.root) if type(inner) in (LocalStore, AtomicLocalStore) else None
     return StoreAccess(local=local, root=root, files=inner if type(inner) is AtomicLocalStore else None,
-                       remote=isinstance(inner, FsspecStore), metered=metered)
+                       remote=isinstance(inner, FsspecStore), metered=metered, bounded=bounded)
 
 
 class ChunkSource(ABC):
@@ -116,6 +122,10 @@ class ChunkSource(ABC):
     dtype: np.dtype
     chunk_shape: tuple[int, ...]
     fill_value: Any
+
+    def __init__(self) -> None:
+        # the whole-array listing `iter_chunk_dir`/`chunk_exists` fall back on (None: not listed)
+        self._listed_keys: list[tuple[Coords, str]] | None = None
 
     @property
     def grid_shape(self) -> tuple[int, ...]:
@@ -294,7 +304,7 @@ class ChunkSource(ABC):
         return None
 
     def _all_chunk_keys(self) -> list[tuple[Coords, str]]:
-        listed = getattr(self, "_listed_keys", None)
+        listed = self._listed_keys
         if listed is None:
             listed = self._listed_keys = self.list_chunk_keys()
         return listed
@@ -328,9 +338,19 @@ class ChunkSource(ABC):
         """Names of the Zarr extensions and notable codecs this source uses."""
         return []
 
+    def retry_failed(self, coords: Coords) -> None:
+        """Ask the store again, at once, for chunk `coords` if a request for it timed out
+        or failed lately (a reader looking its file up or opening it anew). Sources
+        with no store of their own have nothing to ask again."""
+        return
+
+    def forget_listing(self) -> None:
+        """Drop the whole-array listing (a chunk was written or deleted through this source)."""
+        self._listed_keys = None
+
     def invalidate(self) -> None:
         """Forget cached store state (after external changes)."""
-        self._listed_keys: list[tuple[Coords, str]] | None = None
+        self.forget_listing()
 
 
 def v3_array_fields(
@@ -424,6 +444,7 @@ class ZarrChunkSource(ChunkSource):
     """A zarr-python array (v2 or v3, any codecs, optionally sharded)."""
 
     def __init__(self, array: zarr.Array, name: str | None = None) -> None:
+        super().__init__()
         self.array = array
         self.name = name if name is not None else array.path
         meta = array.metadata
@@ -1176,6 +1197,15 @@ class ZarrChunkSource(ChunkSource):
         with self._locks_guard:
             return self._locks.setdefault(key, threading.Lock())
 
+    def retry_failed(self, coords: Coords) -> None:
+        failures = self._store_access.bounded.failures if self._store_access.bounded is not None else None
+        if failures is None or not failures.pending():
+            return
+        if self.zarr_format == 2 or self._recorded_transformers() is False:
+            failures.forget(self._storage_key(self._storage_coords(coords)))  # (its shard's, if sharded)
+        else:  # (storage transformers may map the chunk to keys of their own)
+            failures.forget_under(self.prefix)
+
     def _forget_index(self, coords: Coords) -> None:
         self._listing.forget_store_dirs()  # (a write may have made a new shard object)
         fetcher = self.__dict__.get("_fetcher")  # (what a write makes stale, if any was fetched ahead)
@@ -1326,6 +1356,32 @@ class ZarrChunkSource(ChunkSource):
 
     def delete_chunk(self, coords: Coords) -> None:
         retry_lost_races(lambda: self._delete_chunk_once(coords), f"{self.name} chunk {coords}")
+
+    def write_region(self, region: tuple[slice, ...], values: Any) -> None:
+        """Store `values` (the fill value: erase) into `region` of the array, whatever its
+        alignment to the chunks, as `write_chunk` stores one chunk: under the locks of the
+        storage objects it touches, their cached indexes and listings forgotten after."""
+        retry_lost_races(lambda: self._write_region_once(region, values), f"{self.name} region {region}")
+
+    def _write_region_once(self, region: tuple[slice, ...], values: Any) -> None:
+        per = self.chunks_per_shard if self.sharding is not None else (1,) * len(self.shape)
+        first = tuple(r.start // c // n for r, c, n in zip(region, self.chunk_shape, per, strict=True))
+        last = tuple((r.stop - 1) // c // n for r, c, n in zip(region, self.chunk_shape, per, strict=True))
+        objects = list(itertools.product(*(range(a, b + 1) for a, b in zip(first, last, strict=True))))
+        erase = np.ndim(values) == 0 and np.array_equal(values, self.fill_value, equal_nan=True)
+        with contextlib.ExitStack() as held:
+            for obj in sorted(objects):  # (one order: no two writers wait on each other)
+                held.enter_context(self._lock_for(self._first_chunk_of(obj)))
+            try:
+                with chunk_read_limited(self._storage_object_max):
+                    (self._eraser if erase else self._writer)[region] = values
+            finally:
+                for obj in objects:
+                    self._forget_index(self._first_chunk_of(obj))
+
+    def _first_chunk_of(self, storage: Coords) -> Coords:
+        per = self.chunks_per_shard if self.sharding is not None else (1,) * len(self.shape)
+        return tuple(s * n for s, n in zip(storage, per, strict=True))
 
     def _delete_chunk_once(self, coords: Coords) -> None:
         with self._lock_for(coords):

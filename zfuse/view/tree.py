@@ -29,7 +29,7 @@ import logging
 import operator
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import zarr
 
@@ -58,6 +58,9 @@ from zfuse.view.members import (
 from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, ZarrChunkSource, store_access
 from zfuse.view.tiff_meta import ome_axes, ome_datasets
 from zfuse.view.whole_image import NAMES as IMAGE_NAMES
+
+if TYPE_CHECKING:
+    from zfuse.store import MeteredStore
 from zfuse.view.whole_image import (
     ImageWorkers,
     WholeImage,
@@ -152,6 +155,8 @@ class View:
         # (a warm re-read opens every file again) answers without decoding its name
         # again, until the array's listings change (a write, a removal, a refresh)
         self._chunk_entries: dict[tuple[str, ...], tuple[ArrayView, Any, Entry]] = {}
+        # the metered stores the view's sources were opened on (`make_view` sets them)
+        self.stores: list[MeteredStore] = []
 
     @property
     def problems(self) -> list[Problem]:
@@ -233,6 +238,14 @@ class View:
             return None, None
         arr, rest = split[0].array, split[1]
         return arr, (arr.coords_of(rest) if arr is not None and rest else None)
+
+    def retry_failed(self, path: tuple[str, ...]) -> None:
+        """A chunk file looked up again: its store is asked again at once if a request
+        for the chunk timed out or failed lately (cheap while none did)."""
+        if any(store.failures.pending() for store in self.stores):
+            arr, coords = self.chunk_at(path, memory_only=True)
+            if arr is not None and coords is not None:
+                arr.source.retry_failed(coords)
 
     def needs_io(self, path: tuple[str, ...], *, listing: bool = False) -> bool:
         """Whether `entry(path)` (or with `listing`, `list_dir(path)`) needs store I/O.
