@@ -344,8 +344,8 @@ def test_every_dtype_and_rank(tmp_path: Path, mount) -> None:
         np.testing.assert_array_equal(got.reshape(expect.shape), expect.astype(got.dtype) if expect.dtype == bool else expect,
                                       err_msg=name)
         stripped = m.path / name / "image.tif"  # [image-8] where ImageJ has the dtype
-        assert stripped.exists() == (str(expect.dtype) not in ("uint64", "int64", "float16", "complex64",
-                                                                  "complex128")), name
+        assert stripped.exists() == (str(expect.dtype) in ("bool", "uint8", "uint16", "int16", "int32",
+                                                              "float32")), name
         if stripped.exists():
             with tifffile.TiffFile(stripped) as tif:
                 got = np.stack([p.asarray() for p in tif.pages])  # every IFD on its own
@@ -614,3 +614,14 @@ def test_zarr_readers_and_info(tmp_path: Path, mount) -> None:
     text = subprocess.run([sys.executable, "-m", "zfuse.cli", "info", str(tmp_path / "p.zarr")],
                           capture_output=True, text=True, check=True).stdout
     assert "pyramid.ome.tif" in text and "3 levels" in text
+
+
+def test_image_tif_only_for_dtypes_imagej_reads_as_stored() -> None:
+    """[image-8] image.tif only where ImageJ 1.x shows the stored values: not int8 (read
+    as uint8), uint32 (read as int32) or float64 (not opened); image.ome.tif serves those."""
+    from zfuse.view.whole_image.strips import stripped_unsupported_reason
+
+    for dtype in ("bool", "uint8", "uint16", "int16", "int32", "float32"):
+        assert stripped_unsupported_reason((2, 8, 8), np.dtype(dtype)) is None, dtype
+    for dtype in ("int8", "uint32", "float64", "int64", "uint64", "float16", "complex64"):
+        assert "ImageJ 1.x has no image type" in stripped_unsupported_reason((2, 8, 8), np.dtype(dtype)), dtype

@@ -90,7 +90,7 @@ for (tt = 1; tt <= t; tt++) {
       s = "";
       for (y = y0; y < y0 + n; y++)
         for (x = x0; x < x0 + n; x++)
-          s = s + getPixel(x, y) + ",";
+          s = s + getValue(x, y) + ",";  // (calibrated: int16 as stored)
       print("ZFUSE_REGION\t" + cc + "\t" + zz + "\t" + tt + "\t" + s);
     }
   }
@@ -122,11 +122,17 @@ def imagej_region(path: Path, x0: int, y0: int, n: int) -> dict:
             "frameInterval": float(finterval), "channel": channels, "regions": regions}
 
 
-def test_imagej_opens_the_stripped_hyperstack(tmp_path: Path, mount) -> None:
+@pytest.mark.parametrize("dtype", ["uint16", "int16"])
+def test_imagej_opens_the_stripped_hyperstack(tmp_path: Path, mount, dtype: str) -> None:
     """[image-8] plain ImageJ's open() reads image.tif: a hyperstack with the OME-Zarr
-    dimensions, calibration, channel colours and windows, and every plane's pixels."""
+    dimensions, calibration, channel colours and windows, and every plane's pixels
+    (int16 too: ImageJ holds it plus 32768, and its display ranges so; given as the
+    values, each window was 32768 below them and every channel a flat saturated image)."""
     requires("imagej")
-    values = tczyx_store(tmp_path / "g.zarr")
+    values = tczyx_store(tmp_path / "g.zarr", dtype=dtype)
+    if dtype == "int16":  # (negative values too)
+        values -= 2000
+        zarr.open_array(str(tmp_path / "g.zarr" / "0"), mode="r+")[...] = values
     m = mount(tmp_path / "g.zarr")
     image = m.path / "0" / "image.tif"
     assert image.exists() and (m.path / "0" / "image.ome.tif").exists()

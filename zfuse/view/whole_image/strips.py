@@ -77,8 +77,13 @@ _TRAILER = 64 * 1024
 _HEADER_KEPT = 4 * 1024**2
 # ImageJ 1.x holds a plane in one Java array (int index) and reads classic TIFF only
 MAX_PLANE_PIXELS = 2**31 - 1
-# dtypes ImageJ 1.x has an image type for ("<kind><bytes>"; bool is written as uint8)
-_IMAGEJ_DTYPES = {"b1", "u1", "i1", "u2", "i2", "u4", "i4", "f4", "f8"}
+# dtypes ImageJ 1.x reads as stored ("<kind><bytes>"; bool is written as uint8). Not
+# int8 (read as uint8: -97 is 159), uint32 (read as int32) or float64 ("Unsupported
+# format"): image.ome.tif serves those
+_IMAGEJ_DTYPES = {"b1", "u1", "u2", "i2", "i4", "f4"}
+# ImageJ holds int16 as uint16 plus 32768 (a calibration gives the values back), and
+# reads display ranges (min=/max=, the IJ "rang" metadata) as the values it holds
+_IMAGEJ_HELD_OFFSET = {"i2": 32768}
 _SERIALS = itertools.count(1)
 
 
@@ -118,13 +123,17 @@ def _window(channel: Any) -> tuple[float, float] | None:
     return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) and lo < hi else None
 
 
-def imagej_display(channels: list[dict[str, Any]] | None, size_c: int) -> tuple[list[str], bytes, list[int]]:
+def imagej_display(channels: list[dict[str, Any]] | None, size_c: int,
+                   dtype: np.dtype | str = "u2") -> tuple[list[str], bytes, list[int]]:
     """What OME-Zarr `omero` channels say to ImageJ: description lines (min=/max=,
     mode=composite), and the IJ metadata (tag 50839 bytes, tag 50838 counts) of
-    per-channel display ranges and LUTs; empty when there are no such channels."""
+    per-channel display ranges and LUTs, as ImageJ reads them for pixels of `dtype`;
+    empty when there are no such channels."""
     if not channels or len(channels) != size_c or size_c > 64:
         return [], b"", []
-    windows = [_window(c) for c in channels]
+    dt = np.dtype(dtype)
+    held = _IMAGEJ_HELD_OFFSET.get(f"{dt.kind}{dt.itemsize}", 0)
+    windows = [None if w is None else (w[0] + held, w[1] + held) for w in map(_window, channels)]
     luts = [_lut(c.get("color") if isinstance(c, dict) else None) for c in channels]
     lines: list[str] = []
     if windows[0] is not None:
@@ -204,7 +213,7 @@ class StrippedImage(ImageFile):
         size_c = 1
         if meta.roles is not None:
             size_c = next((self.shape[i] for i, r in enumerate(meta.roles) if r == "c"), 1)
-        extra, blob, counts = imagej_display(channels, size_c)
+        extra, blob, counts = imagej_display(channels, size_c, self.dtype)
         if blob and size_c > 1:
             lines = [("mode=composite" if line == "mode=grayscale" else line) for line in lines]
         # ImageJ reads min=/max= before loop=false; keep that line last
