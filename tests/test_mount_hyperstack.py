@@ -85,3 +85,24 @@ def test_imagej_saves_a_hyperstack_into_the_mount_in_the_same_order(tmp_path: Pa
     stored = zarr.open_array(str(tmp_path / "ome.zarr" / "0"))
     np.testing.assert_array_equal(stored[:, :, 4:8], data[:, :, 0:4])
     np.testing.assert_array_equal(stored[:, :, 0:4], data[:, :, 0:4])
+
+
+def test_a_chunk_written_in_zarr_order_is_stored_in_zarr_order(tmp_path: Path, mount) -> None:
+    """[read-1] `tifffile.imwrite(f, chunk)` of a (t, c, z, y, x) chunk in zarr's own
+    order, copied onto the chunk file with cp: stored as written (the file's shape
+    description says its order; read in ImageJ's, its planes were scrambled and cp
+    exited 0), and an OME-TIFF saying DimensionOrder="XYZCT" likewise."""
+    import shutil
+
+    import tifffile
+
+    data = ome_5d(tmp_path / "ome.zarr")
+    m = mount(tmp_path / "ome.zarr")
+    block = np.ascontiguousarray(data[:, :, 0:4] + 1)
+    tifffile.imwrite(tmp_path / "plain.tif", block, photometric="minisblack")
+    shutil.copyfile(tmp_path / "plain.tif", m.path / "0" / "c" / "0" / "0" / "1" / "0" / "0.tiff")
+    tifffile.imwrite(tmp_path / "ome.tif", block + 1, ome=True, photometric="minisblack", metadata={"axes": "TCZYX"})
+    shutil.copyfile(tmp_path / "ome.tif", m.path / "0" / "c" / "0" / "0" / "0" / "0" / "0.tiff")
+    stored = zarr.open_array(str(tmp_path / "ome.zarr" / "0"))
+    np.testing.assert_array_equal(stored[:, :, 4:8], block)
+    np.testing.assert_array_equal(stored[:, :, 0:4], block + 1)

@@ -456,6 +456,38 @@ def test_ome_tczyx_chunk_takes_pages_in_imagej_order() -> None:
     np.testing.assert_array_equal(got, crop)
 
 
+def test_a_file_that_says_its_page_order_is_read_in_that_order() -> None:
+    """[read-1] a file written into an OME (t, c, z, y, x) chunk that says its pages
+    run otherwise than ImageJ's order is read in its own: a tifffile shape description
+    of the chunk's shape (`tifffile.imwrite(path, chunk)`: zarr's C order) and OME-XML's
+    DimensionOrder. Read in ImageJ's order, their planes were stored scrambled and the
+    write succeeded. Files that say nothing, or whose words fit both orders (c and z of
+    one size), are read in ImageJ's order as before."""
+    chunk = sample((2, 2, 3, 5, 6), "u2", 7)  # (t, c, z): c and z of different sizes
+    layout = plan_layout(chunk.shape, "u2", axes=list("tczyx"))
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, chunk, photometric="minisblack")  # {"shape": [2, 2, 3, 5, 6]}
+    assert_decodes(buf.getvalue(), chunk, layout=layout)
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, chunk, ome=True, photometric="minisblack", metadata={"axes": "TCZYX"})
+    assert b'DimensionOrder="XYZCT"' in buf.getvalue()
+    assert_decodes(buf.getvalue(), chunk, layout=layout)
+    buf = io.BytesIO()  # OME in ImageJ's own order (XYCZT): as ImageJ's
+    tifffile.imwrite(buf, np.ascontiguousarray(chunk.transpose(0, 2, 1, 3, 4)), ome=True, photometric="minisblack",
+                     metadata={"axes": "TZCYX"})
+    assert b'DimensionOrder="XYCZT"' in buf.getvalue()
+    assert_decodes(buf.getvalue(), chunk, layout=layout)
+    # saying nothing: ImageJ's order, as the chunk files' own pages run
+    tzcyx = np.ascontiguousarray(chunk.transpose(0, 2, 1, 3, 4))
+    assert_decodes(tiff_bytes(tzcyx.reshape(12, 5, 6)), chunk, layout=layout)
+    # a shape that fits both orders: ImageJ's (a tifffile read of a chunk file, written back)
+    square = sample((1, 2, 2, 5, 6), "u2", 8)
+    square_layout = plan_layout(square.shape, "u2", axes=list("tczyx"))
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, np.ascontiguousarray(square.transpose(0, 2, 1, 3, 4)), photometric="minisblack")
+    assert_decodes(buf.getvalue(), square, layout=square_layout)
+
+
 # ------------------------------------------------- plain images (no tifffile parse)
 
 PLAIN_DTYPES = ["u1", "i1", "u2", "i2", "u4", "i4", "u8", "i8", "f2", "f4", "f8"]

@@ -173,6 +173,12 @@ class TiffLayout:
         return self.rows * self.cols * self.dtype.itemsize
 
     @property
+    def roles(self) -> tuple[str | None, ...] | None:
+        """The ImageJ role ("c", "z", "t"; None for an axis of size 1) of each leading
+        chunk axis, in chunk axis order; None for a plain stack."""
+        return self._meta.roles
+
+    @property
     def permuted(self) -> bool:
         """True if the file's pages run in another order than the chunk's axes."""
         return self.file_axes != tuple(range(len(self.chunk_shape)))

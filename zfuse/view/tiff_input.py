@@ -39,6 +39,7 @@ from __future__ import annotations
 import io
 import logging
 import math
+import re
 import struct
 import threading
 from collections.abc import Iterator, Sequence
@@ -345,6 +346,51 @@ def _plain_image(
     return arr.astype(want)  # copies: the result never aliases the caller's buffer
 
 
+_OME_ORDER = re.compile(rb'DimensionOrder\s*=\s*"XY([ZCT]{3})"')
+
+
+def _written_order(tif: tifffile.TiffFile, layout: TiffLayout | None, shape: Sequence[int]) -> tuple[int, ...] | None:
+    """The chunk axes in the order a written file's pages run (slowest first), where
+    the file itself says an order other than the chunk files' (ImageJ's: c fastest,
+    then z, then t) and the two orders put the planes in different places; else None
+    (the chunk files' order: ImageJ files, files that say nothing, or whose words fit
+    both orders).
+
+    Said by a tifffile shape description of the chunk's own shape (zarr's C order:
+    `tifffile.imwrite(path, chunk)`), or OME-XML's DimensionOrder (its Z, C and T
+    matched to the chunk's axes by their roles). Read in ImageJ's order, such files
+    were stored with their planes scrambled, and the write succeeded."""
+    if layout is None or not layout.permuted or tif.is_imagej:
+        return None
+    n, lead = len(shape), len(shape) - 2
+    imagej = layout.file_axes
+
+    def moves_planes(order: Sequence[int]) -> bool:
+        return [i for i in order[:lead] if shape[i] > 1] != [i for i in imagej[:lead] if shape[i] > 1]
+
+    if tif.is_shaped:
+        said = (tif.shaped_metadata or [{}])[0].get("shape") if tif.shaped_metadata else None
+        if not isinstance(said, list):
+            return None
+        written = [int(s) for s in said if s != 1]
+        own = [int(s) for s in shape if s != 1]
+        if written == own and written != [int(shape[i]) for i in imagej if shape[i] != 1]:
+            return tuple(range(n))
+        return None
+    if tif.is_ome and layout.roles is not None:
+        found = _OME_ORDER.search(str(tif.ome_metadata or "").encode("ascii", "replace"))
+        if found is None:
+            return None
+        axis_of = {role: i for i, role in enumerate(layout.roles) if role is not None}
+        unnamed = [i for i in range(lead) if layout.roles[i] is None]
+        if len(axis_of) != len([r for r in layout.roles if r is not None]) or any(shape[i] > 1 for i in unnamed):
+            return None  # (two axes of one role, or one without a role: the file cannot say)
+        slowest_first = found.group(1).decode()[::-1].lower()
+        order = (*[axis_of[r] for r in slowest_first if r in axis_of], *unnamed, n - 2, n - 1)
+        return order if moves_planes(order) else None
+    return None
+
+
 def _to_bool(arr: np.ndarray) -> np.ndarray:
     if arr.dtype.kind == "b":
         return arr.astype(bool)
@@ -508,7 +554,11 @@ def _decode_pages(
             f"cannot decode the pixels ({where}, compression {_compression_name(first.compression)}): {exc}",
             warnings,
         ) from exc
-    arr = layout.from_file_order(out, shape) if layout is not None else out.reshape(shape)
+    order = _written_order(tif, layout, shape)
+    if order is not None:  # (the file says its pages run otherwise than ImageJ's order)
+        arr = out.reshape(tuple(shape[i] for i in order)).transpose(np.argsort(order))
+    else:
+        arr = layout.from_file_order(out, shape) if layout is not None else out.reshape(shape)
     if signed16:
         return (arr ^ np.uint16(0x8000)).view(np.int16).astype(want)  # raw - 32768
     if want.kind == "b":
