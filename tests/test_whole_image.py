@@ -625,3 +625,24 @@ def test_image_tif_only_for_dtypes_imagej_reads_as_stored() -> None:
         assert stripped_unsupported_reason((2, 8, 8), np.dtype(dtype)) is None, dtype
     for dtype in ("int8", "uint32", "float64", "int64", "uint64", "float16", "complex64"):
         assert "ImageJ 1.x has no image type" in stripped_unsupported_reason((2, 8, 8), np.dtype(dtype)), dtype
+
+
+def test_xarray_v2_dimension_names_are_the_arrays_axes(tmp_path: Path) -> None:
+    """[image-2] a v2 array's `_ARRAY_DIMENSIONS` (xarray's spelling) are its dimension
+    names, as v3's `dimension_names` are: the same dataset written as v2 or v3 has the
+    same axes in its whole-image files (v2 gave time as Z), and the view's zarr.json
+    names them (xarray reading the mount of a v2 store needs them there)."""
+    from zfuse.daemon import MountConfig
+    from zfuse.open_view import make_view
+    from zfuse.stats import Stats
+
+    for fmt in (2, 3):
+        root = zarr.open_group(str(tmp_path / f"v{fmt}.zarr"), mode="w", zarr_format=fmt)
+        kw = {"dimension_names": ["time", "lat", "lon"]} if fmt == 3 else {}
+        a = root.create_array("temp", shape=(4, 20, 30), chunks=(2, 20, 30), dtype="f4", fill_value=0, **kw)
+        if fmt == 2:
+            a.attrs["_ARRAY_DIMENSIONS"] = ["time", "lat", "lon"]
+        view = make_view(MountConfig([str(tmp_path / f"v{fmt}.zarr")], "/unused", read_only=True), Stats())
+        arr = dict(view.arrays())[("temp",)]
+        assert arr.source.v3_metadata()["dimension_names"] == ["time", "lat", "lon"]
+        assert b'SizeT="4"' in view.whole_images(("temp",))["image.ome.tif"].description

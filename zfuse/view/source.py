@@ -550,6 +550,12 @@ class ZarrChunkSource(ChunkSource):
         meta = self.array.metadata
         doc = v3_array_fields(self.shape, self.dtype, self.fill_value, dict(self.array.attrs), meta.dtype)
         names = getattr(meta, "dimension_names", None)
+        if names is None and self.zarr_format == 2:
+            # xarray's v2 spelling: the same dataset written as v3 has them as dimension_names
+            # (its axes for the whole-image files; xarray reading the mount needs them there)
+            said = doc["attributes"].get("_ARRAY_DIMENSIONS")
+            if isinstance(said, list) and len(said) == len(self.shape) and all(isinstance(n, str) for n in said):
+                names = said
         if names is not None:
             doc["dimension_names"] = list(names)
         return doc
