@@ -54,3 +54,19 @@ def test_other_errors_are_not_blamed_on_codecs() -> None:
         int("post0")
     except ValueError as exc:
         assert import_failure(exc) is None
+
+
+def test_an_unknown_codec_id_is_no_broken_package(tmp_path: Path) -> None:
+    """A lone v2 array whose compressor id no installed codec has: the mount says that
+    codec is not available, not that numcodecs cannot be imported (numcodecs' registry
+    refused the id: its frames were taken for an import failing)."""
+    (tmp_path / "a.zarr").mkdir()
+    (tmp_path / "a.zarr" / ".zarray").write_text(
+        '{"zarr_format": 2, "shape": [10, 10], "chunks": [5, 5], "dtype": "<u2", "compressor": {"id": "foo_codec"},'
+        ' "fill_value": 0, "filters": null, "order": "C"}')
+    (tmp_path / "mnt").mkdir()
+    run = subprocess.run([sys.executable, "-m", "zfuse", "mount", str(tmp_path / "a.zarr"), str(tmp_path / "mnt")],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode != 0
+    assert "codec 'foo_codec' is not available here" in run.stderr, run.stderr
+    assert "cannot be imported" not in run.stderr and "broken codec package" not in run.stderr, run.stderr

@@ -99,12 +99,31 @@ def _frames(exc: BaseException) -> list[str]:
     return modules
 
 
+def _importing(exc: BaseException) -> bool:
+    """Whether `exc` (or one it was raised from or during) was raised by an import: an
+    ImportError, or a module's top-level code running (its "<module>" frame; CPython
+    drops the import machinery's own frames). Not numcodecs' registry refusing a codec
+    id it does not know (a store's unknown compressor: numcodecs imports fine)."""
+    seen: set[int] = set()
+    at: BaseException | None = exc
+    while at is not None and id(at) not in seen:
+        seen.add(id(at))
+        if isinstance(at, ImportError):
+            return True
+        for frame in traceback.extract_tb(at.__traceback__):
+            module = _module_of(frame.filename) if frame.name == "<module>" else None
+            if module is not None and module != "__main__" and not module.startswith("zfuse"):
+                return True
+        at = at.__cause__ or at.__context__
+    return False
+
+
 def import_failure(exc: BaseException) -> str | None:
     """If `exc` was raised while numcodecs (or a codec package it loads) was being
     imported: one line saying so and naming the package the traceback points at;
     else None (the exception is something else, described as before)."""
     modules = _frames(exc)
-    if not any(m == "numcodecs" or m.startswith("numcodecs.") for m in modules):
+    if not any(m == "numcodecs" or m.startswith("numcodecs.") for m in modules) or not _importing(exc):
         return None
     culprit = None
     for module in reversed(modules):  # the deepest frame outside numcodecs, zarr and zfuse
