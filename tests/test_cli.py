@@ -451,3 +451,22 @@ def test_info_concat_names_sources_as_given(tmp_path: Path) -> None:
     assert r.returncode == 0, r.stderr
     assert "    a.zarr: shape (10, 30) at offset 0\n    b.zarr: shape (7, 30) at offset 10\n" in r.stdout
     assert "zfuse-" not in r.stdout and "file://" not in r.stdout
+
+
+def test_a_misspelt_option_is_refused_before_the_store_is_opened(tmp_path: Path) -> None:
+    """An -o option neither zfuse nor libfuse takes is refused at once, naming the
+    nearest options (libfuse refused it only after the store was opened, as
+    "fuse_session_new() failed"); libfuse's own options still pass."""
+    from zfuse.daemon import MountConfig
+    from zfuse.mount_options import OptionError, apply_mount_options
+
+    run = subprocess.run([*ZFUSE, "mount", "-o", "ro,cache_sise=1G", str(tmp_path / "nowhere.zarr"),
+                          str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 2
+    assert "unknown option 'cache_sise' (did you mean cache_size" in run.stderr, run.stderr
+    assert "fuse_session_new" not in run.stderr and "no such file" not in run.stderr, run.stderr
+    config = MountConfig(sources=["/x"], mountpoint="/y")
+    apply_mount_options(config, ["allow_root,fsname=x,noatime,max_read=131072,_netdev,x-systemd.idle-timeout=5"])
+    assert config.fuse_options == ["allow_root", "fsname=x", "noatime", "max_read=131072"]
+    with pytest.raises(OptionError, match="unknown option 'kernel_cache'"):
+        apply_mount_options(config, ["kernel_cache"])

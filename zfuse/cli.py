@@ -32,7 +32,8 @@ SUBCOMMANDS = {"mount", "umount", "unmount", "status", "reload", "info", "concat
 _MOUNT_EPILOG = """\
 -o options (comma-separated; also in /etc/fstab and mount -t fuse.zfuse):
 {options}
-  Other options (e.g. default_permissions) are passed to FUSE unchanged.
+  libfuse's own options (allow_root, fsname=, noatime, ...) are passed to FUSE
+  unchanged; any other name is refused.
 
 logging:
   In the foreground (-f) the daemon logs to stderr; under systemd (zfuse@.service

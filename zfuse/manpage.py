@@ -145,7 +145,8 @@ def render() -> str:
         out += _subcommand(name, p, summaries[name])
     out += [".SH MOUNT OPTIONS",
             _esc("Given as -o OPTS to zfuse mount, or in the options field of /etc/fstab "
-                 "(type fuse.zfuse). Other options go to FUSE unchanged.")]
+                 "(type fuse.zfuse). libfuse's own options (allow_root, fsname=, noatime, ...) go to "
+                 "FUSE unchanged; any other name is refused.")]
     for option in MOUNT_OPTIONS:
         out += [".TP", ".B " + _esc(option.spelled), _esc(option.meaning)]
     return "\n".join(out) + "\n" + _SECTIONS_AFTER.lstrip("\n")

@@ -4,8 +4,9 @@ mount -h` and the man page are all made, so none of them can leave one out.
 Each `MountOption` names its spelling (`cache_size=SIZE`), what it means, and how
 it sets a `MountConfig` from the text after `=`. A value that does not parse is
 refused naming the option and what it takes (`-o timeout=abc: timeout takes
-seconds, e.g. 30`). Options not in the table go to FUSE unchanged, except
-mount(8)/fstab words that mean nothing to a FUSE daemon.
+seconds, e.g. 30`). libfuse's own options (`_FUSE_OPTIONS`) go to FUSE unchanged,
+mount(8)/fstab words that mean nothing to a FUSE daemon are dropped, and any other
+name is refused with the nearest names (a slip, before the store is opened).
 """
 
 from __future__ import annotations
@@ -28,7 +29,21 @@ def _mib(nbytes: int) -> str:
 _SIZE_RE = re.compile(r"^(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)i?[bB]?$")
 # mount(8)/fstab options that mean nothing to a FUSE daemon
 _IGNORED = frozenset({"dev", "suid", "nodev", "nosuid", "exec", "noexec", "auto", "noauto", "user",
-                      "nouser", "_netdev", "nofail", "defaults", "x-systemd.automount"})
+                      "nouser", "users", "owner", "group", "comment", "_netdev", "nofail", "defaults",
+                      "x-systemd.automount"})
+
+
+# what libfuse 3 itself takes (mount.fuse3(8): its mount options and the kernel's mount
+# flags; a low-level filesystem gets none of the high-level library's, such as
+# kernel_cache or uid=): anything else is a slip, refused before the store is opened
+# (libfuse refused it only after, as "fuse_session_new() failed")
+_FUSE_OPTIONS = frozenset({
+    "allow_other", "allow_root", "auto_unmount", "default_permissions", "blkdev", "blksize", "max_read",
+    "fsname", "subtype", "rootmode", "fd", "user_id", "group_id", "debug",
+    "context", "fscontext", "defcontext", "rootcontext",
+    "ro", "rw", "async", "sync", "dirsync", "atime", "noatime", "diratime", "nodiratime",
+    "relatime", "norelatime", "strictatime", "nostrictatime", "lazytime", "nolazytime",
+})
 
 
 class OptionError(ValueError):
@@ -189,8 +204,9 @@ _BY_KEY = {option.key: option for option in MOUNT_OPTIONS}
 
 
 def apply_mount_options(config: Any, options: list[str]) -> None:
-    """Fold `-o a,b=c` options into the config; unknown ones go to FUSE unchanged.
-    Raises OptionError naming the option whose value does not parse."""
+    """Fold `-o a,b=c` options into the config; libfuse's own go to FUSE unchanged.
+    Raises OptionError naming the option whose value does not parse, or that neither
+    zfuse nor libfuse takes."""
     for group in options:
         for opt in filter(None, (o.strip() for o in group.split(","))):
             key, _, value = opt.partition("=")
@@ -203,8 +219,19 @@ def apply_mount_options(config: Any, options: list[str]) -> None:
                                       else f"-o {opt}: {e}") from None
             elif key in _IGNORED or key.startswith("x-"):
                 continue
-            else:
+            elif key in _FUSE_OPTIONS:
                 config.fuse_options.append(opt)
+            else:
+                raise OptionError(_unknown(key))
+
+
+def _unknown(key: str) -> str:
+    """The refusal of an option neither zfuse nor libfuse takes, with the nearest names."""
+    import difflib
+
+    near = difflib.get_close_matches(key, [*_BY_KEY, *_FUSE_OPTIONS], n=2, cutoff=0.6)
+    hint = f" (did you mean {' or '.join(near)}?)" if near else ""
+    return f"unknown option {key!r}{hint}; zfuse's options: zfuse mount -h"
 
 
 def options_help(indent: int = 2, column: int = 20, width: int = 100) -> str:
