@@ -116,6 +116,14 @@ def _mount_error_case(tmp_path: Path, case: str) -> tuple[list[str], str]:
         return (["mount", "file.txt", "mnt"],
                 "zfuse: file.txt is a file, not a Zarr store: a SOURCE is a Zarr directory, a URL, "
                 "or a concat description file (written by `zfuse concat`)\n")
+    if case == "zipped-store":  # (zarr's ZipStore: one file)
+        stores.v3(tmp_path / "z.zarr")
+        import shutil
+
+        shutil.make_archive(str(tmp_path / "z.zarr"), "zip", tmp_path / "z.zarr")
+        return (["mount", "z.zarr.zip", "mnt"],
+                "zfuse: z.zarr.zip is a zipped Zarr store (a .zip file): zfuse mounts Zarr directories and URLs; "
+                "unzip it (unzip z.zarr.zip -d DIR) and mount the directory\n")
     if case == "missing-source":
         return ["mount", "missing.zarr", "mnt"], "zfuse: cannot open missing.zarr: no such file or directory\n"
     stores.v3(tmp_path / "a.zarr")
@@ -133,7 +141,7 @@ def _mount_error_case(tmp_path: Path, case: str) -> tuple[list[str], str]:
     return ["umount", "mnt"], "zfuse: mnt is not mounted\n"
 
 
-@pytest.mark.parametrize("case", ["not-zarr", "zarr-one-level-down", "file", "missing-source",
+@pytest.mark.parametrize("case", ["not-zarr", "zarr-one-level-down", "file", "zipped-store", "missing-source",
                                   "missing-mountpoint", "mountpoint-is-file", "info-not-zarr",
                                   "umount-not-mounted"])
 def test_error_messages_name_the_real_problem(tmp_path: Path, case: str) -> None:
@@ -470,3 +478,14 @@ def test_a_misspelt_option_is_refused_before_the_store_is_opened(tmp_path: Path)
     assert config.fuse_options == ["allow_root", "fsname=x", "noatime", "max_read=131072"]
     with pytest.raises(OptionError, match="unknown option 'kernel_cache'"):
         apply_mount_options(config, ["kernel_cache"])
+
+
+def test_a_refused_mount_with_a_log_file_says_so_once_on_the_terminal(tmp_path: Path) -> None:
+    """--log-file and a refused mount: the reason once on the terminal (it was twice, the
+    second time as a log line), and in the log file."""
+    (tmp_path / "notzarr").mkdir()
+    (tmp_path / "mnt").mkdir()
+    r = run_in(tmp_path, "mount", "notzarr", "mnt", "--log-file", "zfuse.log")
+    assert r.returncode == 1
+    assert r.stderr.count("no Zarr metadata") == 1, r.stderr
+    assert "no Zarr metadata" in (tmp_path / "zfuse.log").read_text()

@@ -171,6 +171,18 @@ def _is_stale(mountpoint: str) -> bool:
     return False
 
 
+def _zipped(path: str) -> bool:
+    """Whether a file is a zip archive (zarr's ZipStore, OME-Zarr's .ozx); never blocks
+    on a FIFO or device (only regular files are looked into)."""
+    import stat
+    import zipfile
+
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode) and zipfile.is_zipfile(path)
+    except OSError:
+        return False
+
+
 def check_sources(sources: list[str]) -> None:
     """Refuse a local source that cannot be a Zarr store, naming what it is instead
     (zarr-python's own errors name internal store wrappers, or the wrong thing)."""
@@ -185,6 +197,10 @@ def check_sources(sources: list[str]) -> None:
         if not os.path.isdir(path):
             if is_concat_description(path):
                 continue
+            if _zipped(path):
+                raise SystemExit(
+                    f"zfuse: {source} is a zipped Zarr store (a .zip file): zfuse mounts Zarr directories and "
+                    f"URLs; unzip it (unzip {source} -d DIR) and mount the directory")
             raise SystemExit(
                 f"zfuse: {source} is a file, not a Zarr store: a SOURCE is a Zarr directory, "
                 "a URL, or a concat description file (written by `zfuse concat`)")

@@ -17,9 +17,20 @@ from zfuse.daemon import MountConfig
 __all__ = ["configure_logging", "describe_open_error", "run_foreground", "spawn_daemon"]
 
 
+# `extra=` of a log line the terminal was already told in words of its own (a refused
+# mount): it goes to the log file only, never twice on the terminal
+FILE_ONLY = {"zfuse_file_only": True}
+
+
+def _not_file_only(record: logging.LogRecord) -> bool:
+    return not getattr(record, "zfuse_file_only", False)
+
+
 def configure_logging(verbose: int, log_file: str | None = None, background: bool = False) -> None:
     level = logging.DEBUG if verbose else logging.INFO
     logging.basicConfig(level=level, stream=sys.stderr, format="zfuse[%(process)d] %(levelname)s %(name)s: %(message)s")
+    for handler in logging.getLogger().handlers:
+        handler.addFilter(_not_file_only)
     if background:
         # until it detaches, a background daemon's stderr is the caller's terminal:
         # only warnings there (a successful `zfuse mount` prints nothing)
@@ -75,7 +86,7 @@ def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int 
         else:
             print("zfuse: " + message, file=sys.stderr)
         if config.log_file is not None:
-            log.error("%s", message)
+            log.error("%s", message, extra=FILE_ONLY)
         return 1
 
     if config.log_file is not None:
