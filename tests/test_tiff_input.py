@@ -674,3 +674,13 @@ def test_a_jpeg_of_too_many_scans_is_refused_before_decoding() -> None:
     many = tiff_of(_progressive_jpeg(64, 20_000), 64)
     with pytest.raises(InvalidTiffError, match=f"20001 scans, more than the {JPEG_SCANS_MAX}"):
         decode(many, chunk_shape=(64, 64), dtype="uint8")
+
+
+def test_a_planar_rgb_guess_is_named_in_the_refusal() -> None:
+    """[write-1] tifffile writes a (3, Y, X) array as one page of 3 separate samples
+    (planar RGB); into a chunk of 2 planes the refusal says so, and how to write it
+    (it said "3 page(s)" for a file of one page)."""
+    data = tiff_bytes(sample((3, 8, 16), "u2"), photometric=None)
+    why = assert_invalid(data, "wrong shape", chunk_shape=(2, 8, 16), dtype="u2")
+    assert "3 plane(s) of 8x16 in 1 page(s) of 3 separate samples per pixel" in why
+    assert "photometric='minisblack'" in why

@@ -517,7 +517,12 @@ def _decode_pages(
         if planes_from_imagej:
             got_desc += " (ImageJ images=)"
         elif depth > 1:
-            got_desc += f" ({depth} planes per page: ImageDepth or separate samples)"
+            got_desc = f"{geom[0]} plane(s) of {geom[1]}x{geom[2]} in {len(pages)} page(s)"
+            if first.planarconfig == _SEPARATE and int(first.samplesperpixel) > 1:
+                got_desc += (f" of {int(first.samplesperpixel)} separate samples per pixel (planar: tifffile "
+                             "writes a (3, Y, X) array so, as RGB, unless given photometric='minisblack')")
+            else:
+                got_desc += f" of {depth} ImageDepth slices each"
         else:
             got_desc = names if geom[0] == len(pages) else got_desc
         raise _fail(f"wrong shape: TIFF has {got_desc}; expected {expected}", warnings)
