@@ -646,3 +646,24 @@ def test_xarray_v2_dimension_names_are_the_arrays_axes(tmp_path: Path) -> None:
         arr = dict(view.arrays())[("temp",)]
         assert arr.source.v3_metadata()["dimension_names"] == ["time", "lat", "lon"]
         assert b'SizeT="4"' in view.whole_images(("temp",))["image.ome.tif"].description
+
+
+def test_info_says_why_a_pyramid_has_fewer_levels(tmp_path: Path) -> None:
+    """[image-1] a multiscale downsampled along z too (ngff-zarr's default): its
+    pyramid.ome.tif stops at the first level of other planes, and `zfuse info` says so
+    beside the file (the reason was a daemon log line only)."""
+    from zfuse.daemon import MountConfig
+    from zfuse.info import describe_source, format_report
+
+    root = zarr.open_group(str(tmp_path / "img.zarr"), mode="w")
+    for name, shape in (("0", (4, 64, 64)), ("1", (2, 32, 32))):
+        root.create_array(name, shape=shape, chunks=(1, 32, 32), dtype="u2", fill_value=0)
+    axes = [{"name": "z", "type": "space"}, {"name": "y", "type": "space"}, {"name": "x", "type": "space"}]
+    root.attrs["multiscales"] = [{"version": "0.4", "axes": axes, "datasets": [
+        {"path": p, "coordinateTransformations": [{"type": "scale", "scale": [s, s, s]}]}
+        for p, s in (("0", 1.0), ("1", 2.0))]}]
+    report = describe_source(MountConfig([str(tmp_path / "img.zarr")], "/unused", read_only=True))
+    (pyramid,) = [f for f in report["whole_image_files"] if f["path"] == "pyramid.ome.tif"]
+    assert pyramid["levels"] == 1
+    assert pyramid["levels_note"].startswith("1 of 2 levels: the pyramid stops before 1 (shape (2, 32, 32)")
+    assert "1 of 2 levels" in format_report(report)

@@ -104,7 +104,8 @@ def format_report(report: dict[str, Any]) -> str:
         tiles = " / ".join(f"{h}x{w}" for h, w in f["tile_shape"])
         lines.append(f"whole image {f['path']}: {f['size']} B{' (BigTIFF)' if f['bigtiff'] else ''}, "
                      f"{f['levels']} level{'s' if f['levels'] > 1 else ''}, {f['planes']} planes, "
-                     f"{f['tiles']} tiles of {tiles}, {', '.join(sorted(set(f['mode'])))}")
+                     f"{f['tiles']} tiles of {tiles}, {', '.join(sorted(set(f['mode'])))}"
+                     + (f"; {f['levels_note']}" if f.get("levels_note") else ""))
     for f in report.get("whole_image_files_not_shown", []):
         lines.append(f"no whole-image file in {f['path']}: {f['reason']}")
     return "\n".join(lines)

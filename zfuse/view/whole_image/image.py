@@ -114,6 +114,8 @@ class WholeImage(ImageFile):
         if not levels:
             raise ValueError("a whole-image file needs at least one array")
         self.name = name
+        # why a pyramid has fewer levels than its multiscale (`zfuse info` says it)
+        self.levels_note: str | None = None
         self.label = label or name
         self._serial = next(_SERIALS)  # never reused, unlike id()
         self.stats = stats or levels[0].stats or Stats()
@@ -230,6 +232,7 @@ class WholeImage(ImageFile):
             "level_shapes": [list(lv.array.source.shape) for lv in self.levels],
             "mode": self.modes(),
             "ome": self.is_ome,
+            **({"levels_note": self.levels_note} if self.levels_note else {}),
         }
 
     # -- staleness ---------------------------------------------------------------------
@@ -534,11 +537,12 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
                                     "with chunk files and pixels here" + (f" (and {len(missing) - 1} more)" if missing[1:] else ""))
                 log.info("%s: %s", label, not_shown[label])
             if arrays and not missing:
-                levels = pyramid_levels(arrays, label)  # type: ignore[arg-type]
+                levels, stopped = pyramid_levels(arrays, label)  # type: ignore[arg-type]
                 out[PYRAMID_NAME] = WholeImage(PYRAMID_NAME, levels, ome_axes(attrs, paths[0]),  # type: ignore[index]
                                                omero_channels(attrs), label=label,
                                                title=multiscale_name(attrs) or (path[-1] if path else "image"),
                                                workers=workers)
+                out[PYRAMID_NAME].levels_note = stopped
                 if not node.has_member(SLIDE_NAME):
                     try:
                         slide = plan_slide(levels, paths, attrs, label)  # type: ignore[arg-type]

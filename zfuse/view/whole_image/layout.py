@@ -189,11 +189,12 @@ def plan_level(arr: ArrayView) -> Level:
     )  # fmt: skip
 
 
-def pyramid_levels(levels: Sequence[ArrayView], label: str) -> list[ArrayView]:
+def pyramid_levels(levels: Sequence[ArrayView], label: str) -> tuple[list[ArrayView], str | None]:
     """The arrays that can be SubIFD levels under the first: same dtype and planes,
-    each no larger than the one before. Stops at the first that cannot."""
+    each no larger than the one before. Stops at the first that cannot, and says why
+    (None: every level is taken)."""
     if not levels:
-        return []
+        return [], None
     out = [levels[0]]
     base = levels[0].source
     lead0, h, w = image_dims(base.shape)
@@ -201,12 +202,16 @@ def pyramid_levels(levels: Sequence[ArrayView], label: str) -> list[ArrayView]:
         src = arr.source
         lead, hh, ww = image_dims(src.shape)
         if np.dtype(src.dtype) != np.dtype(base.dtype) or lead != lead0 or hh > h or ww > w:
-            log.info("%s: pyramid stops before %s (shape %s, dtype %s): SubIFD levels need "
-                     "the same planes and dtype, each level no larger", label, src.name, src.shape, src.dtype)
-            break
+            why = (f"{len(out)} of {len(levels)} levels: the pyramid stops before {src.name} (shape "
+                   f"{tuple(src.shape)}, dtype {src.dtype}, {lead} planes; level 0 has {lead0} planes of "
+                   f"{base.dtype}): OME-TIFF SubIFD levels need the same planes and dtype, each level no "
+                   "larger (a multiscale downsampled along z, as ngff-zarr's are by default, has fewer planes "
+                   "per level)")
+            log.info("%s: %s", label, why)
+            return out, why
         out.append(arr)
         h, w = hh, ww
-    return out
+    return out, None
 
 
 def ravel(index: Sequence[int], shape: Sequence[int]) -> int:
