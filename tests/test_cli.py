@@ -489,3 +489,29 @@ def test_a_refused_mount_with_a_log_file_says_so_once_on_the_terminal(tmp_path: 
     assert r.returncode == 1
     assert r.stderr.count("no Zarr metadata") == 1, r.stderr
     assert "no Zarr metadata" in (tmp_path / "zfuse.log").read_text()
+
+
+@pytest.mark.mount
+def test_umount_names_the_incomplete_files_it_drops(tmp_path: Path) -> None:
+    """[write-2] a one-page TIFF copied onto a chunk of two planes is pending (cp exits
+    0, nothing is stored); `zfuse umount` drops it and says which file, its chunk
+    unchanged (it said nothing: the one refusal a first-day user missed)."""
+    import shutil
+
+    import numpy as np
+    import tifffile
+
+    a = zarr.create_array(str(tmp_path / "a.zarr"), shape=(2, 8, 16), chunks=(2, 8, 16), dtype="u2", fill_value=0)
+    a[...] = 1
+    tifffile.imwrite(tmp_path / "one.tif", np.full((8, 16), 9, "u2"))
+    (tmp_path / "mnt").mkdir()
+    try:
+        _background_mount(tmp_path, "a.zarr", "mnt")
+        shutil.copyfile(tmp_path / "one.tif", tmp_path / "mnt" / "c" / "0" / "0" / "0.tiff")
+        r = run_in(tmp_path, "umount", "mnt")
+        assert r.returncode == 0, r.stderr
+        assert "1 file(s) written incomplete were dropped at unmount, their stored chunks unchanged: " \
+               "c/0/0/0.tiff" in r.stderr, r.stderr
+        assert (zarr.open_array(str(tmp_path / "a.zarr"))[...] == 1).all()
+    finally:
+        _cleanup(tmp_path / "mnt")

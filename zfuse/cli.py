@@ -223,6 +223,7 @@ def cmd_umount(args: argparse.Namespace, argv: list[str]) -> int:
     # The daemon, to wait for once unmounted (its pid from .zfuse/mount, held by a pidfd
     # so a reused pid cannot be mistaken for it); a lazy unmount does not wait.
     daemon = None if args.lazy else _daemon_pidfd(entry.mountpoint)
+    pending = _pending_files(entry.mountpoint)
     cmd = ["fusermount3", "-u", *(["-z"] if args.lazy else []), entry.mountpoint]
     result = subprocess.run(cmd, capture_output=True, text=True)
     if result.returncode != 0:
@@ -239,6 +240,11 @@ def cmd_umount(args: argparse.Namespace, argv: list[str]) -> int:
         if daemon is not None:
             os.close(daemon)
         return 1
+    if pending:
+        # (a writer that wrote fewer planes than the chunk holds: its cp exited 0)
+        shown_paths = ", ".join(pending[:5]) + (f" and {len(pending) - 5} more" if len(pending) > 5 else "")
+        print(f"zfuse: {len(pending)} file(s) written incomplete were dropped at unmount, their stored "
+              f"chunks unchanged: {shown_paths}", file=sys.stderr)
     if daemon is not None:
         try:
             if not select.select([daemon], [], [], args.timeout)[0]:
@@ -249,6 +255,23 @@ def cmd_umount(args: argparse.Namespace, argv: list[str]) -> int:
         finally:
             os.close(daemon)
     return 0
+
+
+def _pending_files(mountpoint: str) -> list[str]:
+    """The files of a mount written incomplete and pending (dropped at unmount), by path,
+    as `.zfuse/errors` names them; [] if there are none, or the daemon does not answer."""
+    from zfuse.mounts import ERRORS_FILE, STATS_FILE, MountNotResponding, read_json
+
+    try:
+        if not read_json(mountpoint, STATS_FILE, timeout=2.0).get("pending_files_now"):
+            return []
+        with open(os.path.join(mountpoint, *ERRORS_FILE), encoding="utf-8", errors="replace") as f:
+            lines = f.read().splitlines()
+    except (MountNotResponding, OSError, ValueError):
+        return []
+    found = [line.split("\t")[1] for line in lines if line.count("\t") >= 2
+             and line.split("\t")[2].startswith("closed incomplete, pending")]
+    return list(dict.fromkeys(found)) or ["(see the daemon's log)"]
 
 
 def _daemon_pidfd(mountpoint: str) -> int | None:
