@@ -1498,3 +1498,49 @@ def test_a_reload_rebinds_open_files_in_more_groups_than_members_kept(tmp_path: 
         g, a = int(path[1]), int(path[4])
         assert pixels(k.read(fh)).ravel().tolist() == [10 * g + a + 2] * 2, path
         k.close(fh)
+
+
+def test_a_failed_reload_keeps_the_view_as_it_was(v3) -> None:
+    """[cons-2] a reload that fails (the store down) keeps the previous view with its
+    decoded chunks: a chunk read before is still answered from memory, not asked of the
+    store again (the view was refreshed anyway, and every read then waited on the store)."""
+    src, data, fs, k = v3
+    first = k.read_file(CHUNK)
+    threads = fs.stats.snapshot().get("reads_in_threads", 0)
+
+    def down() -> None:
+        raise OSError("the store is down")
+
+    fs.reload = down
+    k.call(fs.refresh)
+    assert any("reload failed, keeping the previous view: the store is down" in line for line in fs.errors)
+    assert k.read_file(CHUNK) == first
+    assert fs.stats.snapshot().get("reads_in_threads", 0) == threads  # answered from memory
+
+
+def test_a_write_whose_outcome_is_unknown_is_read_anew(v3) -> None:
+    """[write-1] a chunk write that fails after it may have landed (the store's answer
+    lost): close() fails, and the next read asks the store, not the decoded chunk cache
+    (the mount showed the old pixels until a reload while the store held the new)."""
+    import tifffile
+
+    src, data, fs, k = v3
+    before = k.read_file(CHUNK)
+    arr = dict(fs.view.arrays())[()]
+    source = arr.source
+    landed = stores.values((8, 16), "uint16", seed=21)
+    real = source.write_chunk
+
+    def lands_then_fails(coords: tuple[int, ...], values: np.ndarray) -> None:
+        real(coords, values)
+        raise OSError(errno.EREMOTEIO, "connection reset after the PUT was sent")
+
+    source.write_chunk = lands_then_fails  # type: ignore[method-assign]
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, landed)
+    with pytest.raises(FsError):
+        k.write_file(CHUNK, buf.getvalue())
+    source.write_chunk = real  # type: ignore[method-assign]
+    after = k.read_file(CHUNK)
+    assert after != before
+    np.testing.assert_array_equal(pixels(after), landed)

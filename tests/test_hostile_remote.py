@@ -324,3 +324,19 @@ def test_an_encoded_body_is_decoded_whole_and_checked() -> None:
     assert _inflate(zlib.compress(b"q" * 50), "deflate", 1000, "u") == b"q" * 50
     with pytest.raises(CorruptDataError, match="br-encoded"):
         _inflate(b"x", "br", 1000, "u")
+
+
+def test_versions_are_compared_as_one_spelling_and_never_a_size_alone() -> None:
+    """[hostile-12] an ETag quoted in a GET's answer and not in a listing (or weak) is the
+    same version (compared as written, every sharded chunk of such a server failed as
+    changed, for ever); an object whose listing gives no ETag, generation or
+    Last-Modified has no version (its size alone served the cached old bytes of every
+    rewrite of the same size, for ever), and so is never served from the disk cache."""
+    from zfuse.remote_objects import _version_of, etag
+
+    assert etag("abc") == etag('"abc"') == etag(' W/"abc" ') == '"abc"'
+    assert _version_of({"ETag": "abc"}) == _version_of({"ETag": '"abc"'})
+    assert _version_of({"size": 64}) is None
+    assert _version_of({"size": 64, "Last-Modified": "Thu, 26 Nov 2026 22:00:00 GMT"}) != \
+        _version_of({"size": 64, "Last-Modified": "Thu, 26 Nov 2026 22:00:01 GMT"})
+    assert _version_of({"generation": "17"}) == "17"

@@ -88,15 +88,29 @@ def note_server_answer(response: Any = None, caught_exception: BaseException | N
             answers.answer = f"{status} {code}" if code else str(status)
 
 
+def etag(value: str) -> str:
+    """An ETag in one spelling: quoted, strong (servers and proxies quote it, or not, in
+    listings and in GET answers; compared as written, one object's ETag was two versions)."""
+    value = value.strip().removeprefix("W/")
+    return '"' + value.strip('"') + '"'
+
+
 def _version_of(info: dict[str, Any]) -> str | None:
     """An object's version from its listing or HEAD entry: the ETag where the store gives
-    one (S3, HTTP), else GCS's generation or md5, else its size (`size:N`)."""
-    for name in ("ETag", "etag", "generation", "md5Hash"):
+    one (S3, HTTP), else GCS's generation or md5, else an http server's Last-Modified with
+    the size; None where nothing would change with the object (its size alone stays the
+    same over most rewrites of a chunk: a version that cannot tell them apart served
+    the cached old bytes for ever)."""
+    for name in ("ETag", "etag"):
+        value = info.get(name)
+        if value:
+            return etag(str(value))
+    for name in ("generation", "md5Hash"):
         value = info.get(name)
         if value:
             return str(value)
-    size = info.get("size")
-    return None if size is None else f"size:{size}"
+    modified, size = info.get("Last-Modified"), info.get("size")
+    return f"modified:{modified}|size:{size}" if modified and size is not None else None
 
 
 STREAM_PART = 256 << 10  # bytes of a response body read at a time when its parts are handed on
@@ -482,14 +496,14 @@ class RemoteObjects:
                 return b"", None  # (what FsspecStore answers for a range past the end)
             raise
         body = response["Body"]
-        version = response.get("ETag")
+        version = etag(response["ETag"]) if response.get("ETag") else None
         # no Content-Range: the whole object came (a proxy that drops Range headers, a
         # server that ignores them), however big: the range is taken from it as it streams
         whole = http_range is not None and not response.get("ContentRange")
         if on_bytes is not None and http_range is not None and not _answers_range(response, byte_range):
             on_bytes = None  # (then handed on whole, at the end, once its length is checked)
         try:
-            if if_match and version and version != if_match:
+            if if_match and version and version != etag(if_match):
                 raise ObjectChangedError(key)  # (a store that ignores If-Match on reads)
             if whole:
                 assert byte_range is not None
@@ -530,7 +544,7 @@ class RemoteObjects:
             if condition is not None and _precondition_failed(e):
                 raise WriteConflictError(key) from e
             raise
-        return response.get("ETag")
+        return etag(response["ETag"]) if response.get("ETag") else None
 
     async def not_modified(self, key: str, byte_range: ByteRequest | None, version: str) -> bool:
         """Whether `key` is still `version` (S3: a GET with If-None-Match answered 304 Not

@@ -580,10 +580,16 @@ class MeteredStore(WrapperStore[Store]):
                 self.stats.count("store_write_conflicts")
                 await self._after_write(key, None)  # read it anew: another writer's version
                 raise
+            except Exception:
+                # the PUT may have landed with its answer lost: the object is read anew
+                await self._after_write(key, None)
+                raise
             await self._after_write(key, version, data)
             return
-        await self._bounded(self._store.set(key, value), "set", key)
-        await self._after_write(key, None)
+        try:
+            await self._bounded(self._store.set(key, value), "set", key)
+        finally:
+            await self._after_write(key, None)
 
     async def delete(self, key: str) -> None:
         self.stats.count("store_delete")

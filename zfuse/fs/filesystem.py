@@ -844,6 +844,9 @@ class FileSystem:
             except Exception as e:  # keep serving the old view rather than nothing
                 log.error("reload failed, keeping the previous view: %s", e)
                 self.journal((), f"reload failed, keeping the previous view: {e}")
+                # as it was, listings and decoded chunks too (a store that is down would
+                # otherwise fail every read the view answered from memory until then)
+                return
         if view is None:
             await self.run(old.refresh)
             for fh, handle in list(self.handles.items()):

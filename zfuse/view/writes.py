@@ -905,8 +905,10 @@ def _commit_chunk(arr: ArrayView, coords: tuple[int, ...], data: bytes,
         cropped_shape=cropped if cropped != tuple(source.chunk_shape) else None,
         layout=arr.layout,
     )
-    source.write_chunk(coords, values)
-    arr.forget(coords)
+    try:
+        source.write_chunk(coords, values)
+    finally:
+        arr.forget(coords)  # (a failed write may have landed: what is stored is read anew)
     arr.add_chunk(coords)
     if stored is not None:
         try:
