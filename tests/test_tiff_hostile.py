@@ -160,6 +160,12 @@ def test_byte_codec_strips_decoding_to_more_or_fewer_bytes_are_refused(codec: st
     np.testing.assert_array_equal(got.ravel(), np.frombuffer(bytes(range(256)) * 16, np.uint8))
 
 
+def test_strips_sharing_their_bytes_are_refused() -> None:
+    """[write-12] 512 strips all pointing at one 4 MiB run of the file: refused before
+    any is read (each read on its own, the tiles of a 21 MB file cost 287 s of CPU)."""
+    refused(h.shared_strips(512, 512), (512, 512), "u2", "share bytes")
+
+
 # -- image codecs ---------------------------------------------------------------
 @functools.cache
 def _stream(codec: str, side: int) -> bytes:

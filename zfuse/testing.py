@@ -752,6 +752,24 @@ def mutual_loop(rows: int, cols: int, bits: int = 8) -> bytes:
             + ifd_bytes(entries, second) + ifd_bytes(entries, first))
 
 
+def shared_strips(rows: int, cols: int, region: int = 4 * 2**20) -> bytes:
+    """A deflate image of one row per strip, every strip pointing at the same `region`
+    bytes (one row's stream, then zeros): each strip read on its own reads rows x region
+    bytes."""
+    import zlib
+
+    stream = zlib.compress(bytes(cols * 2))
+    payload = stream + bytes(region - len(stream))
+    offsets_at = 8 + len(payload)
+    counts_at = offsets_at + 4 * rows
+    ifd_at = counts_at + 4 * rows
+    entries = [(256, SHORT, 1, cols), (257, SHORT, 1, rows), (258, SHORT, 1, 16), (259, SHORT, 1, 8),
+               (262, SHORT, 1, 1), (273, LONG, rows, offsets_at), (277, SHORT, 1, 1), (278, SHORT, 1, 1),
+               (279, LONG, rows, counts_at)]
+    return (b"II*\0" + struct.pack("<I", ifd_at) + payload + struct.pack(f"<{rows}I", *[8] * rows)
+            + struct.pack(f"<{rows}I", *[len(payload)] * rows) + ifd_bytes(entries))
+
+
 def huge_counts(region: int = 16 * 2**20, entries: int = 65535) -> bytes:
     """One IFD of `entries` entries, each claiming region/2 SHORT values at the same
     `region`-byte block: a parse that reads every value reads entries x region bytes."""
