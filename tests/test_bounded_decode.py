@@ -191,6 +191,23 @@ def test_a_stored_jpeg_of_too_many_scans_is_refused_before_decoding() -> None:
         decompress_bounded("imagecodecs_jpeg", {}, many, 64 * 64)
 
 
+def test_a_stored_jpeg_2000_of_tiny_precincts_is_refused_before_decoding() -> None:
+    """[read-10] a stored JPEG 2000 chunk declaring exactly the chunk (2048 x 2048 uint16)
+    in precincts of 2 x 2 pixels: refused before OpenJPEG allocates them (127 bytes took
+    2.3 GB a chunk); an honest stream decodes as usual."""
+    import imagecodecs
+    import numpy as np
+
+    from zfuse.testing import j2k_precinct_bomb
+
+    bomb = j2k_precinct_bomb()
+    assert len(bomb) < 200
+    with pytest.raises(CorruptDataError, match="precincts, more than the 65536"):
+        decompress_bounded("imagecodecs_jpeg2k", {}, bomb, 2048 * 2048 * 2)
+    honest = imagecodecs.jpeg2k_encode(np.arange(64 * 64, dtype="u2").reshape(64, 64))
+    assert decompress_bounded("imagecodecs_jpeg2k", {}, honest, 64 * 64 * 2) is None  # (decoded as usual)
+
+
 def test_a_v2_chunk_with_filters_is_decompressed_within_a_bound(tmp_path) -> None:
     """v2 arrays with filters (Delta here) and a compressor zfuse bounds: decompressed
     into at most what any filter's encoding of the chunk can be, then the filters, as

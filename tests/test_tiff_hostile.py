@@ -167,6 +167,15 @@ def test_strips_sharing_their_bytes_are_refused() -> None:
 
 
 # -- image codecs ---------------------------------------------------------------
+def test_a_jpeg_2000_strip_of_tiny_precincts_is_refused() -> None:
+    """[write-12] a JPEG 2000 strip declaring exactly the chunk, coded in 2 x 2
+    precincts: refused from its COD marker (a 250-byte TIFF took the daemon to 2.3 GB,
+    and close() returned 0)."""
+    strip = h.j2k_precinct_bomb(512, levels=9)
+    refused(h.one_strip(512, 512, strip, compression=34712, bits=16), (512, 512), "u2", "precincts")
+
+
+
 @functools.cache
 def _stream(codec: str, side: int) -> bytes:
     return h.codec_stream(codec, side, side)

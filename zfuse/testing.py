@@ -770,6 +770,20 @@ def shared_strips(rows: int, cols: int, region: int = 4 * 2**20) -> bytes:
             + struct.pack(f"<{rows}I", *[len(payload)] * rows) + ifd_bytes(entries))
 
 
+def j2k_precinct_bomb(side: int = 2048, levels: int = 11, precinct: int = 1, bits: int = 16) -> bytes:
+    """A 127-byte JPEG 2000 codestream declaring a side x side image of one component
+    (what a chunk of that shape holds), coded in precincts of 2**precinct pixels, then
+    nothing: its decoder allocates every precinct's structures first (gigabytes)."""
+    siz = struct.pack(">HIIIIIIIIH", 0, side, side, 0, 0, side, side, 0, 0, 1) + bytes([bits - 1, 1, 1])
+    out = b"\xff\x4f" + b"\xff\x51" + struct.pack(">H", len(siz) + 2) + siz
+    cod = bytes([1, 0]) + struct.pack(">H", 1) + b"\x00" + bytes([levels, 2, 2, 0, 1]) + \
+        bytes([precinct * 0x11] * (levels + 1))
+    out += b"\xff\x52" + struct.pack(">H", len(cod) + 2) + cod
+    qcd = bytes([0x40]) + bytes([(bits + 1) << 3] * (3 * levels + 1))
+    out += b"\xff\x5c" + struct.pack(">H", len(qcd) + 2) + qcd
+    return out + b"\xff\x90" + struct.pack(">HHIBB", 10, 0, 15, 0, 1) + b"\xff\x93\x00" + b"\xff\xd9"
+
+
 def huge_counts(region: int = 16 * 2**20, entries: int = 65535) -> bytes:
     """One IFD of `entries` entries, each claiming region/2 SHORT values at the same
     `region`-byte block: a parse that reads every value reads entries x region bytes."""

@@ -142,6 +142,8 @@ def _check_declared(compression: int, segment: bytes, rows: int, cols: int, samp
     if codec == "JPEG" and (scans := jpeg_scans(segment)) > JPEG_SCANS_MAX:
         raise _refuse(f"{what}: its JPEG stream has {scans} scans, more than the {JPEG_SCANS_MAX} "
                       "zfuse decodes (each scan is decoded over the whole image)")
+    if codec == "JPEG 2000" and (costly := j2k_cost_problem(segment)) is not None:
+        raise _refuse(f"{what}: its JPEG 2000 stream has {costly}")
     # a plane's last strip may be coded with the full RowsPerStrip (the decoder's rows
     # past the image are dropped): both heights are the strip's
     heights = {rows}
@@ -241,6 +243,149 @@ def _j2k_codestream_dims(stream: bytes, at: int) -> tuple[int, int, int, int] | 
     except (IndexError, ValueError):
         bits = 8
     return (ysiz - yosiz, xsiz - xosiz, csiz, bits)
+
+
+#: JPEG 2000 precincts (over tiles, components and resolutions) and tiles decoded at
+#: most: OpenJPEG allocates each precinct's structures before decoding a byte, so a
+#: 127-byte stream of 2x2 precincts over 2048 x 2048 pixels took 2.3 GB; real streams have
+#: one precinct per resolution (the default 2**15), or some hundreds
+J2K_PRECINCTS_MAX = 65536
+J2K_TILES_MAX = 4096
+
+
+def j2k_cost_problem(stream: bytes) -> str | None:
+    """Why a JPEG 2000 stream (codestream or JP2) would cost its decoder far more than its
+    image (too many precincts or tiles, from its SIZ, COD and COC markers, in the main
+    header and every tile-part header); None if it would not, or it cannot be read."""
+    try:
+        at = _j2k_codestream_at(stream)
+        return None if at is None else _j2k_cost(stream, at)
+    except (struct.error, IndexError, ValueError):
+        return None
+
+
+def _j2k_codestream_at(stream: bytes) -> int | None:
+    if stream[:4] == b"\xff\x4f\xff\x51":
+        return 0
+    at = 0
+    while at + 8 <= len(stream):
+        (length,) = struct.unpack_from(">I", stream, at)
+        kind, header = stream[at + 4 : at + 8], 8
+        if length == 1:
+            (length,) = struct.unpack_from(">Q", stream, at + 8)
+            header = 16
+        elif length == 0:
+            length = len(stream) - at
+        if kind == b"jp2c":
+            return at + header if stream[at + header : at + header + 4] == b"\xff\x4f\xff\x51" else None
+        if length < header:
+            return None
+        at += length
+    return None
+
+
+def _j2k_cost(stream: bytes, at: int) -> str | None:
+    xsiz, ysiz, xosiz, yosiz, xtsiz, ytsiz, xtosiz, ytosiz = struct.unpack_from(">IIIIIIII", stream, at + 8)
+    (csiz,) = struct.unpack_from(">H", stream, at + 40)
+    if not (xtsiz and ytsiz and xsiz > xosiz and ysiz > yosiz and csiz):
+        return None
+    tiles = -(-(xsiz - xtosiz) // xtsiz) * -(-(ysiz - ytosiz) // ytsiz)
+    if tiles > J2K_TILES_MAX:
+        return f"{tiles} tiles, more than the {J2K_TILES_MAX} zfuse decodes"
+    tile_w, tile_h = min(xtsiz, xsiz - xosiz), min(ytsiz, ysiz - yosiz)
+    # per component: (decomposition levels, precinct exponents per resolution); COD sets
+    # every component's, COC one's; a tile-part header's override the main header's
+    # (counted as the most any tile may cost)
+    default: tuple[int, list[tuple[int, int]]] = (5, [])
+    per_component: dict[int, tuple[int, list[tuple[int, int]]]] = {}
+    worst = 0
+    (lsiz,) = struct.unpack_from(">H", stream, at + 4)
+    pos = at + 4 + lsiz
+    steps = 0
+    while pos + 4 <= len(stream) and steps < 100_000:
+        steps += 1
+        marker, length = struct.unpack_from(">HH", stream, pos)
+        if marker == 0xFFD9:  # EOC
+            break
+        if marker == 0xFF52:  # COD
+            scod = stream[pos + 4]
+            levels = stream[pos + 9]
+            default = (levels, _precincts(stream, pos + 14, levels) if scod & 1 else [])
+        elif marker == 0xFF53:  # COC
+            wide = csiz >= 257
+            comp = struct.unpack_from(">H" if wide else ">B", stream, pos + 4)[0]
+            body = pos + 4 + (2 if wide else 1)
+            scoc, levels = stream[body], stream[body + 1]
+            per_component[comp] = (levels, _precincts(stream, body + 6, levels) if scoc & 1 else [])
+        elif marker == 0xFF90:  # SOT: this tile-part's header, then its data (Psot bytes in all)
+            (psot,) = struct.unpack_from(">I", stream, pos + 6)
+            worst = max(worst, _precinct_count(default, per_component, csiz, tile_w, tile_h))
+            if worst > J2K_PRECINCTS_MAX // tiles:
+                break
+            # (markers of this tile-part's header, up to SOD, count for it)
+            header_end = _sod_at(stream, pos + 2 + length)
+            if header_end is None:
+                break
+            saved = (default, dict(per_component))
+            inner = pos + 2 + length
+            while inner < header_end:
+                m, n = struct.unpack_from(">HH", stream, inner)
+                if m == 0xFF52:
+                    default = (stream[inner + 9], _precincts(stream, inner + 14, stream[inner + 9])
+                               if stream[inner + 4] & 1 else [])
+                elif m == 0xFF53:
+                    wide = csiz >= 257
+                    comp = struct.unpack_from(">H" if wide else ">B", stream, inner + 4)[0]
+                    body = inner + 4 + (2 if wide else 1)
+                    per_component[comp] = (stream[body + 1], _precincts(stream, body + 6, stream[body + 1])
+                                           if stream[body] & 1 else [])
+                inner += 2 + n
+            worst = max(worst, _precinct_count(default, per_component, csiz, tile_w, tile_h))
+            default, per_component = saved
+            if psot == 0:
+                break  # (the last tile-part runs to the end)
+            pos += psot
+            continue
+        pos += 2 + length
+    worst = max(worst, _precinct_count(default, per_component, csiz, tile_w, tile_h))
+    total = worst * tiles
+    if total > J2K_PRECINCTS_MAX:
+        return f"{total} precincts, more than the {J2K_PRECINCTS_MAX} zfuse decodes (precincts of a few pixels)"
+    return None
+
+
+def _sod_at(stream: bytes, pos: int) -> int | None:
+    for _ in range(10_000):
+        if pos + 2 > len(stream):
+            return None
+        (marker,) = struct.unpack_from(">H", stream, pos)
+        if marker == 0xFF93:  # SOD
+            return pos
+        (length,) = struct.unpack_from(">H", stream, pos + 2)
+        pos += 2 + length
+    return None
+
+
+def _precincts(stream: bytes, at: int, levels: int) -> list[tuple[int, int]]:
+    """(PPx, PPy) of each resolution, lowest first, from a COD/COC's precinct bytes."""
+    return [(b & 0x0F, b >> 4) for b in stream[at : at + levels + 1]]
+
+
+def _precinct_count(default: tuple[int, list[tuple[int, int]]],
+                    per_component: dict[int, tuple[int, list[tuple[int, int]]]],
+                    components: int, width: int, height: int) -> int:
+    """Precincts of one tile over every component and resolution (15: one per resolution)."""
+    total = 0
+    for c in range(min(components, 16384)):
+        levels, sizes = per_component.get(c, default)
+        for r in range(levels + 1):
+            scale = 1 << (levels - r)
+            w, h = -(-width // scale), -(-height // scale)
+            ppx, ppy = sizes[r] if r < len(sizes) else (15, 15)
+            total += -(-w // (1 << ppx)) * -(-h // (1 << ppy))
+        if total > J2K_PRECINCTS_MAX:
+            return total
+    return total
 
 
 def _j2k_dims(stream: bytes) -> tuple[int, int, int, int] | None:
