@@ -197,6 +197,15 @@ class _Hostile(http.server.SimpleHTTPRequestHandler):
         pass
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        if self.path.rstrip("/").endswith("/endless"):  # a directory page that never ends
+            self.send_response(200)
+            self.send_header("Content-Type", "text/html")
+            self.end_headers()
+            try:
+                while True:
+                    self.wfile.write(b'<a href="x">x</a>\n' * 4096)
+            except OSError:
+                return
         if self.path.endswith("/a/c/0/0"):
             self.send_response(200)
             self.end_headers()  # no Content-Length: the body ends when the connection does
@@ -252,6 +261,24 @@ def test_http_bodies_are_bounded_and_never_decompressed(hostile_http: tuple[Path
         array.pixel_bytes((0, 1))  # (a gzip body of 64 MiB of zeros: decoded no further than the bound)
     assert bytes(array.pixel_bytes((1, 1))) == np.arange(256, dtype="u1").reshape(16, 16)[8:, 8:].tobytes()
     assert json.loads(array.metadata_bytes)["shape"] == [16, 16]
+
+
+def test_an_http_directory_page_is_read_to_a_bound(hostile_http: tuple[Path, str]) -> None:
+    """[hostile-12] a group whose directory page never ends: its listing fails at 16 MiB
+    read, naming the page (fsspec read it whole: the daemon reached 4 GB in 9 s); the
+    rest of the store is shown as usual."""
+    import resource
+
+    root, url = hostile_http
+    _store(root / "s.zarr")
+    zarr.open_group(str(root / "s.zarr" / "endless"), mode="w")
+    view = make_view(MountConfig([f"{url}/s.zarr"], "/nonexistent", read_only=True))
+    view.list_dir(())
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(CorruptDataError, match=r"s.zarr/endless/?: the server sent more than 16777216 bytes"):
+        view.list_dir(("endless",))
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 200 * 1024  # (KiB)
+    assert dict(view.arrays())[("a",)].pixel_bytes((1, 0))
 
 
 def test_a_remote_shard_is_rewritten_within_its_own_bound(tmp_path: Path, s3: S3Server, monkeypatch) -> None:

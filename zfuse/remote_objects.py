@@ -290,6 +290,70 @@ async def get_http_object(fs: Any, url: str, limit: int) -> bytes | None:
         return data if encoding == "identity" else _inflate(data, encoding, limit, url)
 
 
+#: names of one http(s) directory page kept at most (a page is read to NON_STREAMING_MAX)
+HTTP_PAGE_LINKS_MAX = 200_000
+
+
+def bound_http_listings(fs: Any) -> None:
+    """Have fsspec's HTTPFileSystem `fs` (this instance: the mount's) read a directory
+    page to NON_STREAMING_MAX bytes: it read the page whole, however long (an endless
+    page took the daemon to 4 GB in 9 s), for every listing, `find` and `ls`."""
+    if getattr(fs, "_zfuse_bounded_ls", False):
+        return
+
+    async def ls_real(url: str, detail: bool = True, **kwargs: Any) -> Any:
+        return await _bounded_http_ls(fs, url, detail)
+
+    fs._ls_real = ls_real
+    fs._zfuse_bounded_ls = True
+
+
+async def _bounded_http_ls(fs: Any, url: str, detail: bool) -> Any:
+    """fsspec's `HTTPFileSystem._ls_real` (the same links, named the same way), with the
+    page read to a bound and its links counted."""
+    from urllib.parse import urlparse
+
+    from fsspec.implementations.http import ex, ex2
+
+    session = await fs.set_session()
+    async with session.get(fs.encode_url(url), **fs.kwargs) as response:
+        fs._raise_not_found_for_status(response, url)
+        mimetype = response.headers.get("Content-Type", "").partition(";")[0] or None
+        if response.content_length is not None and response.content_length > NON_STREAMING_MAX:
+            raise too_large(url, NON_STREAMING_MAX)
+        page = await read_whole(response.content, NON_STREAMING_MAX, url)
+        encoding = _encoding(response)
+    if encoding != "identity":
+        page = _inflate(page, encoding, NON_STREAMING_MAX, url)
+    links: list[Any] = []
+    if mimetype in ("text/html", None):
+        text = page.decode("utf-8", "ignore")
+        links = [u[2] for u in ex.findall(text)]
+        if fs.simple_links:
+            links = ex2.findall(text) + links
+    if len(links) > HTTP_PAGE_LINKS_MAX:
+        raise CorruptDataError(f"{url}: the directory page has {len(links)} links, more than the "
+                               f"{HTTP_PAGE_LINKS_MAX} zfuse lists")
+    out: set[str] = set()
+    parts = urlparse(url)
+    for link in links:
+        if isinstance(link, tuple):
+            link = link[1]
+        if link.startswith("/") and len(link) > 1:
+            link = f"{parts.scheme}://{parts.netloc}{link}"  # absolute on this server
+        if link.startswith("http"):
+            if (fs.same_schema and link.startswith(url.rstrip("/") + "/")) or \
+                    link.replace("https", "http").startswith(url.replace("https", "http").rstrip("/") + "/"):
+                out.add(link)
+        elif link not in ("..", "../"):
+            out.add("/".join([url.rstrip("/"), link.lstrip("/")]))
+    if not out and url.endswith("/"):
+        return await _bounded_http_ls(fs, url.rstrip("/"), detail)
+    if detail:
+        return [{"name": u, "size": None, "type": "directory" if u.endswith("/") else "file"} for u in out]
+    return sorted(out)
+
+
 async def get_http_range(fs: Any, url: str, byte_range: ByteRequest) -> bytes | None:
     """A byte range of the http(s) object at `url` through fsspec's HTTPFileSystem `fs`
     (its session and options); None if there is none. A server without ranges (Python's

@@ -35,6 +35,7 @@ from zfuse.remote_objects import (
     RemoteObjects,
     ServerAnswers,
     WriteConflictError,
+    bound_http_listings,
     get_http_object,
     get_http_range,
     http_status,
@@ -776,6 +777,8 @@ def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] 
         last_writer_wins = options.pop(LAST_WRITER_WINS_OPTION, False)
         options = fsspec_options(protocol, options)
         store = FsspecStore.from_url(source, storage_options=options, read_only=read_only)
+        if protocol in ("http", "https"):
+            bound_http_listings(store.fs)
         if cache_dir is not None or protocol in S3_PROTOCOLS:
             remote = RemoteObjects(store, protocol, cache_dir, int(cache_limit))
             if remote.can_put:
