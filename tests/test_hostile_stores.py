@@ -583,3 +583,24 @@ def test_mount_of_a_store_past_zfuse_bounds(tmp_path: Path, mount) -> None:
     assert (values == 7).all()
     _alive(m)
 
+
+
+def test_nested_sharding_is_not_shown(tmp_path: Path) -> None:
+    """[hostile-12] a sharding codec inside a shard's codecs: zarr's pipeline decodes the
+    inner shards whole, each inner chunk allocating what its stream declares (a 2 KB
+    shard whose index entries all point at one zstd frame declaring 48 MiB took the
+    daemon to 3.5 GB): the array is shown with a README saying why, its neighbours as
+    usual."""
+    import zarr
+    from zarr.codecs import ShardingCodec
+
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    nested = root.create_array("nested", shape=(8, 8), chunks=(4, 4), dtype="u1", fill_value=0,
+                               serializer=ShardingCodec(chunk_shape=(2, 2), codecs=[ShardingCodec(chunk_shape=(1, 1))]))
+    nested[...] = 1
+    root.create_array("plain", shape=(8, 8), chunks=(4, 4), dtype="u1", fill_value=0)[...] = 2
+    view = make_view(MountConfig([str(tmp_path / "g.zarr")], "/unused", read_only=True), Stats())
+    view.list_dir(())
+    why = {p.path: p.reason for p in view.problems}
+    assert "nested sharding" in why["nested"] and "cannot bound" in why["nested"]
+    assert dict(view.arrays())[("plain",)].pixel_bytes((0, 0))

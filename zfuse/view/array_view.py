@@ -344,6 +344,8 @@ class ArrayView:
         self.unsupported: str | None = tiff_unsupported_reason(source.dtype)
         if self.unsupported is None:
             self.unsupported = chunk_file_unsupported_reason(source.chunk_shape, source.dtype)
+        if self.unsupported is None:
+            self.unsupported = source.unbounded_reason()
         index_nbytes = source.shard_index_nbytes()
         index_max = max(options.shard_index_cache_bytes, defaults.INDEX_CACHE_BYTES)
         if self.unsupported is None and index_nbytes is not None and index_nbytes > index_max:

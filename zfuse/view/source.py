@@ -284,6 +284,11 @@ class ChunkSource(ABC):
         """Bytes of one shard's index (sharding_indexed), None when not sharded."""
         return None
 
+    def unbounded_reason(self) -> str | None:
+        """Why this array's chunks could not be decoded within a bound (the array is then
+        not shown); None: they can."""
+        return None
+
     # -- stored bytes: what a source can say of its chunks as they are stored. Every
     # source answers (these defaults: nothing known), so callers never probe with
     # getattr; `ZarrChunkSource` answers where its store allows.
@@ -1006,6 +1011,20 @@ class ZarrChunkSource(ChunkSource):
 
     def may_store_raw(self) -> bool:
         return self._raw_stored
+
+    def unbounded_reason(self) -> str | None:
+        if self.zarr_format != 3:
+            return None
+        codecs = list(self.array.metadata.codecs)
+        nested = self.sharding is not None and any(isinstance(c, ShardingCodec) for c in self.sharding.codecs)
+        later = any(isinstance(c, ShardingCodec) for c in codecs[1:])
+        if nested or later:
+            # (zarr's pipeline decodes such shards whole, every inner chunk's codec
+            # allocating what its stream declares: 2 KB took 3.5 GB)
+            where = "inside another's codecs (nested sharding)" if nested else "after another codec"
+            return (f"a sharding codec {where}: zfuse cannot bound what its inner chunks decode to, "
+                    "so it does not read them")
+        return None
 
     def shard_index_nbytes(self) -> int | None:
         if self.sharding is None:
