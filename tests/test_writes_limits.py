@@ -130,3 +130,55 @@ def test_truncate_and_empty_files_count_against_the_daemon_limits(tmp_path: Path
     with pytest.raises(FsError) as refused:
         k.open("c/0/0.tiff", os.O_WRONLY | os.O_TRUNC)
     assert refused.value.errno == errno.ENOSPC
+
+
+def test_every_buffer_counts_against_the_budget_before_it_is_loaded(tmp_path: Path) -> None:
+    """[write-12] nothing escapes the write buffers' budget: a file unlinked while open
+    still counts (139 files filled after their unlink held 3.25 GiB the budget never
+    saw), a stored chunk is counted before it is loaded for an O_APPEND write (it was
+    loaded first, then refused), and a read through an O_RDWR descriptor loads nothing
+    (20 such reads held 2.5 times the budget)."""
+    import errno
+
+    import pytest
+
+    from zfuse.fs import FsError
+
+    stores.v3(tmp_path / "a.zarr", shape=(64, 256), chunks=(32, 32), dtype="uint16")  # 2 KiB chunks
+    fs, k = make_fs(tmp_path / "a.zarr", Clock(), replace_window=5.0, pending_timeout=60.0)
+    size = fs.view.array_at(("c",))[0].file_size((0, 0))
+    fs.writes.buffer_budget = 4 * size
+
+    def held() -> int:
+        states = [*fs.writes.states.values(), *fs.writes.detached.values()]
+        return sum(len(s.buffer) for s in states if s.buffer is not None)
+
+    readers = [k.open(f"c/0/{i}.tiff", os.O_RDWR) for i in range(8)]
+    for fh in readers:
+        assert len(k.read(fh, 1 << 20)) == size
+    assert held() == 0
+    for fh in readers:
+        k.close(fh)
+
+    appenders = [k.open(f"c/1/{i}.tiff", os.O_WRONLY | os.O_APPEND) for i in range(6)]
+    outcomes = []
+    for fh in appenders:
+        try:
+            k.write(fh, b"x")
+            outcomes.append("ok")
+        except FsError as e:
+            outcomes.append(errno.errorcode[e.errno])
+    assert outcomes.count("ok") == 3 and outcomes.count("ENOSPC") == 3, outcomes
+    assert held() <= fs.writes.buffer_budget
+    for fh in appenders:
+        fs.release(fh)
+
+    fh = k.open("c/0/scratch", os.O_WRONLY | os.O_CREAT)
+    k.unlink("c/0/scratch")
+    with pytest.raises(FsError) as refused:
+        for off in range(0, 8 * size, size):
+            k.write(fh, bytes(size), off)
+    assert refused.value.errno == errno.ENOSPC
+    assert held() <= fs.writes.buffer_budget
+    fs.release(fh)
+    assert not fs.writes.detached  # (let go with its last handle)

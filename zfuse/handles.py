@@ -29,7 +29,7 @@ from typing import Any
 
 from zfuse.inodes import Inode, Path
 from zfuse.view.entry import Entry, Node
-from zfuse.view.writes import FileState, Phase, load_buffer
+from zfuse.view.writes import FileState, Phase, read_state
 
 
 class Handle:
@@ -108,7 +108,7 @@ class BufferHandle(Handle):
         return bytes(buffer[off : off + size]) if buffer is not None else None
 
     def read(self, off: int, size: int) -> bytes:
-        return bytes(load_buffer(self.state)[off : off + size])
+        return read_state(self.state, off, size)
 
     def answers_detached(self) -> bool:
         return self.state.phase is Phase.DETACHED

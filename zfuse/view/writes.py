@@ -162,12 +162,17 @@ class FileState:
     refused: str | None = None
     mtime_ns: int = field(default_factory=time.time_ns)
     changed_at: float = 0.0  # the Writes clock: pending files expire from here
+    # bytes its buffer was allowed to reach (`Writes._check_buffers`): counted from the
+    # check on, before a load of the stored file lands (concurrent first writes all
+    # passed the check before any load did)
+    reserved: int = 0
     commit_lock: trio.Lock = field(default_factory=trio.Lock)
 
     def start_over(self) -> None:
         """The file is emptied (O_TRUNC, a new create, truncated to 0): what its first
-        IFD decided no longer holds."""
+        IFD decided no longer holds, nor what its buffer was allowed before."""
         self.ifd_checked, self.ifd_looks, self.refused = False, 0, None
+        self.reserved = 0
 
     def changed(self, now: float) -> None:
         self.dirty = True
@@ -188,6 +193,30 @@ class FileState:
         full = tuple(source.chunk_shape)
         cropped = tuple(r.stop - r.start for r in source.chunk_region(self.coords))
         return [full] if cropped == full else [full, cropped]
+
+
+def _held_by(state: FileState) -> int:
+    """Bytes a file's buffer holds, or may hold once a load under way lands."""
+    return max(len(state.buffer) if state.buffer is not None else 0, state.reserved)
+
+
+def _stored_size(state: FileState) -> int:
+    """Bytes loading a file's stored chunk brings (its chunk file's size: metadata only;
+    a chunk not stored brings nothing, counted all the same)."""
+    if state.array is not None and state.coords is not None:
+        return state.array.file_size(state.coords)
+    return 0
+
+
+def read_state(state: FileState, off: int, size: int) -> bytes:
+    """Bytes of a file being written (blocking): its buffer's, or, not loaded yet, the
+    stored chunk file's, read where it is (a read loads nothing: 20 files opened O_RDWR
+    and read a byte each held 2.5 times the write buffers' budget, uncounted)."""
+    if state.buffer is not None:
+        return bytes(state.buffer[off : off + size])
+    if state.array is not None and state.coords is not None and state.array.exists(state.coords):
+        return bytes(state.array.read(state.coords, off, size))
+    return b""
 
 
 def load_buffer(state: FileState) -> bytearray:
@@ -238,6 +267,10 @@ class Writes:
         self.decode_budget = MemoryBudget(decode_budget)
         self.buffer_budget = buffer_budget  # bytes all write buffers may hold together
         self.states: dict[Path, FileState] = {}
+        # unlinked or replaced while open (DETACHED), by id: still held, and written to,
+        # by their handles until the last closes; counted with `states` (139 files filled
+        # after their unlink held 3.25 GiB the budget never saw)
+        self.detached: dict[int, FileState] = {}
         self.removed: dict[Path, float] = {}  # unlinked chunks still in the store: deadline
         self.made_dirs: set[Path] = set()
         self.mtimes: dict[Path, int] = {}
@@ -438,10 +471,12 @@ class Writes:
     async def write(self, state: FileState, off: int, buf: bytes, *, append: bool = False) -> int:
         """Write at `off`; O_APPEND handles write at the end of the file, whatever offset
         the kernel computed from the size it had cached (another process's view)."""
-        if append:
-            off = len(state.buffer) if state.buffer is not None else len(await self.run(load_buffer, state))
         if state.refused is not None:
             raise RefusedAgainError(f"the file was refused at an earlier write: {state.refused}")
+        if state.buffer is None:
+            self._check_buffers(state, _stored_size(state))  # (what loading it brings)
+        if append:
+            off = len(await self.run(load_buffer, state))
         end = off + len(buf)
         if end > state.limit:
             raise FileTooLargeError(f"{len(buf)} bytes at offset {off} exceed the {state.limit}-byte limit")
@@ -463,24 +498,26 @@ class Writes:
     def _check_files_held(self) -> None:
         """ENOSPC past `defaults.FILES_HELD_MAX` files held (each ~2 KB, even empty: a
         loop of `touch` grew the daemon until unmount)."""
-        if len(self.states) >= defaults.FILES_HELD_MAX:
+        held = len(self.states) + len(self.detached)
+        if held >= defaults.FILES_HELD_MAX:
             raise NotAllowedError(
-                errno.ENOSPC, f"the daemon holds {len(self.states)} files being written, pending or "
+                errno.ENOSPC, f"the daemon holds {held} files being written, pending or "
                 "scratch on this mount: close, finish or remove some before making more")
 
     def _check_buffers(self, state: FileState, end: int) -> None:
         """ENOSPC if growing `state`'s buffer to `end` bytes would take the write buffers
         of all files past `buffer_budget`: many writers at once cannot exhaust the
         daemon, each file being bounded already (`FileState.limit`)."""
-        grow = end - (len(state.buffer) if state.buffer is not None else 0)
+        grow = end - _held_by(state)
         if grow <= 0:
             return
-        held = sum(len(s.buffer) for s in self.states.values() if s.buffer is not None)
+        held = sum(map(_held_by, self.states.values())) + sum(map(_held_by, self.detached.values()))
         if held + grow > self.buffer_budget:
             raise NotAllowedError(
                 errno.ENOSPC, f"the files being written on this mount would hold more than "
                 f"{self.buffer_budget // 2**20} MiB in the daemon (now {held // 2**20} MiB): "
                 "close some (or remove scratch files) before writing more")
+        state.reserved = end
 
     def _check_first_ifd(self, state: FileState, buffer: bytearray) -> None:
         """Refuse at this write a file whose first IFD, now written, can never be the chunk
@@ -512,7 +549,8 @@ class Writes:
         try:
             if size > state.limit:
                 raise FileTooLargeError(f"size {size} exceeds the {state.limit}-byte limit")
-            self._check_buffers(state, size)  # (180 scratch files truncated to their limit held 4.3 GiB)
+            # (180 scratch files truncated to their limit held 4.3 GiB)
+            self._check_buffers(state, max(size, _stored_size(state) if state.buffer is None else 0))
             if pid is not None:
                 self._add_writer(state, pid)
             buffer = await self.run(load_buffer, state)
@@ -522,6 +560,7 @@ class Writes:
                 state.start_over()  # a new file from here
             if size < len(buffer):
                 del buffer[size:]
+                state.reserved = size
             else:
                 buffer.extend(bytes(size - len(buffer)))
             state.changed(self.clock())
@@ -605,6 +644,8 @@ class Writes:
     def release(self, state: FileState) -> Released:
         """The last close of one handle: what became of the file."""
         state.handles -= 1
+        if state.phase is Phase.DETACHED and state.handles <= 0:
+            self.detached.pop(id(state), None)  # (its bytes go with its last handle)
         if state.handles > 0 or state.scratch or state.phase is Phase.DETACHED:
             return Released.NOTHING
         if state.dirty and state.incomplete is not None:
@@ -740,6 +781,8 @@ class Writes:
         if state is not None:
             state.phase = Phase.DETACHED
             state.dirty = False
+            if state.handles > 0:
+                self.detached[id(state)] = state
 
     async def unlink(self, path: Path) -> None:
         self._check_writable()
