@@ -755,3 +755,24 @@ def test_a_range_is_taken_from_a_whole_object_keeping_only_its_bytes(kind: str) 
         assert body.at <= end + STREAM_PART  # (no further than the range's end)
     cut = Body(whole)
     assert len(asyncio.run(_read_at_most(cut, 10))) <= STREAM_PART and cut.reads == 1
+
+
+def test_first_day_refusals_name_the_real_problem(s3: S3Server, caplog) -> None:
+    """A misspelt bucket is named as such (zarr reads a missing bucket's keys as missing
+    keys: "no Zarr metadata" hid it), with no warning about a probe object never written;
+    a write the store's credentials deny is EACCES (s3fs's AccessDenied carries no
+    errno: it was EIO)."""
+    import logging
+
+    from zfuse.daemon import MountConfig
+    from zfuse.daemonize import describe_open_error
+    from zfuse.errors import errno_for
+    from zfuse.open_view import make_view
+
+    with caplog.at_level(logging.WARNING), pytest.raises(Exception) as failed:
+        make_view(MountConfig(["s3://nobucket/g.zarr"], "/unused", read_only=False,
+                              storage_options=s3.storage_options))
+    assert describe_open_error(["s3://nobucket/g.zarr"], failed.value, s3.storage_options) == \
+        "cannot open s3://nobucket/g.zarr: there is no bucket 'nobucket' at that endpoint"
+    assert "probe object" not in caplog.text
+    assert errno_for(PermissionError("Access Denied")) == errno.EACCES

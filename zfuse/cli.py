@@ -336,7 +336,7 @@ def cmd_info(args: argparse.Namespace, argv: list[str]) -> int:
         print(e.code, file=sys.stderr)
         return 1
     except Exception as e:
-        print(f"zfuse: {describe_open_error(args.sources, e)}", file=sys.stderr)
+        print(f"zfuse: {describe_open_error(args.sources, e, config.storage_options)}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(report, indent=2, default=str))

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import Any
 
 from zfuse.daemon import MountConfig
 
@@ -46,8 +47,10 @@ def configure_logging(verbose: int, log_file: str | None = None, background: boo
             logging.getLogger(noisy).setLevel(logging.WARNING)
 
 
-def describe_open_error(sources: list[str], exc: BaseException) -> str:
-    """One line naming the source and the cause, never an internal store wrapper."""
+def describe_open_error(sources: list[str], exc: BaseException,
+                        storage_options: dict[str, Any] | None = None) -> str:
+    """One line naming the source and the cause, never an internal store wrapper.
+    (`storage_options`: the mount's, to ask whether an S3 source's bucket exists.)"""
     from zfuse.view.codec_packages import import_failure
 
     shown = " ".join(sources)
@@ -58,10 +61,38 @@ def describe_open_error(sources: list[str], exc: BaseException) -> str:
     from zarr.errors import NodeNotFoundError
 
     if isinstance(exc, NodeNotFoundError):
+        missing = _missing_bucket(sources, storage_options)
+        if missing is not None:
+            return f"cannot open {shown}: there is no bucket {missing!r} at that endpoint"
         return f"no Zarr metadata (zarr.json, .zarray or .zgroup) found at {shown}"
     if isinstance(exc, OSError) and exc.strerror:
         return f"cannot open {shown}: {exc.strerror}"
     return f"cannot open {shown}: {type(exc).__name__}: {exc}"
+
+
+def _missing_bucket(sources: list[str], storage_options: dict[str, Any] | None) -> str | None:
+    """The bucket of an S3 source that does not exist (zarr reads a missing bucket's keys
+    as missing keys: "no Zarr metadata" hid the misspelt bucket), asked once; None if it
+    exists, the source is no S3 one, or the store cannot tell."""
+    if len(sources) != 1 or not sources[0].startswith(("s3://", "s3a://")):
+        return None
+    from zfuse.store import (
+        CACHE_LIMIT_OPTION,
+        CACHE_OPTION,
+        LAST_WRITER_WINS_OPTION,
+        fsspec_options,
+    )
+
+    bucket = sources[0].split("://", 1)[1].split("/", 1)[0]
+    options = {k: v for k, v in (storage_options or {}).items()
+               if k not in (CACHE_OPTION, CACHE_LIMIT_OPTION, LAST_WRITER_WINS_OPTION)}
+    try:
+        import fsspec
+
+        fs = fsspec.filesystem("s3", skip_instance_cache=True, **fsspec_options("s3", options))
+        return None if fs.exists(bucket) else bucket
+    except Exception:  # noqa: BLE001 - only a better message was at stake
+        return None
 
 
 def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int | None,
@@ -114,7 +145,7 @@ def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int 
     except SystemExit as e:
         return fail(str(e.code).removeprefix("zfuse: "))
     except Exception as e:
-        return fail(describe_open_error(shown_sources, e))
+        return fail(describe_open_error(shown_sources, e, config.storage_options))
     if verbose:
         config.log_operations = True
     try:

@@ -107,6 +107,8 @@ def errno_for(exc: BaseException) -> int:
         return errno.EIO
     if isinstance(exc, FileNotFoundError):
         return errno.ENOENT
+    if isinstance(exc, PermissionError) and not exc.errno:
+        return errno.EACCES  # (s3fs's AccessDenied carries no errno: a read-only key's write)
     if isinstance(exc, OSError) and exc.errno:
         return exc.errno
     return errno.EIO  # timeouts, bugs: the caller sees an I/O error, the log has the cause

@@ -754,8 +754,8 @@ def _decide_conditions(honoured: bool, source: str, last_writer_wins: bool) -> b
 
 async def _probe(remote: RemoteObjects) -> bool:
     key = PROBE_PREFIX + "".join(random.choices(PROBE_NAME_CHARS, k=12))
+    etag = await remote.put(key, b"zfuse probe 1", ABSENT)  # (failed: nothing to remove)
     try:
-        etag = await remote.put(key, b"zfuse probe 1", ABSENT)
         # both must be refused: over an existing object (If-None-Match), on a wrong ETag
         # (If-Match); asked at once (one round trip: a mount waits for the probe)
         answers = await asyncio.gather(remote.put(key, b"zfuse probe 2", ABSENT),
