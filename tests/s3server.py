@@ -222,15 +222,16 @@ class RangeIgnoredProxy(ConditionsIgnoredProxy):
 class FailingProxy(ConditionsIgnoredProxy):
     """The same proxy, answering every GET of an object whose key ends in `suffix` with
     `status` and an S3 error document of `code` (a server failing one object: 500
-    InternalError, 503 SlowDown), and counting those GETs (`failed`). `gone()`: no
+    InternalError, 503 SlowDown; with `location`, a redirect there), and counting those
+    GETs (`failed`). `gone()`: no
     request answered any more, nor any connection accepted (the endpoint gone)."""
 
     gone_now = False
 
     DROPPED = frozenset()
 
-    def __init__(self, server: S3Server, suffix: str, status: int, code: str) -> None:
-        self.suffix, self.status, self.code = suffix, status, code
+    def __init__(self, server: S3Server, suffix: str, status: int, code: str, location: str | None = None) -> None:
+        self.suffix, self.status, self.code, self.location = suffix, status, code, location
         self.failed = 0
         super().__init__(server)
 
@@ -246,6 +247,8 @@ class FailingProxy(ConditionsIgnoredProxy):
             self.failed += 1
             body = f"<Error><Code>{self.code}</Code><Message>failing on purpose</Message></Error>".encode()
             handler.send_response(self.status)
+            if self.location is not None:  # (a redirect)
+                handler.send_header("Location", self.location)
             handler.send_header("Content-Length", str(len(body)))
             handler.end_headers()
             handler.wfile.write(body)

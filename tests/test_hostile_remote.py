@@ -129,6 +129,38 @@ def test_a_server_gone_says_it_gave_no_answer(tmp_path: Path, s3: S3Server) -> N
         arr.pixel_bytes((1, 1))
 
 
+def test_an_s3_redirect_to_another_host_is_not_followed(tmp_path: Path, s3: S3Server) -> None:
+    """[outside-1] an S3 endpoint answering a chunk's GET with a redirect to another host:
+    the other host's bytes are never the chunk (aiohttp followed it, and the chunk file
+    showed them); the read fails, saying where the redirect went."""
+    class Other(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.send_header("Content-Length", "64")
+            self.end_headers()
+            self.wfile.write(b"A" * 64)
+
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    upload(s3, _store(tmp_path / "s.zarr"), "redirects", "s.zarr")
+    proxy = FailingProxy(s3, "/a/c/1/1", 307, "TemporaryRedirect",
+                         location=f"http://127.0.0.1:{other.server_address[1]}/internal/secret")
+    options = {**s3.storage_options, "endpoint_url": proxy.endpoint_url,
+               "config_kwargs": {"retries": {"max_attempts": 1, "mode": "legacy"}}}
+    try:
+        view = make_view(MountConfig(["s3://redirects/s.zarr"], "/nonexistent", read_only=True,
+                                     storage_options=options))
+        view.list_dir(())
+        with pytest.raises(Exception, match=r"redirected the request to http://127.0.0.1:\d+: not followed"):
+            dict(view.arrays())[("a",)].pixel_bytes((1, 1))
+    finally:
+        proxy.close()
+        other.shutdown()
+
+
 class _HugeAnswers(http.server.BaseHTTPRequestHandler):
     """An "S3" answering a LIST with a 17 MiB page (Content-Length given), and any other
     request with a 404 of 40 MiB (no Content-Length: the body ends with the connection)."""

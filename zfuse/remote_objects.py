@@ -202,8 +202,38 @@ def bound_non_streaming_responses() -> None:
                 self._content = await read_whole(content, NON_STREAMING_MAX, str(self.url))
         return self._content
 
+    given_init = AioAWSResponse.__init__
+
+    def __init__(self: Any, url: str, status_code: int, headers: Any, raw: Any) -> None:
+        refused = _redirect_refused(raw)
+        if refused is not None:
+            raise refused
+        given_init(self, url, status_code, headers, raw)
+
     AioAWSResponse._content_prop = _content_prop  # type: ignore[method-assign]
+    AioAWSResponse.__init__ = __init__  # type: ignore[method-assign]
     AioAWSResponse._zfuse_bounded = True  # type: ignore[attr-defined]
+
+
+class RedirectRefusedError(OSError):
+    """An S3 request the server redirected to another host (aiohttp follows redirects,
+    botocore never does): not followed as the object's answer. EREMOTEIO."""
+
+
+def _redirect_refused(raw: Any) -> RedirectRefusedError | None:
+    """The refusal of a response aiohttp reached by following a redirect to another host
+    (a chunk file showed a host the endpoint named; the store's bytes are the endpoint's
+    own), except AWS's own redirects between its regional endpoints; None otherwise."""
+    history = getattr(raw, "history", None)
+    if not history:
+        return None
+    first, last = getattr(history[0], "url", None), getattr(raw, "url", None)
+    start, end = (f"{u.scheme}://{u.host}:{u.port}" if u is not None else None for u in (first, last))
+    hosts = [str(getattr(u, "host", "")) for u in (first, last)]
+    if start == end or all(h.endswith(".amazonaws.com") for h in hosts):
+        return None
+    return RedirectRefusedError(errno.EREMOTEIO, f"the server at {start} redirected the request to {end}: "
+                                "not followed (the store's objects are its own)")
 
 
 async def _read_at_most(body: Any, limit: int | None) -> bytes:
