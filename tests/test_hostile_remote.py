@@ -21,6 +21,7 @@ import http.server
 import json
 import re
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -121,12 +122,19 @@ def test_a_server_throttling_past_the_timeout_is_no_silence(tmp_path: Path, s3: 
 
 def test_a_server_gone_says_it_gave_no_answer(tmp_path: Path, s3: S3Server) -> None:
     """[read-12] connections refused after the mount opened (the endpoint gone): EREMOTEIO
-    saying the tries got no answer, and why."""
+    saying the tries got no answer, and why; every request to that store then fails at
+    once for 5 s, not only that key's."""
     arr, proxy, _ = _failing_view(tmp_path, s3, "gone", 500, "InternalError")
     proxy.gone()
     with pytest.raises(StoreServerError, match=r"store request get a/c/1/1 failed after [\d.]+ s: .*; no answer "
                                                r"to \d+ tries \(EndpointConnectionError\) \(s3://gone/s.zarr\)"):
         arr.pixel_bytes((1, 1))
+    # the store itself is unreachable: other keys fail at once for a while too (each new
+    # key cost the whole retry cycle: a cat of 8 files took 61 s)
+    start = time.monotonic()
+    with pytest.raises(StoreServerError, match=r"no answer to \d+ tries .* ago: every request to the store fails at once"):
+        arr.pixel_bytes((1, 0))
+    assert time.monotonic() - start < 1.0
 
 
 def test_an_s3_redirect_to_another_host_is_not_followed(tmp_path: Path, s3: S3Server) -> None:

@@ -71,6 +71,10 @@ class StoreFailures:
     def __init__(self) -> None:
         self._keys: dict[str, _Failure] = {}
         self._last = float("-inf")  # (monotonic) when a request last failed
+        # the store itself unreachable (no connection at all): every key fails at once
+        # for a while, not only the one asked (each new key cost the client's whole
+        # retry cycle: `cat` of 8 files of a store gone took 61 s)
+        self._down: _Failure | None = None
 
     def pending(self) -> bool:
         """Whether some key failed lately (cheap: every lookup of a failing store asks)."""
@@ -80,6 +84,10 @@ class StoreFailures:
         """The failure of a request for `key` less than FAILED_RECENTLY_S ago (and at or
         after `since`, if given), else None."""
         failure = self._keys.get(key)
+        down = self._down
+        if down is not None and time.monotonic() - down.when < FAILED_RECENTLY_S and \
+                (failure is None or down.when > failure.when):
+            failure = down
         if failure is None:
             return None
         if time.monotonic() - failure.when >= FAILED_RECENTLY_S:
@@ -95,6 +103,12 @@ class StoreFailures:
             if len(self._keys) >= FAILED_KEYS_KEPT:
                 self._keys.clear()
         self._keys[key] = _Failure(time.monotonic(), error.args[-1], type(error))
+        self._last = time.monotonic()
+
+    def note_down(self, error: StoreServerError) -> None:
+        """The store could not be reached at all: every request fails at once with
+        `error` for FAILED_RECENTLY_S (a reader opening a file anew does not shorten it)."""
+        self._down = _Failure(time.monotonic(), error.args[-1], type(error), whole_store=True)
         self._last = time.monotonic()
 
     def forget(self, key: str) -> None:
@@ -185,7 +199,8 @@ class MeteredStore(WrapperStore[Store]):
     # -- bounding requests ------------------------------------------------------
     def _shared_failure(self, op: str, failure: _Failure) -> StoreTimeoutError | StoreServerError:
         ago = time.monotonic() - failure.when
-        return failure.kind(f"{failure.reason} {ago:.1f} s ago: {op} of the same key fails at once "
+        which = "every request to the store" if failure.whole_store else f"{op} of the same key"
+        return failure.kind(f"{failure.reason} {ago:.1f} s ago: {which} fails at once "
                             f"for {FAILED_RECENTLY_S:g} s")
 
     async def _bounded(self, coro: Any, op: str = "request", key: str = "") -> Any:
@@ -273,6 +288,8 @@ class MeteredStore(WrapperStore[Store]):
                                             f"{_message_of(exc)}{answered} ({self.source})")
             if op in _READ_OPS:  # (a failed write is the writer's to retry)
                 self.failures.note(key, server_error)
+            if _unreachable(exc, answers):
+                self.failures.note_down(server_error)
             raise server_error from exc
         raise exc
 
@@ -714,6 +731,7 @@ class _Failure(NamedTuple):
     when: float  # (monotonic)
     reason: str
     kind: type[StoreTimeoutError] | type[StoreServerError]
+    whole_store: bool = False  # (the store unreachable: every key, not only this one)
 
 
 _READ_OPS = frozenset({"get", "head", "exists", "get_partial_values", "list", "list_dir", "list_prefix"})
@@ -730,6 +748,20 @@ def _server_failed(exc: BaseException, answers: ServerAnswers | None) -> bool:
     if status is not None:
         return status >= 500 or status == 429
     return bool(answers) or isinstance(exc, ConnectionError)
+
+
+_CONNECTION_FAILURES = frozenset({"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError",
+                                  "ConnectionRefusedError"})
+
+
+def _unreachable(exc: BaseException, answers: ServerAnswers | None) -> bool:
+    """Whether a failed request never reached a server: no HTTP answer, and its tries
+    failed to connect (not a connection lost mid-answer, which one key's object may cause)."""
+    if http_status(exc) is not None:
+        return False
+    if answers:
+        return not answers.answer and answers.exception in _CONNECTION_FAILURES
+    return isinstance(exc, ConnectionRefusedError) or type(exc).__name__ in _CONNECTION_FAILURES
 
 
 def _message_of(exc: BaseException) -> str:
@@ -829,6 +861,12 @@ def fsspec_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         # One GET per whole-object read: with max_concurrency > 1 s3fs first HEADs every
         # object to decide whether to split the download, doubling requests per chunk.
         opts.setdefault("max_concurrency", 1)
+        # botocore's standard retries (3 tries, AWS's recommended mode) rather than its
+        # legacy 5 with backoffs of up to 8 s: a request the server fails, or a store gone,
+        # says so in seconds, well within the timeout
+        config = dict(opts.get("config_kwargs") or {})
+        config.setdefault("retries", {"max_attempts": 3, "mode": "standard"})
+        opts["config_kwargs"] = config
     elif protocol in ("gs", "gcs"):
         if endpoint:
             opts["endpoint_url"] = endpoint
