@@ -56,6 +56,7 @@ FAILED_RECENTLY_S = 5.0
 # ... and requests for it still under way give up with it (checked this often). A new
 # open of the chunk file asks the store again (`StoreFailures.forget`).
 SHARED_CHECK_S = 0.25
+STORE_RETRY_S = 1.0  # a store found unreachable is asked again by a new open after this
 FAILED_KEYS_KEPT = 1024
 VERSIONS_KEPT = 1_000_000  # object versions a mount remembers (~150 bytes each)
 SMALL_DIR_BYTES = 256 * 1024  # a directory's st_size: roughly its names' bytes (ext4: ~5,000 names)
@@ -112,14 +113,22 @@ class StoreFailures:
         self._last = time.monotonic()
 
     def forget(self, key: str) -> None:
-        """Ask the store again for `key`, at once."""
+        """Ask the store again for `key`, at once; and the store itself, if it was found
+        unreachable more than STORE_RETRY_S ago (a reader opening one file after another
+        of a store that is gone asks it once a second, not once a file: cat of 8 files
+        took 30 s so, 4 s this way)."""
         self._keys.pop(key, None)
+        down = self._down
+        if down is not None and time.monotonic() - down.when >= STORE_RETRY_S:
+            self._down = None
 
     def forget_under(self, prefix: str) -> None:
         """Ask the store again, at once, for every key starting with `prefix` (an array's
-        keys, where storage transformers map a chunk to keys of their own)."""
+        keys, where storage transformers map a chunk to keys of their own); the store
+        itself as `forget` does."""
         for key in [k for k in list(self._keys) if k.startswith(prefix)]:
             self._keys.pop(key, None)
+        self.forget("")
 
 
 def is_remote(source: str) -> bool:
@@ -683,11 +692,21 @@ class MeteredStore(WrapperStore[Store]):
         return self._listing(self._store.list_prefix(prefix), "list_prefix", prefix or "/")
 
     def list_dir(self, prefix: str) -> AsyncIterator[str]:
+        base = prefix.rstrip("/") + "/" if prefix.rstrip("/") else ""
+        if self.remote is not None and self.remote.s3:  # (page by page: each bounded)
+            return self._listing(self._paged_listing(self.remote.iter_dir(prefix), base), "list_dir", prefix or "/")
         if self.remote is not None and self.cache is not None:
-            base = prefix.rstrip("/") + "/" if prefix.rstrip("/") else ""
             return self._listing(self._versioned_listing(self.remote.list_dir(prefix), base),
                                  "list_dir", prefix or "/")
         return self._listing(self._store.list_dir(prefix), "list_dir", prefix or "/")
+
+    async def _paged_listing(self, listed: AsyncIterator[tuple[str, str | None]], base: str) -> AsyncIterator[str]:
+        """The names of a listing read page by page, with each object's version
+        remembered where the cache serves by them."""
+        async for name, version in listed:
+            if version is not None and self.cache is not None:
+                self._remember(base + name, version)
+            yield name
 
     async def _versioned_listing(self, listed: Any, base: str) -> AsyncIterator[str]:
         """The names of a listing that also gave each object's version, remembered: the
