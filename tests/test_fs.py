@@ -1544,3 +1544,28 @@ def test_a_write_whose_outcome_is_unknown_is_read_anew(v3) -> None:
     after = k.read_file(CHUNK)
     assert after != before
     np.testing.assert_array_equal(pixels(after), landed)
+
+
+def test_the_daemon_running_out_of_memory_is_not_blamed_on_the_file(v3, monkeypatch) -> None:
+    """[write-12] a commit that runs the daemon out of memory fails close() with ENOMEM,
+    its reason saying so, the stored chunk unchanged (it was EINVAL with an empty reason,
+    as if the file were wrong)."""
+    import tifffile
+
+    import zfuse.view.writes as writes_module
+
+    src, data, fs, k = v3
+    before = k.read_file(CHUNK)
+
+    def out_of_memory(*args: object, **kwargs: object) -> None:
+        raise MemoryError
+
+    monkeypatch.setattr(writes_module, "decode_tiff", out_of_memory)
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, stores.values((8, 16), "uint16", seed=31))
+    with pytest.raises(FsError) as failed:
+        k.write_file(CHUNK, buf.getvalue())
+    assert failed.value.errno == errno.ENOMEM
+    assert any("the daemon ran out of memory" in line for line in fs.errors), list(fs.errors)
+    monkeypatch.undo()
+    assert k.read_file(CHUNK) == before

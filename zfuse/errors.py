@@ -101,6 +101,8 @@ def errno_for(exc: BaseException) -> int:
         return errno.EROFS
     if isinstance(exc, FileTooLargeError):
         return errno.EFBIG
+    if isinstance(exc, MemoryError):
+        return errno.ENOMEM  # the daemon's, not the file's: the same write may pass later
     if isinstance(exc, InvalidTiffError):
         return errno.EINVAL
     if isinstance(exc, (CorruptDataError, MetadataError)):

@@ -249,11 +249,15 @@ class FileSystem:
             log.debug("%s %s: %s", op, where, exc)
             return FsError(code)
         self.stats.count("errors")
-        expected = isinstance(exc, (ZfuseError, OSError, TimeoutError))
+        expected = isinstance(exc, (ZfuseError, OSError, TimeoutError, MemoryError))
         reason = str(exc) if expected else f"{type(exc).__name__}: {exc}"
-        if not str(exc):  # (aiohttp's TimeoutError says nothing): never an empty reason
+        if isinstance(exc, MemoryError):
+            reason = f"the daemon ran out of memory in {op} ({exc or 'MemoryError'}); try again later"
+        elif not str(exc):  # (aiohttp's TimeoutError says nothing): never an empty reason
             reason = f"{type(exc).__name__} (no message) in {op} of store key {key}"
-        log.error("%s %s [store key %s]: %s (%s)", op, where, key, reason,
+        # (a path that is no chunk's has no store key of its own: not named as one)
+        named = f" [store key {key}]" if key != where else ""
+        log.error("%s %s%s: %s (%s)", op, where, named, reason,
                   errno.errorcode.get(code, code), exc_info=None if expected else exc)
         self.journal(path or (), f"{op}: {reason} ({errno.errorcode.get(code, code)})")
         return FsError(code)

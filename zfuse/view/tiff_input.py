@@ -552,8 +552,8 @@ def _decode_pages(
                 where = f"page {i}"
                 out[at : at + planes] = page.asarray(maxworkers=1).reshape(planes, geom[1], geom[2])
                 at += planes
-    except InvalidTiffError:
-        raise
+    except (InvalidTiffError, MemoryError):
+        raise  # (the daemon's memory running out is no fault of the file's: ENOMEM, not EINVAL)
     except Exception as exc:
         raise _fail(
             f"cannot decode the pixels ({where}, compression {_compression_name(first.compression)}): {exc}",
