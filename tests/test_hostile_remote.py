@@ -407,3 +407,50 @@ def test_versions_are_compared_as_one_spelling_and_never_a_size_alone() -> None:
     assert _version_of({"size": 64, "Last-Modified": "Thu, 26 Nov 2026 22:00:00 GMT"}) != \
         _version_of({"size": 64, "Last-Modified": "Thu, 26 Nov 2026 22:00:01 GMT"})
     assert _version_of({"generation": "17"}) == "17"
+
+
+def test_an_s3_listing_repeating_its_pages_is_refused(tmp_path: Path, s3: S3Server) -> None:
+    """[hostile-12] an S3 server sending the same continuation token again (a listing
+    that never ends): refused at the repeat, one page read past it (s3fs asked for pages
+    until the timeout, 330 MB a listing); a listing is read page by page."""
+    from zarr.core.sync import sync
+
+    from zfuse.store import MeteredStore, open_store
+
+    from s3server import ConditionsIgnoredProxy
+
+    class RepeatingPages(ConditionsIgnoredProxy):
+        DROPPED = frozenset()
+        pages = 0
+
+        def forward(self, handler: object) -> None:
+            path = getattr(handler, "path", "")
+            if getattr(handler, "command", "") == "GET" and "list-type=2" in path and "delimiter" in path:
+                RepeatingPages.pages += 1
+                body = (b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>pages</Name>'
+                        b"<Prefix>s.zarr/a/c/</Prefix><KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys>"
+                        b"<Delimiter>/</Delimiter><IsTruncated>true</IsTruncated>"
+                        b"<Contents><Key>s.zarr/a/c/x</Key><ETag>&quot;e&quot;</ETag><Size>1</Size></Contents>"
+                        b"<NextContinuationToken>same</NextContinuationToken></ListBucketResult>")
+                handler.send_response(200)  # type: ignore[attr-defined]
+                handler.send_header("Content-Length", str(len(body)))  # type: ignore[attr-defined]
+                handler.end_headers()  # type: ignore[attr-defined]
+                handler.wfile.write(body)  # type: ignore[attr-defined]
+                return
+            super().forward(handler)
+
+    upload(s3, _store(tmp_path / "s.zarr"), "pages", "s.zarr")
+    proxy = RepeatingPages(s3)
+    options = {**s3.storage_options, "endpoint_url": proxy.endpoint_url}
+    store = MeteredStore(open_store("s3://pages/s.zarr", read_only=True, storage_options=options), None, 10.0,
+                         "s3://pages/s.zarr")
+
+    async def listed() -> list[str]:
+        return [name async for name in store.list_dir("a/c")]
+
+    try:
+        with pytest.raises(CorruptDataError, match="The same next token was received twice"):
+            sync(listed())
+        assert RepeatingPages.pages <= 3
+    finally:
+        proxy.close()

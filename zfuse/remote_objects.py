@@ -705,6 +705,8 @@ class RemoteObjects:
             translated = translate_boto_error(e)
             if isinstance(translated, FileNotFoundError):
                 return
+            if not isinstance(translated, OSError):  # (a page repeated: PaginationError)
+                raise CorruptDataError(f"listing {prefix or '/'}: {translated}") from e
             raise translated from e
 
     async def list_prefix(self, prefix: str) -> list[tuple[str, str | None]]:
