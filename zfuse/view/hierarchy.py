@@ -130,6 +130,34 @@ def member_names(group: zarr.Group) -> list[str]:
     return sync(_member_names(zarr_private.async_group(group)))
 
 
+async def _note_unconsolidated(store_path: Any, names: list[str]) -> None:
+    """Log members a local group holds that its consolidated metadata does not name
+    (added after it was written): not shown, as zarr-python does not see them either,
+    but said (an array added later was missing without a word). Local stores only:
+    a listing of a remote group costs a round trip."""
+    store = store_path.store
+    for _ in range(8):  # (the wrappers over zfuse's metered store: transformers, memo)
+        if getattr(store, "local_root", None) is not None or not hasattr(store, "_store"):
+            break
+        store = zarr_private.wrapped_store(store)
+    if getattr(store, "local_root", None) is None:
+        return
+    known = set(names)
+    later = []
+    async for name in store_path.store.list_dir(store_path.path):
+        name = name.rstrip("/")
+        if name not in known and name not in _METADATA_OBJECTS and _is_file_name(name):
+            prefix = f"{store_path.path}/{name}" if store_path.path else name
+            if any([await store_path.store.exists(f"{prefix}/{m}") for m in ("zarr.json", ".zarray", ".zgroup")]):
+                later.append(name)
+        if len(later) >= 1000:
+            break
+    if later:
+        log.warning("group %r: %d member(s) not in its consolidated metadata, not shown (zarr-python does not "
+                    "see them either), e.g. %r: consolidate it again (zarr.consolidate_metadata) to show them",
+                    store_path.path or "/", len(later), later[0])
+
+
 def open_members(group: zarr.Group, names: list[str]) -> list[tuple[str, Member]]:
     """(name, array | group | the exception opening it raised) for each of `names`, by
     name (store I/O: each one's metadata, side by side).
@@ -146,6 +174,7 @@ async def _member_names(group: Any) -> list[str]:
     store_path = group.store_path
     if consolidated is not None:
         names = list(consolidated.metadata)
+        await _note_unconsolidated(store_path, names)
     else:
         listed = []
         async for name in store_path.store.list_dir(store_path.path):
