@@ -454,3 +454,18 @@ def test_an_s3_listing_repeating_its_pages_is_refused(tmp_path: Path, s3: S3Serv
         assert RepeatingPages.pages <= 3
     finally:
         proxy.close()
+
+
+def test_an_answer_without_an_s3_error_names_its_status_and_key(tmp_path: Path, s3: S3Server) -> None:
+    """[read-12] a 403 whose body holds no S3 error (a proxy's page): the error names the
+    status, the request and the key (botocore's said "An error occurred ()"), and is
+    EACCES."""
+    arr, proxy, _ = _failing_view(tmp_path, s3, "noerror", 403, "")
+    try:
+        with pytest.raises(OSError) as failed:
+            arr.pixel_bytes((1, 1))
+        assert failed.value.errno == errno.EACCES
+        assert "store request get a/c/1/1 failed: the server answered 403 with no S3 error in its body " \
+               "(s3://noerror/s.zarr)" in str(failed.value)
+    finally:
+        proxy.close()

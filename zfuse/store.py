@@ -14,6 +14,7 @@ cache and for writes made on condition of the version read.
 from __future__ import annotations
 
 import asyncio
+import errno
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -300,6 +301,13 @@ class MeteredStore(WrapperStore[Store]):
             if _unreachable(exc, answers):
                 self.failures.note_down(server_error)
             raise server_error from exc
+        status = http_status(exc)
+        if status is not None and ("An error occurred ()" in str(exc) or "An error occurred (None)" in str(exc)):
+            # botocore found no S3 error in the answer (a proxy's HTML page): its message
+            # names neither the status nor the key
+            code = errno.EACCES if status in (401, 403) else errno.EIO
+            raise OSError(code, f"store request {op} {key} failed: the server answered {status} with no "
+                                f"S3 error in its body ({self.source})") from exc
         raise exc
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
