@@ -182,3 +182,51 @@ def test_every_buffer_counts_against_the_budget_before_it_is_loaded(tmp_path: Pa
     assert held() <= fs.writes.buffer_budget
     fs.release(fh)
     assert not fs.writes.detached  # (let go with its last handle)
+
+
+def test_a_file_open_for_writing_keeps_its_bytes_when_unlinked_or_replaced(tmp_path: Path) -> None:
+    """[ns-4] a chunk open O_RDWR and read (its stored bytes, read where they are: not
+    loaded), then unlinked, or another chunk renamed onto it: the descriptor still reads
+    its own bytes (it read nothing after the unlink, the replacement's after the rename)."""
+    stores.v3(tmp_path / "a.zarr", shape=(64, 256), chunks=(32, 32), dtype="uint16")
+    fs, k = make_fs(tmp_path / "a.zarr", Clock(), replace_window=5.0, pending_timeout=60.0)
+    fh = k.open("c/0/0.tiff", os.O_RDWR)
+    own = k.read(fh, 1 << 20)
+    k.unlink("c/0/0.tiff")
+    assert k.read(fh, 1 << 20) == own
+    fs.release(fh)
+    fh = k.open("c/0/2.tiff", os.O_RDWR)
+    own = k.read(fh, 1 << 20)
+    other = k.read_file("c/0/3.tiff")
+    k.rename("c/0/3.tiff", "c/0/2.tiff")
+    assert own != other and k.read(fh, 1 << 20) == own
+    fs.release(fh)
+
+
+def test_readers_of_a_detached_file_keep_it_counted(tmp_path: Path) -> None:
+    """[write-12] a scratch file read by another descriptor, its writer closed, then
+    unlinked: its bytes count against the budget until the reader closes too (20 such
+    files held 5 times the budget, counted 0)."""
+    import errno
+
+    import pytest
+
+    from zfuse.fs import FsError
+
+    stores.v3(tmp_path / "a.zarr", shape=(64, 256), chunks=(32, 32), dtype="uint16")
+    fs, k = make_fs(tmp_path / "a.zarr", Clock(), replace_window=5.0, pending_timeout=60.0)
+    size = fs.view.array_at(("c",))[0].file_size((0, 0))
+    fs.writes.buffer_budget = 4 * size
+    readers = []
+    with pytest.raises(FsError) as refused:
+        for i in range(20):
+            writer = k.open(f"c/0/s{i}", os.O_WRONLY | os.O_CREAT)
+            k.write(writer, bytes(size))
+            readers.append(k.open(f"c/0/s{i}", os.O_RDONLY))
+            k.close(writer)
+            k.unlink(f"c/0/s{i}")
+    assert refused.value.errno == errno.ENOSPC and len(readers) <= 4
+    assert len(fs.writes.detached) == len(readers)
+    for fh in readers:
+        fs.release(fh)
+    assert not fs.writes.detached

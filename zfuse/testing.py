@@ -847,4 +847,7 @@ def hostile_tiffs_for_1024_uint16() -> dict[str, Callable[[], bytes]]:
         "lerc-8192-squared": lambda: one_strip(side, side, codec_stream("lerc", 8192, 8192),
                                                compression=COMPRESSION["lerc"], bits=16),
         "byte-count-zero": lambda: one_strip(side, side, bytes(2 * side * side), bits=16, count=0),
+        "jpeg2k-2x2-precincts": lambda: one_strip(side, side, j2k_precinct_bomb(side, levels=10),
+                                                  compression=COMPRESSION["jpeg2k"], bits=16),
+        "strips-sharing-20-MiB": lambda: shared_strips(side, side, region=20 * 2**20),
     }

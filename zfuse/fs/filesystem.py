@@ -624,6 +624,7 @@ class FileSystem:
             if stored is not None:
                 stored.close()  # the decoded chunk, as for every file being written
             if state is not None and self.writes.sees_buffer(state, pid):
+                self.writes.reader_opened(state)
                 return OpenReply(self._new_handle(BufferHandle(path, inode, state, arr, coords)), direct_io=True)
             return OpenReply(self._new_handle(DecodedChunkHandle(path, inode, arr, coords)), direct_io=True)
         if stored is None:
@@ -716,6 +717,8 @@ class FileSystem:
             if isinstance(handle, SnapshotHandle) and self.page_readers.old_bytes_closed(handle.path):
                 self._invalidate_path(handle.path)
         if not isinstance(handle, WriteHandle):
+            if isinstance(handle, BufferHandle):
+                self.writes.reader_closed(handle.state)
             return
         outcome = self.writes.release(handle.state)
         if outcome in (Released.COMMITTED, Released.PENDING, Released.REVERTED):

@@ -166,6 +166,7 @@ class FileState:
     # check on, before a load of the stored file lands (concurrent first writes all
     # passed the check before any load did)
     reserved: int = 0
+    readers: int = 0  # handles reading its buffer without writing (`Writes.reader_opened`)
     commit_lock: trio.Lock = field(default_factory=trio.Lock)
 
     def start_over(self) -> None:
@@ -644,7 +645,7 @@ class Writes:
     def release(self, state: FileState) -> Released:
         """The last close of one handle: what became of the file."""
         state.handles -= 1
-        if state.phase is Phase.DETACHED and state.handles <= 0:
+        if state.phase is Phase.DETACHED and state.handles + state.readers <= 0:
             self.detached.pop(id(state), None)  # (its bytes go with its last handle)
         if state.handles > 0 or state.scratch or state.phase is Phase.DETACHED:
             return Released.NOTHING
@@ -781,12 +782,32 @@ class Writes:
         if state is not None:
             state.phase = Phase.DETACHED
             state.dirty = False
-            if state.handles > 0:
+            if state.handles + state.readers > 0:
                 self.detached[id(state)] = state
+
+    async def _keep_bytes(self, *paths: Path) -> None:
+        """Before a path is unlinked or replaced: its open file's bytes, if not loaded yet,
+        are loaded, so its handles read what they opened (read where it is stored, an
+        unlinked chunk's file read as empty, one renamed over as the new file's)."""
+        for path in paths:
+            state = self.states.get(path)
+            if state is not None and state.buffer is None and state.handles + state.readers > 0:
+                await self.run(load_buffer, state)
+
+    def reader_opened(self, state: FileState) -> None:
+        state.readers += 1
+
+    def reader_closed(self, state: FileState) -> None:
+        """A handle reading a file's buffer closed: a detached file's bytes go with the
+        last of its handles, readers' too (they were held uncounted)."""
+        state.readers -= 1
+        if state.phase is Phase.DETACHED and state.handles + state.readers <= 0:
+            self.detached.pop(id(state), None)
 
     async def unlink(self, path: Path) -> None:
         self._check_writable()
         async with self._changing(path):
+            await self._keep_bytes(path)
             self._unlink(path)
 
     def _unlink(self, path: Path) -> None:
@@ -819,6 +840,7 @@ class Writes:
     async def rename(self, old: Path, new: Path, flags: int) -> None:
         self._check_writable()
         async with self._changing(old, new):
+            await self._keep_bytes(old, new)
             await self._rename(old, new, flags)
 
     async def _rename(self, old: Path, new: Path, flags: int) -> None:
