@@ -229,3 +229,28 @@ def test_a_v2_chunk_with_filters_is_decompressed_within_a_bound(tmp_path) -> Non
     assert np.array_equal(np.frombuffer(bytes(array.pixel_bytes((0, 1))), "<u2").reshape(8, 8), values[:8, 8:])
     with pytest.raises(CorruptDataError, match="decompress"):
         array.pixel_bytes((1, 1))
+
+
+def test_a_jpeg_2000_stream_hiding_its_coding_is_refused_quickly() -> None:
+    """[read-10] the precinct check cannot be walked past or turned into work itself: a
+    stream of 10,000 marker segments before its last (tiny-precinct) COD is refused at
+    the marker bound (the check stopped counting and passed it: 2.3 GB to decode); 9,000
+    tile-parts each shorter than its own header are refused at once (the walk was
+    quadratic: 11 s for 108 KB)."""
+    import struct
+    import time
+
+    from zfuse.testing import j2k_precinct_bomb
+    from zfuse.view.tiff_segments import j2k_cost_problem
+
+    bomb = j2k_precinct_bomb(2048, levels=11)
+    siz_end = 4 + struct.unpack_from(">H", bomb, 4)[0]
+    qcd = b"\xff\x5c" + struct.pack(">H", 5) + bytes(3)
+    flooded = bomb[:siz_end] + qcd * 10_000 + bomb[siz_end:]
+    start = time.process_time()
+    assert "marker segments" in (j2k_cost_problem(flooded) or "")
+    parts = b"".join(b"\xff\x90" + struct.pack(">HHIBB", 10, 0, 12, 0, 0) for _ in range(9000))
+    small = j2k_precinct_bomb(32, levels=1, precinct=15)
+    short = small[:small.index(b"\xff\x90")] + parts + b"\xff\x93\x00\xff\xd9"
+    assert j2k_cost_problem(short) is not None
+    assert time.process_time() - start < 2.0

@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 import imagecodecs
 import tifffile
@@ -284,6 +285,24 @@ def _j2k_codestream_at(stream: bytes) -> int | None:
     return None
 
 
+#: marker segments of a JPEG 2000 stream looked at, in all its headers together: real
+#: ones have tens (a tile-part per tile, a few markers each); the walk is bounded by this
+J2K_MARKERS_MAX = 8192
+
+_Coding = tuple[int, list[tuple[int, int]]]  # decomposition levels, (PPx, PPy) per resolution
+
+
+@dataclass
+class _Codings:
+    """How a tile's components are coded: every one's (COD), some components' own (COC)."""
+
+    default: _Coding = (5, [])
+    own: dict[int, _Coding] = field(default_factory=dict)
+
+    def copy(self) -> _Codings:
+        return _Codings(self.default, dict(self.own))
+
+
 def _j2k_cost(stream: bytes, at: int) -> str | None:
     xsiz, ysiz, xosiz, yosiz, xtsiz, ytsiz, xtosiz, ytosiz = struct.unpack_from(">IIIIIIII", stream, at + 8)
     (csiz,) = struct.unpack_from(">H", stream, at + 40)
@@ -293,75 +312,59 @@ def _j2k_cost(stream: bytes, at: int) -> str | None:
     if tiles > J2K_TILES_MAX:
         return f"{tiles} tiles, more than the {J2K_TILES_MAX} zfuse decodes"
     tile_w, tile_h = min(xtsiz, xsiz - xosiz), min(ytsiz, ysiz - yosiz)
-    # per component: (decomposition levels, precinct exponents per resolution); COD sets
-    # every component's, COC one's; a tile-part header's override the main header's
-    # (counted as the most any tile may cost)
-    default: tuple[int, list[tuple[int, int]]] = (5, [])
-    per_component: dict[int, tuple[int, list[tuple[int, int]]]] = {}
-    worst = 0
+    budget = [J2K_MARKERS_MAX]
     (lsiz,) = struct.unpack_from(">H", stream, at + 4)
-    pos = at + 4 + lsiz
-    steps = 0
-    while pos + 4 <= len(stream) and steps < 100_000:
-        steps += 1
+    main = _Codings()
+    pos = _j2k_header(stream, at + 4 + lsiz, csiz, main, budget, stop_at=0xFF90)
+    if pos is None:
+        return f"more than {J2K_MARKERS_MAX} marker segments, or a header that does not end"
+    worst = _precinct_count(main, csiz, tile_w, tile_h)
+    # each tile-part's header may code its tile otherwise: counted where one does
+    while worst * tiles <= J2K_PRECINCTS_MAX and pos + 12 <= len(stream):
         marker, length = struct.unpack_from(">HH", stream, pos)
-        if marker == 0xFFD9:  # EOC
+        if marker != 0xFF90:  # (EOC, or what follows the last tile-part)
             break
-        if marker == 0xFF52:  # COD
-            scod = stream[pos + 4]
-            levels = stream[pos + 9]
-            default = (levels, _precincts(stream, pos + 14, levels) if scod & 1 else [])
-        elif marker == 0xFF53:  # COC
-            wide = csiz >= 257
-            comp = struct.unpack_from(">H" if wide else ">B", stream, pos + 4)[0]
-            body = pos + 4 + (2 if wide else 1)
-            scoc, levels = stream[body], stream[body + 1]
-            per_component[comp] = (levels, _precincts(stream, body + 6, levels) if scoc & 1 else [])
-        elif marker == 0xFF90:  # SOT: this tile-part's header, then its data (Psot bytes in all)
-            (psot,) = struct.unpack_from(">I", stream, pos + 6)
-            worst = max(worst, _precinct_count(default, per_component, csiz, tile_w, tile_h))
-            if worst > J2K_PRECINCTS_MAX // tiles:
-                break
-            # (markers of this tile-part's header, up to SOD, count for it)
-            header_end = _sod_at(stream, pos + 2 + length)
-            if header_end is None:
-                break
-            saved = (default, dict(per_component))
-            inner = pos + 2 + length
-            while inner < header_end:
-                m, n = struct.unpack_from(">HH", stream, inner)
-                if m == 0xFF52:
-                    default = (stream[inner + 9], _precincts(stream, inner + 14, stream[inner + 9])
-                               if stream[inner + 4] & 1 else [])
-                elif m == 0xFF53:
-                    wide = csiz >= 257
-                    comp = struct.unpack_from(">H" if wide else ">B", stream, inner + 4)[0]
-                    body = inner + 4 + (2 if wide else 1)
-                    per_component[comp] = (stream[body + 1], _precincts(stream, body + 6, stream[body + 1])
-                                           if stream[body] & 1 else [])
-                inner += 2 + n
-            worst = max(worst, _precinct_count(default, per_component, csiz, tile_w, tile_h))
-            default, per_component = saved
-            if psot == 0:
-                break  # (the last tile-part runs to the end)
-            pos += psot
-            continue
-        pos += 2 + length
-    worst = max(worst, _precinct_count(default, per_component, csiz, tile_w, tile_h))
+        (psot,) = struct.unpack_from(">I", stream, pos + 6)
+        coding = main.copy()
+        end = _j2k_header(stream, pos + 2 + length, csiz, coding, budget, stop_at=0xFF93)
+        if end is None:
+            return f"more than {J2K_MARKERS_MAX} marker segments, or a tile-part header that does not end"
+        if psot and pos + psot < end + 2:
+            return "a tile-part shorter than its own header"
+        if coding != main:
+            worst = max(worst, _precinct_count(coding, csiz, tile_w, tile_h))
+        if not psot:
+            break  # (Psot 0: the last tile-part runs to the end)
+        pos += psot
     total = worst * tiles
     if total > J2K_PRECINCTS_MAX:
         return f"{total} precincts, more than the {J2K_PRECINCTS_MAX} zfuse decodes (precincts of a few pixels)"
     return None
 
 
-def _sod_at(stream: bytes, pos: int) -> int | None:
-    for _ in range(10_000):
-        if pos + 2 > len(stream):
+def _j2k_header(stream: bytes, pos: int, components: int, coding: _Codings, budget: list[int],
+                stop_at: int) -> int | None:
+    """Read one header's marker segments from `pos` up to the `stop_at` marker (SOT after
+    the main header, SOD after a tile-part's), taking its COD and COC into `coding`;
+    where `stop_at` is, or None past the marker budget (shared by all headers) or the end."""
+    wide = components >= 257
+    while pos + 4 <= len(stream):
+        if budget[0] <= 0:
             return None
-        (marker,) = struct.unpack_from(">H", stream, pos)
-        if marker == 0xFF93:  # SOD
+        budget[0] -= 1
+        marker, length = struct.unpack_from(">HH", stream, pos)
+        if marker in (stop_at, 0xFFD9):
             return pos
-        (length,) = struct.unpack_from(">H", stream, pos + 2)
+        if marker == 0xFF52:  # COD
+            levels = stream[pos + 9]
+            coding.default = (levels, _precincts(stream, pos + 14, levels) if stream[pos + 4] & 1 else [])
+        elif marker == 0xFF53:  # COC
+            comp = struct.unpack_from(">H" if wide else ">B", stream, pos + 4)[0]
+            body = pos + 4 + (2 if wide else 1)
+            levels = stream[body + 1]
+            coding.own[comp] = (levels, _precincts(stream, body + 6, levels) if stream[body] & 1 else [])
+        if length < 2:
+            return None
         pos += 2 + length
     return None
 
@@ -371,20 +374,24 @@ def _precincts(stream: bytes, at: int, levels: int) -> list[tuple[int, int]]:
     return [(b & 0x0F, b >> 4) for b in stream[at : at + levels + 1]]
 
 
-def _precinct_count(default: tuple[int, list[tuple[int, int]]],
-                    per_component: dict[int, tuple[int, list[tuple[int, int]]]],
-                    components: int, width: int, height: int) -> int:
-    """Precincts of one tile over every component and resolution (15: one per resolution)."""
+def _precinct_count(coding: _Codings, components: int, width: int, height: int) -> int:
+    """Precincts of one tile over every component and resolution (15: one a resolution),
+    each distinct coding counted once, times the components coded so."""
+    own = {c: v for c, v in coding.own.items() if c < components}
+    total = (components - len(own)) * _coded_precincts(coding.default, width, height)
+    for value in own.values():
+        total += _coded_precincts(value, width, height)
+    return total
+
+
+def _coded_precincts(coding: _Coding, width: int, height: int) -> int:
+    levels, sizes = coding
     total = 0
-    for c in range(min(components, 16384)):
-        levels, sizes = per_component.get(c, default)
-        for r in range(levels + 1):
-            scale = 1 << (levels - r)
-            w, h = -(-width // scale), -(-height // scale)
-            ppx, ppy = sizes[r] if r < len(sizes) else (15, 15)
-            total += -(-w // (1 << ppx)) * -(-h // (1 << ppy))
-        if total > J2K_PRECINCTS_MAX:
-            return total
+    for r in range(levels + 1):
+        scale = 1 << min(levels - r, 62)
+        w, h = -(-width // scale), -(-height // scale)
+        ppx, ppy = sizes[r] if r < len(sizes) else (15, 15)
+        total += -(-w // (1 << ppx)) * -(-h // (1 << ppy))
     return total
 
 
