@@ -73,7 +73,7 @@ def test_s3_objects_past_what_they_can_hold_are_refused_unread(tmp_path: Path, s
 def _failing_view(tmp_path: Path, s3: S3Server, bucket: str, status: int, code: str,
                   timeout: float | None = None) -> tuple[object, FailingProxy, Stats]:
     """A view of `_store` on S3 through a proxy failing every GET of `a/c/1/1`, botocore
-    retrying each request 3 times (its default 4: the same, slower)."""
+    trying each request 4 times (3 retries, legacy backoff)."""
     upload(s3, _store(tmp_path / "s.zarr"), bucket, "s.zarr")
     proxy = FailingProxy(s3, "/a/c/1/1", status, code)
     options = {**s3.storage_options, "endpoint_url": proxy.endpoint_url,
@@ -412,7 +412,8 @@ def test_versions_are_compared_as_one_spelling_and_never_a_size_alone() -> None:
 def test_an_s3_listing_repeating_its_pages_is_refused(tmp_path: Path, s3: S3Server) -> None:
     """[hostile-12] an S3 server sending the same continuation token again (a listing
     that never ends): refused at the repeat, one page read past it (s3fs asked for pages
-    until the timeout, 330 MB a listing); a listing is read page by page."""
+    until the timeout, 330 MB a listing); a directory's listing and the flat listing of
+    a prefix are read page by page."""
     from zarr.core.sync import sync
 
     from zfuse.store import MeteredStore, open_store
@@ -425,7 +426,7 @@ def test_an_s3_listing_repeating_its_pages_is_refused(tmp_path: Path, s3: S3Serv
 
         def forward(self, handler: object) -> None:
             path = getattr(handler, "path", "")
-            if getattr(handler, "command", "") == "GET" and "list-type=2" in path and "delimiter" in path:
+            if getattr(handler, "command", "") == "GET" and "list-type=2" in path and "prefix=s.zarr%2Fa%2Fc" in path:
                 RepeatingPages.pages += 1
                 body = (b'<?xml version="1.0" encoding="UTF-8"?><ListBucketResult><Name>pages</Name>'
                         b"<Prefix>s.zarr/a/c/</Prefix><KeyCount>1</KeyCount><MaxKeys>1000</MaxKeys>"
@@ -448,10 +449,16 @@ def test_an_s3_listing_repeating_its_pages_is_refused(tmp_path: Path, s3: S3Serv
     async def listed() -> list[str]:
         return [name async for name in store.list_dir("a/c")]
 
+    async def walked() -> list[str]:
+        return [name async for name in store.list_prefix("a/c/")]
+
     try:
         with pytest.raises(CorruptDataError, match="The same next token was received twice"):
             sync(listed())
         assert RepeatingPages.pages <= 3
+        with pytest.raises(CorruptDataError, match="The same next token was received twice"):
+            sync(walked())  # (the flat listing a walker makes: page by page too)
+        assert RepeatingPages.pages <= 6
     finally:
         proxy.close()
 

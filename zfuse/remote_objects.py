@@ -529,16 +529,17 @@ class RemoteObjects:
         """What a cached byte range is of: server, object and range (the version apart)."""
         return f"{self._identity_base}{key}\n{_http_range(byte_range) or 'all'}"
 
-    async def head(self, key: str) -> str | None:
-        """`key`'s current version, or None if there is no such object."""
+    async def head(self, key: str) -> tuple[bool, str | None]:
+        """(whether `key` is an object, its current version: None where the store gives
+        none to trust)."""
         await self._observe()
         try:
             info = await self.fs._info(self.path(key))
         except FileNotFoundError:
-            return None
+            return False, None
         if info.get("type") == "directory":
-            return None
-        return _version_of(info)
+            return False, None
+        return True, _version_of(info)
 
     async def get(self, key: str, byte_range: ByteRequest | None,
                   if_match: str | None = None,
@@ -678,35 +679,49 @@ class RemoteObjects:
             out.append((name, None if entry.get("type") == "directory" else _version_of(entry)))
         return out
 
-    async def iter_dir(self, prefix: str) -> AsyncIterator[tuple[str, str | None]]:
+    def iter_dir(self, prefix: str) -> AsyncIterator[tuple[str, str | None]]:
         """(name, version) of an S3 directory's entries (subdirectories: no version), page
         by page as the server sends them: each page is waited for on its own (s3fs
         gathered every page first, under one timeout: a directory of 400,000 chunks could
         never be listed, and a listing that never ends grew the daemon 13 MB a second);
         botocore's paginator refuses a continuation token it was sent before."""
+        return self._pages(self.path(prefix.rstrip("/")) + "/", delimiter=True)
+
+    def iter_prefix(self, prefix: str) -> AsyncIterator[tuple[str, str | None]]:
+        """(key, version) of every S3 object whose key starts with `prefix` (relative to
+        the store's root), page by page as `iter_dir`."""
+        return self._pages(f"{self.root}/{prefix}" if self.root else prefix, delimiter=False)
+
+    async def _pages(self, path: str, delimiter: bool) -> AsyncIterator[tuple[str, str | None]]:
+        from botocore.exceptions import ClientError, PaginationError
         from s3fs.errors import translate_boto_error
 
         await self._observe()
-        bucket, key, _ = self.fs.split_path(self.path(prefix.rstrip("/")) + "/")
+        bucket, key, _ = self.fs.split_path(path)
+        key += "/" if path.endswith("/") and key and not key.endswith("/") else ""
+        # names relative to the directory listed, keys relative to the store's root
+        root_key = self.fs.split_path(self.root)[1].rstrip("/") if self.root else ""
+        strip = len(key) if delimiter else len(root_key + "/" if root_key else "")
         client = await self.fs.set_session()
-        pages = client.get_paginator("list_objects_v2").paginate(
-            Bucket=bucket, Prefix=key, Delimiter="/", **self.fs.req_kw)
+        extra = {"Delimiter": "/"} if delimiter else {}
+        pages = client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=key, **extra,
+                                                                 **self.fs.req_kw)
         try:
             async for page in pages:
                 for common in page.get("CommonPrefixes") or ():
-                    name = common.get("Prefix", "")[len(key):].rstrip("/")
+                    name = common.get("Prefix", "")[strip:].rstrip("/")
                     if name:
                         yield name, None
                 for obj in page.get("Contents") or ():
-                    name = obj.get("Key", "")[len(key):]
+                    name = obj.get("Key", "")[strip:]
                     if name:
                         yield name, etag(obj["ETag"]) if obj.get("ETag") else None
-        except Exception as e:
+        except PaginationError as e:  # (a continuation token sent again)
+            raise CorruptDataError(f"listing {path}: {e}") from e
+        except ClientError as e:
             translated = translate_boto_error(e)
             if isinstance(translated, FileNotFoundError):
                 return
-            if not isinstance(translated, OSError):  # (a page repeated: PaginationError)
-                raise CorruptDataError(f"listing {prefix or '/'}: {translated}") from e
             raise translated from e
 
     async def list_prefix(self, prefix: str) -> list[tuple[str, str | None]]:

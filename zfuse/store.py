@@ -360,12 +360,12 @@ class MeteredStore(WrapperStore[Store]):
 
     async def _current_version(self, key: str) -> str | None:
         """`key`'s version as this mount knows it (a listing or an earlier request since
-        the last reload), else one HEAD; None: no such object."""
+        the last reload), else one HEAD; None: no such object, or none to trust."""
         version = self._versions.get(key)
         if version is None:
             self.stats.count("store_head")
             assert self.remote is not None
-            version = await self._bounded(self.remote.head(key), "head", key)
+            _, version = await self._bounded(self.remote.head(key), "head", key)
             self._remember(key, version)
         return version
 
@@ -581,9 +581,9 @@ class MeteredStore(WrapperStore[Store]):
             if self._versions.get(key):
                 return True
             self.stats.count("store_exists")
-            version = await self._bounded(self.remote.head(key), "exists", key)
+            found, version = await self._bounded(self.remote.head(key), "exists", key)
             self._remember(key, version)
-            return version is not None
+            return found  # (an object with no version to trust is there all the same)
         self.stats.count("store_exists")
         return await self._bounded(self._store.exists(key), "exists", key)
 
@@ -694,6 +694,9 @@ class MeteredStore(WrapperStore[Store]):
         return self._listing(self._store.list(), "list", "/")
 
     def list_prefix(self, prefix: str) -> AsyncIterator[str]:
+        if self.remote is not None and self.remote.s3:  # (page by page: each bounded)
+            return self._listing(self._paged_listing(self.remote.iter_prefix(prefix), ""), "list_prefix",
+                                 prefix or "/")
         if self.remote is not None and self.cache is not None:
             return self._listing(self._versioned_listing(self.remote.list_prefix(prefix), ""),
                                  "list_prefix", prefix or "/")
@@ -892,7 +895,7 @@ def fsspec_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         # legacy 5 with backoffs of up to 8 s: a request the server fails, or a store gone,
         # says so in seconds, well within the timeout
         config = dict(opts.get("config_kwargs") or {})
-        config.setdefault("retries", {"max_attempts": 3, "mode": "standard"})
+        config.setdefault("retries", {"total_max_attempts": 3, "mode": "standard"})
         opts["config_kwargs"] = config
     elif protocol in ("gs", "gcs"):
         if endpoint:
