@@ -258,20 +258,16 @@ def cmd_umount(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def _pending_files(mountpoint: str) -> list[str]:
-    """The files of a mount written incomplete and pending (dropped at unmount), by path,
-    as `.zfuse/errors` names them; [] if there are none, or the daemon does not answer."""
-    from zfuse.mounts import ERRORS_FILE, STATS_FILE, MountNotResponding, read_json
+    """The files of a mount written incomplete and pending now (an unmount drops them),
+    as `.zfuse/stats` names them; [] if there are none, or the daemon does not answer."""
+    from zfuse.mounts import STATS_FILE, MountNotResponding, read_json
 
     try:
-        if not read_json(mountpoint, STATS_FILE, timeout=2.0).get("pending_files_now"):
-            return []
-        with open(os.path.join(mountpoint, *ERRORS_FILE), encoding="utf-8", errors="replace") as f:
-            lines = f.read().splitlines()
+        stats = read_json(mountpoint, STATS_FILE, timeout=2.0)
     except (MountNotResponding, OSError, ValueError):
         return []
-    found = [line.split("\t")[1] for line in lines if line.count("\t") >= 2
-             and line.split("\t")[2].startswith("closed incomplete, pending")]
-    return list(dict.fromkeys(found)) or ["(see the daemon's log)"]
+    paths = stats.get("pending_paths")
+    return [str(p) for p in paths] if isinstance(paths, list) else []
 
 
 def _daemon_pidfd(mountpoint: str) -> int | None:

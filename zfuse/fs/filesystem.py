@@ -161,6 +161,9 @@ def _by_handle(self: FileSystem, fh: int, *rest: Any) -> Path | None:
     return handle.path if handle else None
 
 
+PENDING_PATHS_SHOWN = 20  # pending files `.zfuse/stats` names (`pending_paths`)
+
+
 class FileSystem:
     """The mount's file operations over a `View`, decided without FUSE."""
 
@@ -235,8 +238,11 @@ class FileSystem:
     def _live_stats(self) -> dict[str, Any]:
         """What `.zfuse/stats` adds to the counters: the cache and the files being written."""
         cache = self.view.cache
+        pending = [s for s in self.writes.states.values() if s.phase is Phase.PENDING]
+        # (the files an unmount would drop, their bytes never stored: `zfuse umount` names them)
+        dropped = sorted("/".join(s.path) for s in pending if s.buffer)
         return dict(cache_hits=cache.hits, cache_misses=cache.misses, cache_bytes=cache.used,
-                    pending_files_now=sum(s.phase is Phase.PENDING for s in self.writes.states.values()),
+                    pending_files_now=len(pending), pending_paths=dropped[:PENDING_PATHS_SHOWN],
                     unlinked_not_yet_deleted=len(self.writes.removed))
 
     # -- errors -------------------------------------------------------------
