@@ -477,6 +477,14 @@ def test_a_file_that_says_its_page_order_is_read_in_that_order() -> None:
                      metadata={"axes": "TZCYX"})
     assert b'DimensionOrder="XYCZT"' in buf.getvalue()
     assert_decodes(buf.getvalue(), chunk, layout=layout)
+    # a (z, c, y, x) chunk runs in ImageJ's order already (c fastest): an OME-TIFF saying
+    # z fastest (Bio-Formats' usual XYZCT) is still read in its own order
+    zc = sample((3, 2, 5, 6), "u2", 9)
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, np.ascontiguousarray(zc.transpose(1, 0, 2, 3)), ome=True, photometric="minisblack",
+                     metadata={"axes": "CZYX"})
+    assert b'DimensionOrder="XYZCT"' in buf.getvalue()
+    assert_decodes(buf.getvalue(), zc, layout=plan_layout(zc.shape, "u2", axes=list("zcyx")))
     # saying nothing: ImageJ's order, as the chunk files' own pages run
     tzcyx = np.ascontiguousarray(chunk.transpose(0, 2, 1, 3, 4))
     assert_decodes(tiff_bytes(tzcyx.reshape(12, 5, 6)), chunk, layout=layout)

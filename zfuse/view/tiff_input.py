@@ -360,7 +360,7 @@ def _written_order(tif: tifffile.TiffFile, layout: TiffLayout | None, shape: Seq
     `tifffile.imwrite(path, chunk)`), or OME-XML's DimensionOrder (its Z, C and T
     matched to the chunk's axes by their roles). Read in ImageJ's order, such files
     were stored with their planes scrambled, and the write succeeded."""
-    if layout is None or not layout.permuted or tif.is_imagej:
+    if layout is None or tif.is_imagej:
         return None
     n, lead = len(shape), len(shape) - 2
     imagej = layout.file_axes
@@ -368,7 +368,7 @@ def _written_order(tif: tifffile.TiffFile, layout: TiffLayout | None, shape: Seq
     def moves_planes(order: Sequence[int]) -> bool:
         return [i for i in order[:lead] if shape[i] > 1] != [i for i in imagej[:lead] if shape[i] > 1]
 
-    if tif.is_shaped:
+    if tif.is_shaped and layout.permuted:  # (else zarr's order is ImageJ's: nothing to tell apart)
         said = (tif.shaped_metadata or [{}])[0].get("shape") if tif.shaped_metadata else None
         if not isinstance(said, list):
             return None
