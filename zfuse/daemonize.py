@@ -88,10 +88,17 @@ def _missing_bucket(sources: list[str], storage_options: dict[str, Any] | None) 
                if k not in (CACHE_OPTION, CACHE_LIMIT_OPTION, LAST_WRITER_WINS_OPTION)}
     try:
         import fsspec
+        from botocore.exceptions import ClientError
 
         fs = fsspec.filesystem("s3", skip_instance_cache=True, **fsspec_options("s3", options))
-        return None if fs.exists(bucket) else bucket
-    except Exception:  # noqa: BLE001 - only a better message was at stake
+        try:
+            fs.call_s3("head_bucket", Bucket=bucket)
+        except FileNotFoundError:
+            return bucket  # (s3fs's translation of NoSuchBucket / 404)
+        except ClientError as e:
+            return bucket if str(e.response.get("Error", {}).get("Code")) in ("404", "NoSuchBucket") else None
+        return None
+    except Exception:  # noqa: BLE001 - only a better message was at stake (a 403: it may well exist)
         return None
 
 
