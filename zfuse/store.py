@@ -296,7 +296,7 @@ class MeteredStore(WrapperStore[Store]):
             answered = f"; {answers}" if answers else ""
             server_error = StoreServerError(f"store request {op} {key} failed after {elapsed:.1f} s: "
                                             f"{_message_of(exc)}{answered} ({self.source})")
-            if op in _READ_OPS:  # (a failed write is the writer's to retry)
+            if op.split(" ", 1)[0] in _READ_OPS:  # (a failed write is the writer's to retry; "get (N ranges)" reads)
                 self.failures.note(key, server_error)
             if _unreachable(exc, answers):
                 self.failures.note_down(server_error)
