@@ -65,13 +65,13 @@ class StoreTimeoutError(ZfuseError, TimeoutError):
 class StoreServerError(ZfuseError, OSError):
     """A store request the server failed (a 5xx, a throttle, a lost connection) after the
     tries of its client, or one refused at once because the same key failed so moments
-    ago. EREMOTEIO; the message names the request, the key, what the server answered
+    ago. EREMOTEIO, or the failure's own errno (ECONNRESET, ...); the message names the request, the key, what the server answered
     and the store."""
 
-    def __init__(self, message: str) -> None:
+    def __init__(self, message: str, code: int | None = None) -> None:
         import errno
 
-        super().__init__(errno.EREMOTEIO, message)
+        super().__init__(code or errno.EREMOTEIO, message)
 
 
 class ReadOnlyError(ZfuseError):

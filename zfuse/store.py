@@ -104,13 +104,13 @@ class StoreFailures:
                 self._keys.pop(k, None)
             if len(self._keys) >= FAILED_KEYS_KEPT:
                 self._keys.clear()
-        self._keys[key] = _Failure(time.monotonic(), error.args[-1], type(error))
+        self._keys[key] = _Failure(time.monotonic(), error.args[-1], type(error), code=error.errno)
         self._last = time.monotonic()
 
     def note_down(self, error: StoreServerError) -> None:
         """The store could not be reached at all: every request fails at once with
         `error` for FAILED_RECENTLY_S (a reader opening a file anew does not shorten it)."""
-        self._down = _Failure(time.monotonic(), error.args[-1], type(error), whole_store=True)
+        self._down = _Failure(time.monotonic(), error.args[-1], type(error), whole_store=True, code=error.errno)
         self._last = time.monotonic()
 
     def forget(self, key: str) -> None:
@@ -210,8 +210,10 @@ class MeteredStore(WrapperStore[Store]):
     def _shared_failure(self, op: str, failure: _Failure) -> StoreTimeoutError | StoreServerError:
         ago = time.monotonic() - failure.when
         which = "every request to the store" if failure.whole_store else f"{op} of the same key"
-        return failure.kind(f"{failure.reason} {ago:.1f} s ago: {which} fails at once "
-                            f"for {FAILED_RECENTLY_S:g} s")
+        message = f"{failure.reason} {ago:.1f} s ago: {which} fails at once for {FAILED_RECENTLY_S:g} s"
+        if failure.kind is StoreServerError:
+            return StoreServerError(message, failure.code)
+        return StoreTimeoutError(message)
 
     async def _bounded(self, coro: Any, op: str = "request", key: str = "") -> Any:
         """Await a request of the wrapped store (`op` of `key`, for messages), bounded."""
@@ -295,7 +297,8 @@ class MeteredStore(WrapperStore[Store]):
         if _server_failed(exc, answers):
             answered = f"; {answers}" if answers else ""
             server_error = StoreServerError(f"store request {op} {key} failed after {elapsed:.1f} s: "
-                                            f"{_message_of(exc)}{answered} ({self.source})")
+                                            f"{_message_of(exc)}{answered} ({self.source})",
+                                            exc.errno if isinstance(exc, OSError) else None)
             if op.split(" ", 1)[0] in _READ_OPS:  # (a failed write is the writer's to retry; "get (N ranges)" reads)
                 self.failures.note(key, server_error)
             if _unreachable(exc, answers):
@@ -762,6 +765,7 @@ class _Failure(NamedTuple):
     reason: str
     kind: type[StoreTimeoutError] | type[StoreServerError]
     whole_store: bool = False  # (the store unreachable: every key, not only this one)
+    code: int | None = None  # a server failure's errno
 
 
 _READ_OPS = frozenset({"get", "head", "exists", "get_partial_values", "list", "list_dir", "list_prefix"})
