@@ -266,6 +266,7 @@ def j2k_cost_problem(stream: bytes) -> str | None:
 
 
 def _j2k_codestream_at(stream: bytes) -> int | None:
+    """Where a JPEG 2000 codestream starts: at 0, or in a JP2 file's codestream box."""
     if stream[:4] == b"\xff\x4f\xff\x51":
         return 0
     at = 0
@@ -396,24 +397,8 @@ def _coded_precincts(coding: _Coding, width: int, height: int) -> int:
 
 
 def _j2k_dims(stream: bytes) -> tuple[int, int, int, int] | None:
-    if stream[:4] == b"\xff\x4f\xff\x51":
-        return _j2k_codestream_dims(stream, 0)
-    at = 0  # JP2 boxes: the image is the codestream box's
-    while at + 8 <= len(stream):
-        (length,) = struct.unpack_from(">I", stream, at)
-        kind = stream[at + 4 : at + 8]
-        header = 8
-        if length == 1:
-            (length,) = struct.unpack_from(">Q", stream, at + 8)
-            header = 16
-        elif length == 0:
-            length = len(stream) - at
-        if kind == b"jp2c":
-            return _j2k_codestream_dims(stream, at + header)
-        if length < header:
-            return None
-        at += length
-    return None
+    at = _j2k_codestream_at(stream)  # (a codestream, or a JP2 file's codestream box)
+    return None if at is None else _j2k_codestream_dims(stream, at)
 
 
 def _webp_dims(stream: bytes) -> tuple[int, int, int, int] | None:
