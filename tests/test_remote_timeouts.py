@@ -427,3 +427,33 @@ def test_stores_keep_their_failures_apart_and_copies_share_them(tmp_path: Path) 
 
     asyncio.run(run())
     faulty.release()
+
+
+def test_a_listing_that_never_ends_is_stopped(monkeypatch) -> None:
+    """[read-11] every page of a listing comes at once, but the pages never end (a server
+    sending a new continuation token each time): the whole listing is bounded too, at
+    LISTING_TIMEOUTS timeouts (at least LISTING_MIN_S), naming it and the keys read
+    (`ls` went on for ever once each page was bounded on its own)."""
+    import zfuse.store as store_module
+
+    class Endless(LocalStore):
+        async def list_dir(self, prefix: str):  # type: ignore[override]
+            n = 0
+            while True:
+                n += 1
+                if not n % 500:
+                    await asyncio.sleep(0)  # (a page arrives)
+                yield f"k{n}"
+
+    monkeypatch.setattr(store_module, "LISTING_TIMEOUTS", 1)
+    monkeypatch.setattr(store_module, "LISTING_MIN_S", 0.3)
+    store = MeteredStore(Endless("/nonexistent", read_only=True), Stats(), 0.3, source="s3://b/a.zarr")
+
+    async def run() -> int:
+        got = 0
+        with pytest.raises(StoreTimeoutError, match=r"store listing list_dir c/ still going after 0.3 s and \d+ keys"):
+            async for _ in store.list_dir("c/"):
+                got += 1
+        return got
+
+    assert asyncio.run(run()) > 0

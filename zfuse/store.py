@@ -57,6 +57,10 @@ FAILED_RECENTLY_S = 5.0
 # ... and requests for it still under way give up with it (checked this often). A new
 # open of the chunk file asks the store again (`StoreFailures.forget`).
 SHARED_CHECK_S = 0.25
+# a whole listing waits at most this many timeouts (and at least LISTING_MIN_S): each
+# page is bounded by the timeout on its own (a directory of 400,000 chunks took 29 s)
+LISTING_TIMEOUTS = 15
+LISTING_MIN_S = 120.0
 STORE_RETRY_S = 1.0  # a store found unreachable is asked again by a new open after this
 FAILED_KEYS_KEPT = 1024
 VERSIONS_KEPT = 1_000_000  # object versions a mount remembers (~150 bytes each)
@@ -650,6 +654,10 @@ class MeteredStore(WrapperStore[Store]):
         if failure is not None:  # (as `_bounded`: the same listing failed moments ago)
             self.stats.count("store_failed_fast")
             raise self._shared_failure(op, failure)
+        # a whole listing is bounded too, if far more loosely than a page: a server whose
+        # pages never end (each with a new continuation token) kept `ls` going for ever
+        whole = None if self.timeout is None else max(LISTING_TIMEOUTS * self.timeout, LISTING_MIN_S)
+        began = time.monotonic()
         try:
             while True:
                 try:
@@ -657,6 +665,10 @@ class MeteredStore(WrapperStore[Store]):
                 except StopAsyncIteration:
                     return
                 keys += 1
+                if whole is not None and not keys % 1000 and time.monotonic() - began > whole:
+                    self.stats.count("store_timeouts")
+                    raise StoreTimeoutError(f"store listing {op} {prefix} still going after {whole:g} s and "
+                                            f"{keys} keys: stopped ({self.source})")
                 yield key
         finally:
             self.stats.count("store_list_keys", keys)
