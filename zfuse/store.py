@@ -113,7 +113,8 @@ class StoreFailures:
 
     def note_down(self, error: StoreServerError) -> None:
         """The store could not be reached at all: every request fails at once with
-        `error` for FAILED_RECENTLY_S (a reader opening a file anew does not shorten it)."""
+        `error` for FAILED_RECENTLY_S (a reader opening a file anew asks again after
+        STORE_RETRY_S: `forget`)."""
         self._down = _Failure(time.monotonic(), error.args[-1], type(error), whole_store=True, code=error.errno)
         self._last = time.monotonic()
 
