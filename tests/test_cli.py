@@ -520,3 +520,24 @@ def test_umount_names_the_incomplete_files_it_drops(tmp_path: Path) -> None:
         assert (stored[:2] == 7).all() and (stored[2:] == 1).all()
     finally:
         _cleanup(tmp_path / "mnt")
+
+
+def test_mounting_one_level_of_an_ome_zarr_image_says_where_its_metadata_is(tmp_path: Path) -> None:
+    """A mount of one level (`img.zarr/0`) shows it without the image's axes, scales and
+    channel names (they are the parent group's, outside the level's store): a warning at
+    mount says so and names the image to mount (it was silent). Not for other arrays."""
+    from zfuse.daemon import level_hint
+
+    root = zarr.open_group(str(tmp_path / "img.zarr"), mode="w")
+    root.create_array("0", shape=(4, 8), chunks=(4, 8), dtype="u1")
+    root.create_array("other", shape=(4, 8), chunks=(4, 8), dtype="u1")
+    root.attrs["multiscales"] = [{"version": "0.4", "axes": [{"name": "y"}, {"name": "x"}],
+                                  "datasets": [{"path": "0"}]}]
+    hint = level_hint([str(tmp_path / "img.zarr" / "0")])
+    assert hint is not None and "is level '0' of the OME-Zarr image" in hint and str(tmp_path / "img.zarr") in hint
+    assert level_hint([str(tmp_path / "img.zarr" / "other")]) is None
+    assert level_hint([str(tmp_path / "img.zarr")]) is None
+    v2 = zarr.open_group(str(tmp_path / "v2.zarr"), mode="w", zarr_format=2)
+    v2.create_array("s0", shape=(4, 8), chunks=(4, 8), dtype="u1")
+    v2.attrs["multiscales"] = [{"version": "0.4", "datasets": [{"path": "s0"}]}]
+    assert "is level 's0'" in (level_hint([str(tmp_path / "v2.zarr" / "s0")]) or "")

@@ -183,6 +183,41 @@ def _zipped(path: str) -> bool:
         return False
 
 
+def level_hint(sources: list[str]) -> str | None:
+    """A hint when the one local source is a level of an OME-Zarr image (`img.zarr/0`):
+    its axes, scales and channel names are its parent group's, which zfuse does not read
+    for a mount of the level (the store is the level's directory). Read from the parent's
+    metadata document alone (to the metadata bound); None when it is no such level."""
+    if len(sources) != 1 or "://" in sources[0] and not sources[0].startswith("file://"):
+        return None
+    path = os.path.abspath(sources[0].removeprefix("file://")).rstrip("/")
+    parent, name = os.path.split(path)
+    if not name or not any(os.path.isfile(os.path.join(path, n)) for n in ("zarr.json", ".zarray")):
+        return None
+    from zfuse.ext.metadata_json import MAX_METADATA_BYTES, load_metadata
+
+    for doc_name in ("zarr.json", ".zattrs"):
+        doc_path = os.path.join(parent, doc_name)
+        try:
+            if not os.path.isfile(doc_path) or os.path.getsize(doc_path) > MAX_METADATA_BYTES:
+                continue
+            with open(doc_path, "rb") as f:
+                doc = load_metadata(f.read(MAX_METADATA_BYTES + 1), doc_name)
+        except (OSError, ValueError):
+            continue
+        attrs = doc.get("attributes", {}) if doc_name == "zarr.json" else doc
+        attrs = attrs.get("ome", attrs) if isinstance(attrs, dict) else {}
+        multiscales = attrs.get("multiscales") if isinstance(attrs, dict) else None
+        for ms in multiscales if isinstance(multiscales, list) else []:
+            datasets = ms.get("datasets") if isinstance(ms, dict) else None
+            paths = [d.get("path") for d in datasets if isinstance(d, dict)] if isinstance(datasets, list) else []
+            if name in paths:
+                return (f"{sources[0]} is level {name!r} of the OME-Zarr image {parent}: its axes, scales and "
+                        "channel names are the image's, not shown for the level alone; mount the image "
+                        f"({parent}) to have them")
+    return None
+
+
 def check_sources(sources: list[str]) -> None:
     """Refuse a local source that cannot be a Zarr store, naming what it is instead
     (zarr-python's own errors name internal store wrappers, or the wrong thing)."""

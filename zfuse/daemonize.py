@@ -104,7 +104,7 @@ def _missing_bucket(sources: list[str], storage_options: dict[str, Any] | None) 
 
 def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int | None,
                     verbose: int) -> int:
-    from zfuse.daemon import check_mountpoint, check_sources, mounted_elsewhere, serve
+    from zfuse.daemon import check_mountpoint, check_sources, level_hint, mounted_elsewhere, serve
     from zfuse.open_view import local_source_identities, make_view, reload_view
     from zfuse.stats import Stats
 
@@ -143,7 +143,7 @@ def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int 
         # let go of the caller's directory (it could not be unmounted or removed
         # while the daemon runs); every path in `config` is absolute by now
         os.chdir("/")
-        for message in (warning, mounted_elsewhere(config.sources)):
+        for message in (warning, mounted_elsewhere(config.sources), level_hint(config.sources)):
             if message:
                 log.warning("%s", message)
         stats = Stats()
