@@ -525,7 +525,8 @@ def test_umount_names_the_incomplete_files_it_drops(tmp_path: Path) -> None:
 def test_mounting_one_level_of_an_ome_zarr_image_says_where_its_metadata_is(tmp_path: Path) -> None:
     """A mount of one level (`img.zarr/0`) shows it without the image's axes, scales and
     channel names (they are the parent group's, outside the level's store): a warning at
-    mount says so and names the image to mount (it was silent). Not for other arrays."""
+    mount, and a note of `zfuse info`, say so and name the image to mount (it was
+    silent). Not for other arrays."""
     from zfuse.daemon import level_hint
 
     root = zarr.open_group(str(tmp_path / "img.zarr"), mode="w")
@@ -537,6 +538,8 @@ def test_mounting_one_level_of_an_ome_zarr_image_says_where_its_metadata_is(tmp_
     assert hint is not None and "is level '0' of the OME-Zarr image" in hint and str(tmp_path / "img.zarr") in hint
     assert level_hint([str(tmp_path / "img.zarr" / "other")]) is None
     assert level_hint([str(tmp_path / "img.zarr")]) is None
+    info = run_in(tmp_path, "info", "img.zarr/0")
+    assert info.returncode == 0 and "note: img.zarr/0 is level '0' of the OME-Zarr image" in info.stdout, info.stdout
     v2 = zarr.open_group(str(tmp_path / "v2.zarr"), mode="w", zarr_format=2)
     v2.create_array("s0", shape=(4, 8), chunks=(4, 8), dtype="u1")
     v2.attrs["multiscales"] = [{"version": "0.4", "datasets": [{"path": "s0"}]}]

@@ -314,7 +314,7 @@ def cmd_reload(args: argparse.Namespace, argv: list[str]) -> int:
 
 # -- info, concat ----------------------------------------------------------------------
 def cmd_info(args: argparse.Namespace, argv: list[str]) -> int:
-    from zfuse.daemon import check_sources
+    from zfuse.daemon import check_sources, level_hint
     from zfuse.info import describe_source
 
     # the report says why an array is not shown: no separate warning on stderr
@@ -328,6 +328,9 @@ def cmd_info(args: argparse.Namespace, argv: list[str]) -> int:
     try:
         check_sources(args.sources)
         report = describe_source(config)
+        hint = level_hint(args.sources)
+        if hint is not None:  # (what a mount of it warns: said where newcomers look)
+            report["notes"] = [hint]
     except SystemExit as e:
         print(e.code, file=sys.stderr)
         return 1

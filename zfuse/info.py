@@ -108,4 +108,5 @@ def format_report(report: dict[str, Any]) -> str:
                      + (f"; {f['levels_note']}" if f.get("levels_note") else ""))
     for f in report.get("whole_image_files_not_shown", []):
         lines.append(f"no whole-image file in {f['path']}: {f['reason']}")
+    lines += [f"note: {note}" for note in report.get("notes", [])]
     return "\n".join(lines)
