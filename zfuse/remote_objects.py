@@ -88,10 +88,13 @@ def note_server_answer(response: Any = None, caught_exception: BaseException | N
             answers.answer = f"{status} {code}" if code else str(status)
 
 
-def etag(value: str) -> str:
+def etag(value: str | None) -> str | None:
     """An ETag in one spelling: quoted, strong (servers and proxies quote it, or not, in
-    listings and in GET answers; compared as written, one object's ETag was two versions)."""
-    value = value.strip().removeprefix("W/")
+    listings and in GET answers; compared as written, one object's ETag was two versions);
+    None for none."""
+    if not value:
+        return None
+    value = str(value).strip().removeprefix("W/")
     return '"' + value.strip('"') + '"'
 
 
@@ -102,9 +105,8 @@ def _version_of(info: dict[str, Any]) -> str | None:
     same over most rewrites of a chunk: a version that cannot tell them apart served
     the cached old bytes for ever)."""
     for name in ("ETag", "etag"):
-        value = info.get(name)
-        if value:
-            return etag(str(value))
+        if info.get(name):
+            return etag(info[name])
     for name in ("generation", "md5Hash"):
         value = info.get(name)
         if value:
@@ -307,17 +309,25 @@ async def get_http_object(fs: Any, url: str, limit: int) -> bytes | None:
     """The whole http(s) object at `url` through fsspec's HTTPFileSystem `fs`, at most
     `limit` bytes (`too_large` past that: fsspec reads a body whole, however long); None
     if there is none."""
+    try:
+        data, _ = await _http_body(fs, url, limit)
+    except FileNotFoundError:
+        return None
+    return data
+
+
+async def _http_body(fs: Any, url: str, limit: int) -> tuple[bytes, str | None]:
+    """(the body of `url`, decoded, of at most `limit` bytes; its Content-Type without
+    parameters); FileNotFoundError if there is none."""
     session = await fs.set_session()
     async with session.get(fs.encode_url(url), **fs.kwargs) as response:
-        try:
-            fs._raise_not_found_for_status(response, url)
-        except FileNotFoundError:
-            return None
+        fs._raise_not_found_for_status(response, url)
         if response.content_length is not None and response.content_length > limit:
             raise too_large(url, limit)
         data = await read_whole(response.content, limit, url)
         encoding = _encoding(response)
-        return data if encoding == "identity" else _inflate(data, encoding, limit, url)
+        mimetype = response.headers.get("Content-Type", "").partition(";")[0] or None
+    return (data if encoding == "identity" else _inflate(data, encoding, limit, url)), mimetype
 
 
 #: names of one http(s) directory page kept at most (a page is read to NON_STREAMING_MAX)
@@ -345,16 +355,7 @@ async def _bounded_http_ls(fs: Any, url: str, detail: bool) -> Any:
 
     from fsspec.implementations.http import ex, ex2
 
-    session = await fs.set_session()
-    async with session.get(fs.encode_url(url), **fs.kwargs) as response:
-        fs._raise_not_found_for_status(response, url)
-        mimetype = response.headers.get("Content-Type", "").partition(";")[0] or None
-        if response.content_length is not None and response.content_length > NON_STREAMING_MAX:
-            raise too_large(url, NON_STREAMING_MAX)
-        page = await read_whole(response.content, NON_STREAMING_MAX, url)
-        encoding = _encoding(response)
-    if encoding != "identity":
-        page = _inflate(page, encoding, NON_STREAMING_MAX, url)
+    page, mimetype = await _http_body(fs, url, NON_STREAMING_MAX)
     links: list[Any] = []
     if mimetype in ("text/html", None):
         text = page.decode("utf-8", "ignore")
@@ -591,7 +592,7 @@ class RemoteObjects:
                 return b"", None  # (what FsspecStore answers for a range past the end)
             raise
         body = response["Body"]
-        version = etag(response["ETag"]) if response.get("ETag") else None
+        version = etag(response.get("ETag"))
         # no Content-Range: the whole object came (a proxy that drops Range headers, a
         # server that ignores them), however big: the range is taken from it as it streams
         whole = http_range is not None and not response.get("ContentRange")
@@ -639,7 +640,7 @@ class RemoteObjects:
             if condition is not None and _precondition_failed(e):
                 raise WriteConflictError(key) from e
             raise
-        return etag(response["ETag"]) if response.get("ETag") else None
+        return etag(response.get("ETag"))
 
     async def not_modified(self, key: str, byte_range: ByteRequest | None, version: str) -> bool:
         """Whether `key` is still `version` (S3: a GET with If-None-Match answered 304 Not
@@ -664,33 +665,39 @@ class RemoteObjects:
         bucket, name, _ = self.fs.split_path(self.path(key))
         await self._call_s3("delete_object", Bucket=bucket, Key=name)
 
-    async def list_dir(self, prefix: str) -> list[tuple[str, str | None]]:
+    def iter_dir(self, prefix: str) -> AsyncIterator[tuple[str, str | None]]:
         """(name, version) of a directory's entries, as FsspecStore.list_dir names them
-        (one listing; subdirectories have no version)."""
+        (subdirectories have no version). On S3 page by page as the server sends them,
+        each page waited for on its own (s3fs gathered every page first, under one
+        timeout: a directory of 400,000 chunks could never be listed, and a listing that
+        never ends grew the daemon 13 MB a second); elsewhere fsspec's one listing."""
+        if self.s3:
+            return self._pages(self.path(prefix.rstrip("/")) + "/", delimiter=True)
+        return self._fsspec_dir(prefix)
+
+    def iter_prefix(self, prefix: str) -> AsyncIterator[tuple[str, str | None]]:
+        """(key, version) of every object whose key starts with `prefix` (relative to the
+        store's root): on S3 page by page as `iter_dir`, elsewhere FsspecStore's listing."""
+        if self.s3:
+            return self._pages(f"{self.root}/{prefix}" if self.root else prefix, delimiter=False)
+        return self._fsspec_prefix(prefix)
+
+    async def _fsspec_dir(self, prefix: str) -> AsyncIterator[tuple[str, str | None]]:
         path = f"{self.root}/{prefix.rstrip('/')}" if self.root else prefix.rstrip("/")
         await self._observe()
         try:
             entries = await self.fs._ls(path, detail=True)
         except FileNotFoundError:
-            return []
-        out = []
+            return
         for entry in entries:
             name = entry["name"].replace(path + "/", "").removeprefix(self.root).removeprefix("/")
-            out.append((name, None if entry.get("type") == "directory" else _version_of(entry)))
-        return out
+            yield name, None if entry.get("type") == "directory" else _version_of(entry)
 
-    def iter_dir(self, prefix: str) -> AsyncIterator[tuple[str, str | None]]:
-        """(name, version) of an S3 directory's entries (subdirectories: no version), page
-        by page as the server sends them: each page is waited for on its own (s3fs
-        gathered every page first, under one timeout: a directory of 400,000 chunks could
-        never be listed, and a listing that never ends grew the daemon 13 MB a second);
-        botocore's paginator refuses a continuation token it was sent before."""
-        return self._pages(self.path(prefix.rstrip("/")) + "/", delimiter=True)
-
-    def iter_prefix(self, prefix: str) -> AsyncIterator[tuple[str, str | None]]:
-        """(key, version) of every S3 object whose key starts with `prefix` (relative to
-        the store's root), page by page as `iter_dir`."""
-        return self._pages(f"{self.root}/{prefix}" if self.root else prefix, delimiter=False)
+    async def _fsspec_prefix(self, prefix: str) -> AsyncIterator[tuple[str, str | None]]:
+        await self._observe()
+        found = await self.fs._find(f"{self.root}/{prefix}", detail=True, maxdepth=None, withdirs=False)
+        for name, info in found.items():
+            yield name.removeprefix(f"{self.root}/"), _version_of(info)
 
     async def _pages(self, path: str, delimiter: bool) -> AsyncIterator[tuple[str, str | None]]:
         bucket, key, _ = self.fs.split_path(path)
@@ -699,12 +706,12 @@ class RemoteObjects:
         root_key = self.fs.split_path(self.root)[1].rstrip("/") if self.root else ""
         strip = len(key) if delimiter else len(root_key + "/" if root_key else "")
         extra = {"Delimiter": "/"} if delimiter else {}
+        # (not botocore's paginator: loading its model cost each new mount's first listing
+        # ~0.1 s; a continuation token sent again is refused here)
         tokens: set[str] = set()
         token: str | None = None
         try:
             while True:
-                # (not botocore's paginator: loading its model cost each new mount's first
-                # listing ~0.1 s)
                 page = await self._call_s3("list_objects_v2", Bucket=bucket, Prefix=key, **extra,
                                            **({"ContinuationToken": token} if token else {}))
                 for common in page.get("CommonPrefixes") or ():
@@ -714,7 +721,7 @@ class RemoteObjects:
                 for obj in page.get("Contents") or ():
                     name = obj.get("Key", "")[strip:]
                     if name:
-                        yield name, etag(obj["ETag"]) if obj.get("ETag") else None
+                        yield name, etag(obj.get("ETag"))
                 token = page.get("NextContinuationToken") if page.get("IsTruncated") else None
                 if not token:
                     return
@@ -724,12 +731,6 @@ class RemoteObjects:
                 tokens.add(token)
         except FileNotFoundError:
             return  # (s3fs's translation of NoSuchKey/NoSuchBucket: nothing listed)
-
-    async def list_prefix(self, prefix: str) -> list[tuple[str, str | None]]:
-        """(key, version) of every object whose key starts with `prefix` (FsspecStore's listing)."""
-        await self._observe()
-        found = await self.fs._find(f"{self.root}/{prefix}", detail=True, maxdepth=None, withdirs=False)
-        return [(name.removeprefix(f"{self.root}/"), _version_of(info)) for name, info in found.items()]
 
 
 class WriteConflictError(OSError):
@@ -831,7 +832,7 @@ def _decide_conditions(honoured: bool, source: str, last_writer_wins: bool) -> b
 
 async def _probe(remote: RemoteObjects) -> bool:
     key = PROBE_PREFIX + "".join(random.choices(PROBE_NAME_CHARS, k=12))
-    etag = await remote.put(key, b"zfuse probe 1", ABSENT)  # (failed: nothing to remove)
+    version = await remote.put(key, b"zfuse probe 1", ABSENT)  # (failed: nothing to remove)
     try:
         # both must be refused: over an existing object (If-None-Match), on a wrong ETag
         # (If-Match); asked at once (one round trip: a mount waits for the probe)
@@ -841,7 +842,7 @@ async def _probe(remote: RemoteObjects) -> bool:
         for answer in answers:
             if isinstance(answer, BaseException) and not isinstance(answer, WriteConflictError):
                 raise answer
-        return etag is not None and all(isinstance(a, WriteConflictError) for a in answers)
+        return version is not None and all(isinstance(a, WriteConflictError) for a in answers)
     finally:
         # deleted after the answer, not before it: the mount does not wait for this
         remote.probe_cleanup = asyncio.run_coroutine_threadsafe(_remove_probe(remote, key),

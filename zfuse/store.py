@@ -124,9 +124,7 @@ class StoreFailures:
         of a store that is gone asks it once a second, not once a file: cat of 8 files
         took 30 s so, 4 s this way)."""
         self._keys.pop(key, None)
-        down = self._down
-        if down is not None and time.monotonic() - down.when >= STORE_RETRY_S:
-            self._down = None
+        self._ask_store_again()
 
     def forget_under(self, prefix: str) -> None:
         """Ask the store again, at once, for every key starting with `prefix` (an array's
@@ -134,7 +132,12 @@ class StoreFailures:
         itself as `forget` does."""
         for key in [k for k in list(self._keys) if k.startswith(prefix)]:
             self._keys.pop(key, None)
-        self.forget("")
+        self._ask_store_again()
+
+    def _ask_store_again(self) -> None:
+        down = self._down
+        if down is not None and time.monotonic() - down.when >= STORE_RETRY_S:
+            self._down = None
 
 
 def is_remote(source: str) -> bool:
@@ -710,36 +713,25 @@ class MeteredStore(WrapperStore[Store]):
         return self._listing(self._store.list(), "list", "/")
 
     def list_prefix(self, prefix: str) -> AsyncIterator[str]:
-        if self.remote is not None and self.remote.s3:  # (page by page: each bounded)
-            return self._listing(self._paged_listing(self.remote.iter_prefix(prefix), ""), "list_prefix",
-                                 prefix or "/")
-        if self.remote is not None and self.cache is not None:
-            return self._listing(self._versioned_listing(self.remote.list_prefix(prefix), ""),
+        if self.remote is not None and (self.remote.s3 or self.cache is not None):
+            return self._listing(self._versioned_listing(self.remote.iter_prefix(prefix), ""),
                                  "list_prefix", prefix or "/")
         return self._listing(self._store.list_prefix(prefix), "list_prefix", prefix or "/")
 
     def list_dir(self, prefix: str) -> AsyncIterator[str]:
-        base = prefix.rstrip("/") + "/" if prefix.rstrip("/") else ""
-        if self.remote is not None and self.remote.s3:  # (page by page: each bounded)
-            return self._listing(self._paged_listing(self.remote.iter_dir(prefix), base), "list_dir", prefix or "/")
-        if self.remote is not None and self.cache is not None:
-            return self._listing(self._versioned_listing(self.remote.list_dir(prefix), base),
+        if self.remote is not None and (self.remote.s3 or self.cache is not None):
+            base = prefix.rstrip("/") + "/" if prefix.rstrip("/") else ""
+            return self._listing(self._versioned_listing(self.remote.iter_dir(prefix), base),
                                  "list_dir", prefix or "/")
         return self._listing(self._store.list_dir(prefix), "list_dir", prefix or "/")
 
-    async def _paged_listing(self, listed: AsyncIterator[tuple[str, str | None]], base: str) -> AsyncIterator[str]:
-        """The names of a listing read page by page, with each object's version
-        remembered where the cache serves by them."""
+    async def _versioned_listing(self, listed: AsyncIterator[tuple[str, str | None]],
+                                 base: str) -> AsyncIterator[str]:
+        """The names of a listing that also gives each object's version (S3's page by
+        page), the versions remembered where the cache serves by them (it then serves a
+        listed chunk without asking for its version again)."""
         async for name, version in listed:
             if version is not None and self.cache is not None:
-                self._remember(base + name, version)
-            yield name
-
-    async def _versioned_listing(self, listed: Any, base: str) -> AsyncIterator[str]:
-        """The names of a listing that also gave each object's version, remembered: the
-        cache then serves a listed chunk without asking for its version again."""
-        for name, version in await listed:
-            if version is not None:
                 self._remember(base + name, version)
             yield name
 

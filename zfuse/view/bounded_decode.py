@@ -47,7 +47,7 @@ import imagecodecs
 import numpy as np
 
 from zfuse.errors import CorruptDataError
-from zfuse.view.tiff_segments import JPEG_SCANS_MAX, declared_image, j2k_cost_problem, jpeg_scans
+from zfuse.view.tiff_segments import declared_image, decode_cost_problem
 
 __all__ = ["CODEC_IDS", "DECODED_INTO", "bounded", "codec_id", "decode_into", "declared_size",
            "declares_size", "decompress_bounded"]
@@ -176,12 +176,9 @@ def decompress_bounded(ident: str, config: dict[str, Any], data: Bytes, limit: i
             raise CorruptDataError(f"the stored chunk's {kind} header declares an image of {size} "
                                    f"bytes, more than the {limit} a chunk holds (a corrupt or "
                                    "hostile object)")
-        if kind == "JPEG" and (scans := jpeg_scans(bytes(data))) > JPEG_SCANS_MAX:
-            raise CorruptDataError(f"the stored chunk's JPEG stream has {scans} scans, more than the "
-                                   f"{JPEG_SCANS_MAX} zfuse decodes (a corrupt or hostile object)")
-        if kind == "JPEG 2000" and (costly := j2k_cost_problem(bytes(data))) is not None:
-            raise CorruptDataError(f"the stored chunk's JPEG 2000 stream has {costly} (a corrupt or "
-                                   "hostile object)")
+        costly = decode_cost_problem(kind, bytes(data))
+        if costly is not None:
+            raise CorruptDataError(f"the stored chunk's {kind} stream has {costly} (a corrupt or hostile object)")
         return None
     if ident in DECODED_INTO:
         return None  # decoded into the chunk's array by `decode_into`, or as zarr does

@@ -135,12 +135,9 @@ async def _note_unconsolidated(store_path: Any, names: list[str]) -> None:
     (added after it was written): not shown, as zarr-python does not see them either,
     but said (an array added later was missing without a word). Local stores only:
     a listing of a remote group costs a round trip."""
-    store = store_path.store
-    for _ in range(8):  # (the wrappers over zfuse's metered store: transformers, memo)
-        if getattr(store, "local_root", None) is not None or not hasattr(store, "_store"):
-            break
-        store = zarr_private.wrapped_store(store)
-    if getattr(store, "local_root", None) is None:
+    from zfuse.view.source import store_access
+
+    if store_access(store_path.store).local is None:
         return
     known = set(names)
     later = []
@@ -148,8 +145,10 @@ async def _note_unconsolidated(store_path: Any, names: list[str]) -> None:
         name = name.rstrip("/")
         if name not in known and name not in _METADATA_OBJECTS and _is_file_name(name):
             prefix = f"{store_path.path}/{name}" if store_path.path else name
-            if any([await store_path.store.exists(f"{prefix}/{m}") for m in ("zarr.json", ".zarray", ".zgroup")]):
-                later.append(name)
+            for document in ("zarr.json", ".zarray", ".zgroup"):
+                if await store_path.store.exists(f"{prefix}/{document}"):
+                    later.append(name)
+                    break
         if len(later) >= 1000:
             break
     if later:

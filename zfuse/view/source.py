@@ -1389,9 +1389,8 @@ class ZarrChunkSource(ChunkSource):
         retry_lost_races(lambda: self._write_region_once(region, values), f"{self.name} region {region}")
 
     def _write_region_once(self, region: tuple[slice, ...], values: Any) -> None:
-        per = self.chunks_per_shard if self.sharding is not None else (1,) * len(self.shape)
-        first = tuple(r.start // c // n for r, c, n in zip(region, self.chunk_shape, per, strict=True))
-        last = tuple((r.stop - 1) // c // n for r, c, n in zip(region, self.chunk_shape, per, strict=True))
+        first = self._storage_coords(tuple(r.start // c for r, c in zip(region, self.chunk_shape, strict=True)))
+        last = self._storage_coords(tuple((r.stop - 1) // c for r, c in zip(region, self.chunk_shape, strict=True)))
         objects = list(itertools.product(*(range(a, b + 1) for a, b in zip(first, last, strict=True))))
         erase = np.ndim(values) == 0 and np.array_equal(values, self.fill_value, equal_nan=True)
         with contextlib.ExitStack() as held:
@@ -1405,8 +1404,10 @@ class ZarrChunkSource(ChunkSource):
                     self._forget_index(self._first_chunk_of(obj))
 
     def _first_chunk_of(self, storage: Coords) -> Coords:
-        per = self.chunks_per_shard if self.sharding is not None else (1,) * len(self.shape)
-        return tuple(s * n for s, n in zip(storage, per, strict=True))
+        """The first chunk (inner chunk) of the storage object at `storage` (`_storage_coords`'s inverse)."""
+        if self.sharding is None:
+            return storage
+        return tuple(s * n for s, n in zip(storage, self.chunks_per_shard, strict=True))
 
     def _delete_chunk_once(self, coords: Coords) -> None:
         with self._lock_for(coords):

@@ -35,7 +35,7 @@ import tifffile
 
 from zfuse.errors import InvalidTiffError
 
-__all__ = ["ACCEPTED_COMPRESSIONS", "check_segments", "declared_dims", "declared_image"]
+__all__ = ["ACCEPTED_COMPRESSIONS", "check_segments", "declared_dims", "declared_image", "decode_cost_problem"]
 
 _BYTE_CODECS = {5: "LZW", 8: "deflate", 32946: "deflate", 32773: "PackBits", 34925: "LZMA",
                 34926: "zstd", 50000: "zstd"}
@@ -140,11 +140,9 @@ def _check_declared(compression: int, segment: bytes, rows: int, cols: int, samp
     if declared is None:
         raise _refuse(f"{what}: not a {codec} stream whose image size can be read")
     height, width, components = declared
-    if codec == "JPEG" and (scans := jpeg_scans(segment)) > JPEG_SCANS_MAX:
-        raise _refuse(f"{what}: its JPEG stream has {scans} scans, more than the {JPEG_SCANS_MAX} "
-                      "zfuse decodes (each scan is decoded over the whole image)")
-    if codec == "JPEG 2000" and (costly := j2k_cost_problem(segment)) is not None:
-        raise _refuse(f"{what}: its JPEG 2000 stream has {costly}")
+    costly = decode_cost_problem(codec, segment)
+    if costly is not None:
+        raise _refuse(f"{what}: its {codec} stream has {costly}")
     # a plane's last strip may be coded with the full RowsPerStrip (the decoder's rows
     # past the image are dropped): both heights are the strip's
     heights = {rows}
@@ -187,6 +185,17 @@ def declared_image(codec: str, stream: bytes) -> tuple[int, int, int, int] | Non
 #: scans of a (progressive) JPEG stream decoded at most: real ones have about ten; a
 #: crafted 20 MB stream of 1.7 million scans cost two minutes of CPU to decode
 JPEG_SCANS_MAX = 100
+
+
+def decode_cost_problem(codec: str, stream: bytes) -> str | None:
+    """What in an image codec's stream would cost its decoder far more than the image
+    it declares ("N scans, more than ...": the end of "its JPEG stream has ..."); None if
+    nothing would. Asked of written strips and tiles and of stored chunks alike."""
+    if codec == "JPEG" and (scans := jpeg_scans(stream)) > JPEG_SCANS_MAX:
+        return f"{scans} scans, more than the {JPEG_SCANS_MAX} zfuse decodes (each scan is decoded over the whole image)"
+    if codec == "JPEG 2000":
+        return j2k_cost_problem(stream)
+    return None
 
 
 def jpeg_scans(stream: bytes) -> int:
