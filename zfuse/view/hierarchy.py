@@ -141,7 +141,11 @@ async def _note_unconsolidated(store_path: Any, names: list[str]) -> None:
         return
     known = set(names)
     later = []
+    looked = 0
     async for name in store_path.store.list_dir(store_path.path):
+        looked += 1
+        if looked > MEMBER_NAMES_MAX:  # (as a listed group's names: a directory of a million strays)
+            break
         name = name.rstrip("/")
         if name not in known and name not in _METADATA_OBJECTS and _is_file_name(name):
             prefix = f"{store_path.path}/{name}" if store_path.path else name
