@@ -383,11 +383,14 @@ def test_wrong_shape_and_page_count() -> None:
     assert_invalid(buf.getvalue(), "differ", "40x51")
 
 
-def test_rgb_refused_for_grayscale_chunk() -> None:
+def test_rgb_samples_are_planes_and_refused_where_they_do_not_fit() -> None:
+    """[read-13] an interleaved RGB image is 3 planes (samples fastest): the 3 planes of
+    a (3, 40, 50) chunk; refused for a one-plane chunk, and RGBA pages for 3 planes."""
     rgb = sample((40, 50, 3), "u1")
     buf = io.BytesIO()
     tifffile.imwrite(buf, rgb, photometric="rgb")
-    assert_invalid(buf.getvalue(), "3 samples per pixel", "RGB", "grayscale", dtype="u1")
+    np.testing.assert_array_equal(decode(buf.getvalue(), chunk_shape=SHAPE, dtype="u1"), rgb.transpose(2, 0, 1))
+    assert_invalid(buf.getvalue(), "3 samples per pixel", "RGB", chunk_shape=(40, 50), dtype="u1")
     rgba = sample((3, 40, 50, 4), "u1")
     buf = io.BytesIO()
     tifffile.imwrite(buf, rgba, photometric="rgb")

@@ -60,6 +60,7 @@ from zfuse.view.tiff import (
     plan_layout,
     tiff_unsupported_reason,
 )
+from zfuse.view.tiff_meta import array_axis_names, image_axes
 
 CHUNK_SUFFIX = ".tiff"
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
@@ -341,9 +342,14 @@ class ArrayView:
         self.stats = stats or Stats()
         self.caches = caches or ViewCaches(options.listing_cache_names, options.shard_index_cache_bytes, stats)
         source.use_index_cache(self.caches.indexes)
+        #: the axis names the files follow: OME-Zarr's, else the array's dimension names
+        #: (or an RGB image's guessed y, x, c: `array_axis_names`)
+        self.axes: list[str] | None = (ome or {}).get("axes") or array_axis_names(
+            source.shape, source.v3_metadata().get("dimension_names"))
         self.unsupported: str | None = tiff_unsupported_reason(source.dtype)
         if self.unsupported is None:
-            self.unsupported = chunk_file_unsupported_reason(source.chunk_shape, source.dtype)
+            self.unsupported = chunk_file_unsupported_reason(
+                source.chunk_shape, source.dtype, image_axes(len(source.shape), self.axes))
         if self.unsupported is None:
             self.unsupported = source.unbounded_reason()
         index_nbytes = source.shard_index_nbytes()
@@ -361,7 +367,7 @@ class ArrayView:
             self.layout = plan_layout(
                 source.chunk_shape,
                 source.dtype,
-                axes=ome.get("axes"),
+                axes=self.axes,
                 axis_types=ome.get("axis_types"),
                 scales=ome.get("scales"),
                 units=ome.get("units"),

@@ -69,6 +69,7 @@ from zfuse.view.tiff_meta import (
 __all__ = [
     "TiffLayout",
     "build_header",
+    "geometry",
     "plan_layout",
     "tiff_unsupported_reason",
 ]
@@ -115,10 +116,15 @@ MAX_EDGE = 2**32 - 1
 MAX_CHUNK_PAGES = 65536
 
 
-def chunk_file_unsupported_reason(chunk_shape: Sequence[int], dtype: object) -> str | None:
+def chunk_file_unsupported_reason(chunk_shape: Sequence[int], dtype: object,
+                                  image: Sequence[int] | None = None) -> str | None:
     """Why chunks of this shape cannot be TIFF files, from their shape alone; None if they
-    can (the planned file's size is checked against `MAX_FILE_SIZE` after planning)."""
-    pages, rows, cols = flatten([int(n) for n in chunk_shape])
+    can (the planned file's size is checked against `MAX_FILE_SIZE` after planning).
+    `image`: the axes that are rows and columns (`tiff_meta.image_axes`; the last two)."""
+    shape = [int(n) for n in chunk_shape]
+    if image is not None:
+        shape = [n for i, n in enumerate(shape) if i not in image] + [shape[i] for i in image]
+    pages, rows, cols = flatten(shape)
     if max(rows, cols) > MAX_EDGE:
         return (f"chunks of {rows} x {cols} pixels: a TIFF image is at most {MAX_EDGE} pixels "
                 "high and wide")
@@ -142,6 +148,13 @@ def flatten(shape: Sequence[int]) -> tuple[int, int, int]:
     return math.prod(shape[:-2]), int(shape[-2]), int(shape[-1])
 
 
+def geometry(layout: TiffLayout | None, shape: Sequence[int]) -> tuple[int, int, int]:
+    """(pages, rows, cols) of the file of a chunk of chunk-order `shape` (full or
+    cropped): in the layout's file order (`TiffLayout.file_shape`); without a layout,
+    the last two axes are the image."""
+    return flatten(layout.file_shape(shape) if layout is not None else shape)
+
+
 @dataclass(frozen=True)
 class TiffLayout:
     """Everything about one array's chunk files that does not depend on the chunk."""
@@ -160,8 +173,9 @@ class TiffLayout:
     # absolute offsets of the patched fields: JSON, DocumentName, (offset, width, axis) origins
     _pos_offsets: tuple[int, int] = field(repr=False, compare=False)
     _origin_fields: tuple[tuple[int, int, int], ...] = field(repr=False, compare=False)
-    #: chunk axes in the order the file's pages run (``chunk.transpose(file_axes)``);
-    #: the identity unless the leading axes must be reordered into ImageJ's t, z, c
+    #: chunk axes in the file's order (``chunk.transpose(file_axes)``): the page axes
+    #: as the pages run, then rows and columns. The identity unless the page axes must
+    #: be reordered into ImageJ's t, z, c, or the axes named y and x are not the last two
     file_axes: tuple[int, ...] = ()
 
     @property
@@ -174,9 +188,19 @@ class TiffLayout:
 
     @property
     def roles(self) -> tuple[str | None, ...] | None:
-        """The ImageJ role ("c", "z", "t"; None for an axis of size 1) of each leading
-        chunk axis, in chunk axis order; None for a plain stack."""
+        """The ImageJ role ("c", "z", "t"; None for an axis of size 1 and for the rows
+        and columns) of each chunk axis; None for a plain stack."""
         return self._meta.roles
+
+    @property
+    def image_axes(self) -> tuple[int, ...]:
+        """The chunk axes that are the file's rows and columns (`tiff_meta.image_axes`)."""
+        return self._meta.image_axes
+
+    def file_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+        """A chunk-order shape (full or cropped) in the file's axis order: what `flatten`
+        makes pages, rows and columns of."""
+        return tuple(int(shape[i]) for i in self.file_axes)
 
     @property
     def permuted(self) -> bool:
@@ -241,7 +265,7 @@ def plan_layout(
     meta, file_axes = plan_meta(shape, axes=axes, axis_types=axis_types, scales=scales, units=units,
                                 grid_shape=grid_shape, array_shape=array_shape)
 
-    pages, rows, cols = flatten(shape)
+    pages, rows, cols = flatten([shape[i] for i in file_axes])
     data_size = math.prod(shape) * dt.itemsize
 
     # Classic unless the whole file passes 4 GiB - 1 (offsets are uint32).
@@ -293,7 +317,7 @@ def _build(
     DocumentName, resolutions, description — in that order so the position
     fields have fixed offsets), then the IFDs of pages 1..N-1.
     """
-    pages, rows, cols = flatten(shape)
+    pages, rows, cols = flatten([shape[i] for i in meta.file_axes])
     page_bytes = rows * cols * dt.itemsize
     bits = 8 * dt.itemsize
     fmt = ifd_format(bigtiff)

@@ -193,9 +193,8 @@ def walk_tiff(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[Seque
             # every image IFD has a size: this one is still being written (zeros so far)
             return TiffWalk(incomplete=f"IFD {index} at byte {offset} has no image size yet ({count} entries)")
         if not first(_NEW_SUBFILE_TYPE, 0) & 1:  # not a reduced-resolution page
-            depth = max(first(_IMAGE_DEPTH, 1), 1)
-            if first(_PLANAR, 1) == 2:
-                depth *= first(_SAMPLES, 1)
+            # samples per pixel are planes too, interleaved or separate (`tiff_input._planes`)
+            depth = max(first(_IMAGE_DEPTH, 1), 1) * max(first(_SAMPLES, 1), 1)
             planes += depth
             if dims is None:
                 dims = (first(_LENGTH, 0), first(_WIDTH, 0))
@@ -298,10 +297,12 @@ def early_refusal(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[S
         return EarlyCheck(False, True, None)  # not set yet: writers fill IFDs in later
     if (first(_NEW_SUBFILE_TYPE, 0) or 0) & 1:
         return EarlyCheck(True, True, None)
-    if spp != 1 and planar != 2:
-        return EarlyCheck(True, True, f"the image has {spp} samples per pixel, interleaved (RGB or multi-channel); "
-                "this chunk is one sample per pixel (grayscale)")
     planes = [flatten(s) for s in chunk_shapes]
+    if spp > 1 and planes and all(p % spp for p, _, _ in planes):
+        # (samples are planes, c fastest: an RGB image is a chunk's 3 channels)
+        held = " or ".join(dict.fromkeys(str(p) for p, _, _ in planes))
+        return EarlyCheck(True, True, f"the image has {spp} samples per pixel (RGB or multi-channel); "
+                f"the chunk's planes ({held}) do not take {spp} samples each")
     if planes and all((r, c) != (length, width) for _, r, c in planes):
         sizes = " or ".join(f"{r}x{c}" for _, r, c in planes)
         return EarlyCheck(True, True, f"wrong shape: the image is {length}x{width} (rows x columns), "

@@ -49,7 +49,7 @@ import numpy as np
 import tifffile
 
 from zfuse.errors import InvalidTiffError
-from zfuse.view.tiff import TiffLayout, build_header, flatten
+from zfuse.view.tiff import TiffLayout, build_header, geometry
 from zfuse.view.tiff_complete import incomplete_reason, walk_tiff
 from zfuse.view.tiff_parse import read_position
 from zfuse.view.tiff_segments import ACCEPTED_COMPRESSIONS, check_segments
@@ -170,7 +170,8 @@ def decode_tiff(
 
     # Bounded work before any other parse: a loop, too many IFDs or overlapping tag
     # values would cost tifffile (and the plain reader) time and memory without bound.
-    walk = walk_tiff(view, shapes, max_file_size(layout) if layout is not None else None)
+    walk = walk_tiff(view, [layout.file_shape(s) if layout is not None else s for s in shapes],
+                     max_file_size(layout) if layout is not None else None)
     if walk.problem is not None:
         raise InvalidTiffError(f"malformed TIFF: {walk.problem}")
 
@@ -323,7 +324,7 @@ def _plain_image(
         return None
     rows, cols = one(257), one(256)
     for shape in shapes:
-        if flatten(shape) == (1, rows, cols):
+        if geometry(layout, shape) == (1, rows, cols):
             break
     else:
         return None
@@ -362,7 +363,9 @@ def _written_order(tif: tifffile.TiffFile, layout: TiffLayout | None, shape: Seq
     were stored with their planes scrambled, and the write succeeded."""
     if layout is None or tif.is_imagej:
         return None
-    n, lead = len(shape), len(shape) - 2
+    image = layout.image_axes
+    pages = [i for i in range(len(shape)) if i not in image]
+    lead = len(pages)
     imagej = layout.file_axes
 
     def moves_planes(order: Sequence[int]) -> bool:
@@ -375,18 +378,18 @@ def _written_order(tif: tifffile.TiffFile, layout: TiffLayout | None, shape: Seq
         written = [int(s) for s in said if s != 1]
         own = [int(s) for s in shape if s != 1]
         if written == own and written != [int(shape[i]) for i in imagej if shape[i] != 1]:
-            return tuple(range(n))
+            return (*pages, *image)
         return None
     if tif.is_ome and layout.roles is not None:
         found = _OME_ORDER.search(str(tif.ome_metadata or "").encode("ascii", "replace"))
         if found is None:
             return None
         axis_of = {role: i for i, role in enumerate(layout.roles) if role is not None}
-        unnamed = [i for i in range(lead) if layout.roles[i] is None]
+        unnamed = [i for i in pages if layout.roles[i] is None]
         if len(axis_of) != len([r for r in layout.roles if r is not None]) or any(shape[i] > 1 for i in unnamed):
             return None  # (two axes of one role, or one without a role: the file cannot say)
         slowest_first = found.group(1).decode()[::-1].lower()
-        order = (*[axis_of[r] for r in slowest_first if r in axis_of], *unnamed, n - 2, n - 1)
+        order = (*[axis_of[r] for r in slowest_first if r in axis_of], *unnamed, *image)
         return order if moves_planes(order) else None
     return None
 
@@ -407,13 +410,20 @@ def _compression_name(value: object) -> str:
 
 
 def _planes(page: tifffile.TiffPage) -> int:
-    """Y x X planes in a page: ImageDepth slices, times the samples when they
-    are stored as separate planes (tifffile writes a (3, Y, X) array that way,
-    as planar RGB, unless told photometric="minisblack")."""
-    planes = max(int(page.imagedepth), 1)
-    if page.planarconfig == _SEPARATE:
-        planes *= int(page.samplesperpixel)
-    return planes
+    """Y x X planes in a page: ImageDepth slices times samples per pixel. Samples are
+    planes, the fastest, whether stored separate (tifffile writes a (3, Y, X) array so,
+    as planar RGB, unless told photometric="minisblack") or interleaved (an RGB image
+    is a chunk's 3 channels, as ImageJ's c runs fastest)."""
+    return max(int(page.imagedepth), 1) * max(int(page.samplesperpixel), 1)
+
+
+def _page_planes(page: tifffile.TiffPage, rows: int, cols: int) -> np.ndarray:
+    """A page's pixels as (planes, rows, cols) in `_planes`' order (blocking: decodes)."""
+    values = page.asarray(maxworkers=1)
+    spp = int(page.samplesperpixel)
+    if spp > 1 and page.planarconfig != _SEPARATE:  # (depth, rows, cols, samples)
+        values = values.reshape(-1, rows, cols, spp).transpose(0, 3, 1, 2)
+    return values.reshape(_planes(page), rows, cols)
 
 
 def _imagej_int16(tif: tifffile.TiffFile, got: np.dtype | None, want: np.dtype) -> bool:
@@ -456,14 +466,6 @@ def _decode_pages(
     names = f"{len(pages)} page(s) of {first.imagelength}x{first.imagewidth}"
     for i, page in enumerate(pages):
         where = f"page {i}" if len(pages) > 1 else "the image"
-        if page.samplesperpixel != 1 and page.planarconfig != _SEPARATE:
-            raise _fail(
-                f"{where} has {page.samplesperpixel} samples per pixel "
-                f"(photometric {getattr(page.photometric, 'name', page.photometric)}: "
-                "RGB or multi-channel, interleaved); "
-                "this chunk is one sample per pixel (grayscale)",
-                warnings,
-            )
         got = page.dtype
         if not _dtype_ok(got, want) and not signed16:
             got_name = (
@@ -509,18 +511,21 @@ def _decode_pages(
             planes_from_imagej = True
 
     for shape in shapes:
-        if flatten(shape) == geom:
+        if geometry(layout, shape) == geom:
             break
     else:
-        expected = " or ".join(_describe(flatten(s), s) for s in shapes)
+        expected = " or ".join(_describe(geometry(layout, s), s) for s in shapes)
         got_desc = f"{geom[0]} page(s) of {geom[1]}x{geom[2]}"
         if planes_from_imagej:
             got_desc += " (ImageJ images=)"
         elif depth > 1:
             got_desc = f"{geom[0]} plane(s) of {geom[1]}x{geom[2]} in {len(pages)} page(s)"
-            if first.planarconfig == _SEPARATE and int(first.samplesperpixel) > 1:
-                got_desc += (f" of {int(first.samplesperpixel)} separate samples per pixel (planar: tifffile "
+            spp = int(first.samplesperpixel)
+            if first.planarconfig == _SEPARATE and spp > 1:
+                got_desc += (f" of {spp} separate samples per pixel (planar: tifffile "
                              "writes a (3, Y, X) array so, as RGB, unless given photometric='minisblack')")
+            elif spp > 1:
+                got_desc += f" of {spp} samples per pixel (RGB or multi-channel: each sample a plane)"
             else:
                 got_desc += f" of {depth} ImageDepth slices each"
         else:
@@ -550,7 +555,7 @@ def _decode_pages(
             for i, page in enumerate(pages):
                 planes = _planes(page)
                 where = f"page {i}"
-                out[at : at + planes] = page.asarray(maxworkers=1).reshape(planes, geom[1], geom[2])
+                out[at : at + planes] = _page_planes(page, geom[1], geom[2])
                 at += planes
     except (InvalidTiffError, MemoryError):
         raise  # (the daemon's memory running out is no fault of the file's: ENOMEM, not EINVAL)

@@ -68,9 +68,12 @@ class HeaderMeta:
     calibration, and the widths of the position fields."""
 
     ndim: int
-    # ImageJ role ("c"/"z"/"t"/None for size 1) per leading axis (in the chunk's
-    # axis order); None = plain stack
+    # ImageJ role ("c"/"z"/"t"; None for size 1 and the image's rows and columns) per
+    # chunk axis; None = plain stack
     roles: tuple[str | None, ...] | None
+    # chunk axes in the file's order: the page axes as the pages run, then rows, columns
+    file_axes: tuple[int, ...]
+    image_axes: tuple[int, ...]  # the chunk axes that are rows and columns (`image_axes`)
     xres: tuple[int, int, int, int] | None  # XResolution num/den, YResolution num/den
     unit: str | None
     zspacing: float | None
@@ -85,49 +88,84 @@ def _digits(n: int) -> int:
     return len(str(max(int(n), 0)))
 
 
+# dimension names of channels beyond OME-Zarr's "c": xarray/rioxarray's "band", colours
+_CHANNEL_NAMES = ("c", "ch", "channel", "channels", "band", "bands", "rgb", "rgba", "color", "colour")
+
+
 def _axis_role(name: str | None, kind: str | None) -> str | None:
-    if kind:
+    if isinstance(kind, str) and kind:
         return {"channel": "c", "time": "t", "space": "z"}.get(kind.lower())
-    if name:
-        return {"c": "c", "ch": "c", "channel": "c", "t": "t", "time": "t", "z": "z"}.get(
-            name.lower()
-        )
+    if isinstance(name, str) and name:
+        return {**dict.fromkeys(_CHANNEL_NAMES, "c"), "t": "t", "time": "t", "z": "z"}.get(name.lower())
     return None
 
 
 _IJ_RANK = {"t": 0, "z": 1, "c": 2}  # ImageJ's page order: t slowest, c fastest
 
 
-def _roles(
-    shape: tuple[int, ...], axes: Sequence[str] | None, axis_types: Sequence[str | None] | None
-) -> tuple[tuple[str | None, ...] | None, tuple[int, ...]]:
-    """ImageJ role ("c"/"z"/"t") of each leading axis, and the permutation of
-    the leading axes that puts their pages in ImageJ's order t, z, c (c fastest).
+def image_axes(ndim: int, axes: Sequence[str | None] | None) -> tuple[int, ...]:
+    """The chunk axes that are a file's rows and columns: the axes named y and x
+    (OME-Zarr axes, or dimension names: ``("y", "x", "c")`` is an image of 3
+    channels), else the last two. A 1-d chunk is one row (its axis the columns), a
+    0-d chunk one pixel."""
+    if ndim < 2:
+        return tuple(range(ndim))
+    names = [n.lower() if isinstance(n, str) else None for n in axes] if axes is not None else []
+    if len(names) == ndim and names.count("y") == 1 and names.count("x") == 1:
+        return names.index("y"), names.index("x")
+    return ndim - 2, ndim - 1
 
-    Roles are None (a plain stack, pages in chunk order) if the axes with more
+
+#: napari's guess of an RGB(A) image stored (y, x, c): 3 or 4 elements last, after two
+#: axes of more than this many
+_RGB_SIDE_MIN = 30
+
+
+def array_axis_names(shape: Sequence[int], dimension_names: Sequence[Any] | None) -> list[str] | None:
+    """Axis names of an array that has no OME-Zarr axes: its dimension names (v3, or
+    xarray's v2 ``_ARRAY_DIMENSIONS``), else, for an unnamed array whose last axis
+    has 3 or 4 elements after two longer ones, ``y, x, c`` (an RGB(A) image stored
+    as PIL/imageio give it; napari guesses so too); else None."""
+    ndim = len(shape)
+    if dimension_names is not None and len(dimension_names) == ndim and all(
+            isinstance(n, str) for n in dimension_names):
+        return list(dimension_names)
+    if ndim >= 3 and shape[-1] in (3, 4) and min(shape[-3:-1]) > _RGB_SIDE_MIN:
+        return [""] * (ndim - 3) + ["y", "x", "c"]
+    return None
+
+
+def _roles(
+    shape: tuple[int, ...], axes: Sequence[str] | None, axis_types: Sequence[str | None] | None,
+    image: tuple[int, ...],
+) -> tuple[tuple[str | None, ...] | None, tuple[int, ...]]:
+    """ImageJ role ("c"/"z"/"t") of each axis (None for the image's rows and
+    columns), and the page axes (every other axis) in the order the pages run:
+    ImageJ's t, z, c (c fastest).
+
+    Roles are None (a plain stack, pages in chunk order) if the page axes with more
     than one element cannot all be named, or two share a role. Axes of size 1
     do not affect the page order: they get no role, are not checked and stay
     where they are (OME-Zarr t,c,z chunks of (1, 1, 16) are a z stack)."""
     ndim = len(shape)
-    lead = max(ndim - 2, 0)
-    identity = tuple(range(lead))
-    if lead == 0:
-        return (), identity
+    lead = [i for i in range(ndim) if i not in image]
+    if not lead:
+        return (None,) * ndim, ()
     names = list(axes) if axes is not None else [None] * ndim
     kinds = list(axis_types) if axis_types is not None else [None] * ndim
-    roles = [_axis_role(names[i], kinds[i]) for i in range(lead)]
-    big = [i for i in range(lead) if shape[i] > 1]
+    named = {i: _axis_role(names[i], kinds[i]) for i in lead}
+    big = [i for i in lead if shape[i] > 1]
     if len(big) <= 1:
         # one axis carries the pages: unnamed means slices, as ImageJ assumes
-        only = big[0] if big else lead - 1
-        return tuple((roles[i] or "z") if i == only else None for i in range(lead)), identity
-    picked = [roles[i] for i in big]
+        only = big[0] if big else lead[-1]
+        return tuple((named[i] or "z") if i == only else None for i in range(ndim)), tuple(lead)
+    picked = [named[i] for i in big]
     if any(r is None for r in picked) or len(set(picked)) != len(picked):
-        return None, identity
+        return None, tuple(lead)
     # the big axes, sorted into ImageJ's order, take the places of the big axes
-    in_ij_order = iter(sorted(big, key=lambda i: _IJ_RANK[roles[i]]))  # type: ignore[index]
-    perm = tuple(next(in_ij_order) if shape[i] > 1 else i for i in range(lead))
-    return tuple(roles[i] if shape[i] > 1 else None for i in range(lead)), perm
+    in_ij_order = iter(sorted(big, key=lambda i: _IJ_RANK[named[i]]))  # type: ignore[index]
+    pages = tuple(next(in_ij_order) if shape[i] > 1 else i for i in lead)
+    return tuple(named[i] if i in big else None for i in range(ndim)), pages
 
 
 def _ij_unit(unit: str | None) -> str | None:
@@ -184,20 +222,23 @@ def plan_meta(
         [10**d - 1 for d in coord_digits], [10**d - 1 for d in origin_digits], shape
     )
 
-    roles, lead_perm = _roles(shape, axes, axis_types)
-    file_axes = (*lead_perm, *range(len(lead_perm), ndim))
+    image = image_axes(ndim, axes)
+    roles, pages = _roles(shape, axes, axis_types, image)
+    file_axes = (*pages, *image)
     sc = [_good_scale(s) for s in scales] if scales is not None else [None] * ndim
     un = list(units) if units is not None else [None] * ndim
     xres = unit = zspacing = tinterval = tunit = None
     if scales is not None and ndim >= 1:
-        xs = sc[-1] or 1.0
-        ys = (sc[-2] if ndim >= 2 else sc[-1]) or 1.0
+        xs = sc[image[-1]] or 1.0
+        ys = sc[image[0]] or 1.0
         xres = (*_rational(1.0 / xs), *_rational(1.0 / ys))
-        unit = _ij_unit(un[-1])
+        unit = _ij_unit(un[image[-1]])
         if roles is not None:
             names = list(axes) if axes is not None else [None] * ndim
             kinds = list(axis_types) if axis_types is not None else [None] * ndim
             for i, r in enumerate(roles):
+                if i in image:
+                    continue
                 # a size-1 axis has no ImageJ role but its scale still calibrates
                 r = r or _axis_role(names[i], kinds[i])
                 if r == "z" and sc[i] is not None:
@@ -207,6 +248,8 @@ def plan_meta(
     meta = HeaderMeta(
         ndim=ndim,
         roles=roles,
+        file_axes=file_axes,
+        image_axes=image,
         xres=xres,  # type: ignore[arg-type]
         unit=unit,
         zspacing=zspacing,
@@ -233,13 +276,12 @@ def imagej_description(meta: HeaderMeta, shape: Sequence[int]) -> tuple[str, lis
     The origin fields come right after the first line so that they sit at the
     same offset in full and cropped headers.
     """
-    ndim = meta.ndim
     lines = ["ImageJ=1.11a"]
     origin_axes: list[tuple[str, int]] = []
-    if ndim >= 1:
-        origin_axes.append(("xorigin", ndim - 1))
-    if ndim >= 2:
-        origin_axes.append(("yorigin", ndim - 2))
+    if meta.image_axes:
+        origin_axes.append(("xorigin", meta.image_axes[-1]))
+    if len(meta.image_axes) == 2:
+        origin_axes.append(("yorigin", meta.image_axes[0]))
     if meta.roles and "z" in meta.roles:
         origin_axes.append(("zorigin", meta.roles.index("z")))
     fields: list[tuple[int, int, int]] = []
@@ -250,7 +292,7 @@ def imagej_description(meta: HeaderMeta, shape: Sequence[int]) -> tuple[str, lis
         fields.append((pos + len(key) + 1, width, axis))
         pos += len(lines[-1]) + 1
 
-    pages = math.prod(shape[:-2])  # the leading axes flattened (1 below 3-d)
+    pages = math.prod(n for i, n in enumerate(shape) if i not in meta.image_axes)
     if pages > 1:
         lines.append(f"images={pages}")
         if meta.roles is None:

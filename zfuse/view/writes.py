@@ -189,11 +189,14 @@ class FileState:
 
     @property
     def chunk_shapes(self) -> list[tuple[int, ...]]:
+        """The shapes a file written for the chunk may have, in the file's axis order
+        (the written file's pages, rows and columns are checked against them)."""
         assert self.array is not None and self.coords is not None
-        source = self.array.source
+        source, layout = self.array.source, self.array.layout
         full = tuple(source.chunk_shape)
         cropped = tuple(r.stop - r.start for r in source.chunk_region(self.coords))
-        return [full] if cropped == full else [full, cropped]
+        shapes = [full] if cropped == full else [full, cropped]
+        return [layout.file_shape(s) for s in shapes] if layout is not None else shapes
 
 
 def _held_by(state: FileState) -> int:

@@ -125,7 +125,9 @@ class WholeImage(ImageFile):
         if reason is not None:
             raise ValueError(reason)
         planned = [plan_level(a) for a in levels]
-        self.shape = tuple(first.shape)
+        # the image's shape and axes in its own order (`ImageAxes`: rows and columns last)
+        self.shape = tuple(planned[0].axes.permute(first.shape))
+        ome = planned[0].axes.ome(ome)
         samples = 1
         # over a remote store any byte of a tile costs fetching its whole chunk
         remote = any(getattr(lv.array, "fetches_remotely", False) for lv in planned)
@@ -513,9 +515,8 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
             # the array's own OME axes: the multiscale naming it may be further up
             # (ngff-zarr's scale0/image)
             ome = node.array.ome or (ome_axes(attrs, path[-1]) if path else None)
-            if ome is None:
-                names = node.array.source.v3_metadata().get("dimension_names")
-                ome = {"axes": list(names)} if names and all(names) else None
+            if ome is None and node.array.axes is not None:
+                ome = {"axes": node.array.axes}  # (its dimension names, as its chunk files have them)
             out[IMAGE_NAME] = WholeImage(IMAGE_NAME, [node.array], ome, omero_channels(attrs), label=label,
                                          title=_image_title(path, attrs), workers=workers)
             try:

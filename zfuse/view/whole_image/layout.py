@@ -9,7 +9,8 @@ Layout (little endian; classic TIFF, BigTIFF when the file passes 4 GiB - 1):
     4 MiB of zeros (page aligned) | tile slots of level 0 (planes, rows, columns) |
     tile slots of level 1 | ... | 64 KiB of zeros
 
-- Planes are the leading axes (all but the last two) in C order; the OME
+- Rows and columns are the array's axes named y and x (else its last two), as in
+  the chunk files (`ImageAxes`); planes are the other axes in C order; the OME
   `DimensionOrder` names them fastest first, so plane k is IFD k.
 - Level 0 IFDs form the main chain; levels 1.. are SubIFDs of each plane's
   level-0 IFD (NewSubfileType 1): the OME-TIFF 6 / Bio-Formats pyramid layout.
@@ -83,6 +84,65 @@ def image_dims(shape: Sequence[int]) -> tuple[tuple[int, ...], int, int]:
     return tuple(int(n) for n in shape[:-2]), int(shape[-2]), int(shape[-1])
 
 
+@dataclass(frozen=True)
+class ImageAxes:
+    """Where a whole image's axes are in its array. Everything in a whole-image file is
+    planned in *image order* (`order`: the page axes in the array's order, then rows
+    and columns, the axes the chunk files take for them: `tiff_meta.image_axes`); a
+    chunk's coordinates and values are put in and out of that order here, where the
+    chunks are met. The identity for arrays stored (..., y, x)."""
+
+    order: tuple[int, ...]
+
+    @classmethod
+    def of(cls, arr: ArrayView) -> ImageAxes:
+        ndim = len(arr.source.shape)
+        layout = arr.layout
+        image = layout.image_axes if layout is not None else tuple(range(max(ndim - 2, 0), ndim))
+        return cls((*(i for i in range(ndim) if i not in image), *image))
+
+    @property
+    def identity(self) -> bool:
+        return self.order == tuple(range(len(self.order)))
+
+    def permute(self, values: Sequence[Any]) -> list[Any]:
+        """Per-axis values (a shape, OME-Zarr axis names or scales) in image order."""
+        return [values[i] for i in self.order]
+
+    def dims(self, shape: Sequence[int]) -> tuple[tuple[int, ...], int, int]:
+        """`image_dims` of an array-order shape: (page shape, rows, columns)."""
+        return image_dims(self.permute(shape))
+
+    def chunk_coords(self, lead: Sequence[int], y: int, x: int) -> tuple[int, ...]:
+        """The array-order chunk coordinates of page-axes chunk `lead`, chunk row y and
+        column x (y is dropped for a 1-d array, both for a 0-d one)."""
+        ndim = len(self.order)
+        placed = (*lead, y, x)[-ndim:] if ndim else ()
+        out = [0] * ndim
+        for axis, value in zip(self.order, placed, strict=True):
+            out[axis] = value
+        return tuple(out)
+
+    def image_coords(self, coords: Sequence[int]) -> tuple[int, ...]:
+        return tuple(coords[i] for i in self.order)
+
+    def plane(self, chunk: np.ndarray, lead_in: tuple[int, ...]) -> np.ndarray:
+        """The 2-d (rows, columns) plane at page index `lead_in` of an array-order chunk."""
+        if chunk.ndim == 0:
+            return chunk.reshape(1, 1)
+        image = chunk if self.identity else chunk.transpose(self.order)
+        plane = image[lead_in] if lead_in else image
+        return plane.reshape(-1, image.shape[-1])
+
+    def ome(self, ome: dict[str, Any] | None) -> dict[str, Any] | None:
+        """OME-Zarr per-axis lists (axes, types, scales, units) in image order; lists of
+        another length are left as they are (their users check it)."""
+        if ome is None or self.identity:
+            return ome
+        return {k: self.permute(v) if isinstance(v, (list, tuple)) and len(v) == len(self.order) else v
+                for k, v in ome.items()}
+
+
 def compress_bound(compression: int, n: int) -> int:
     """Largest stream the compressor's own encoder makes of n bytes."""
     if compression == COMPRESSION_DEFLATE:
@@ -122,7 +182,8 @@ class Level:
     """One resolution level: an array view and its tiling."""
 
     array: ArrayView
-    lead: tuple[int, ...]  # leading shape (planes)
+    axes: ImageAxes
+    lead: tuple[int, ...]  # leading shape (planes), image order
     height: int
     width: int
     chunk_lead: tuple[int, ...]
@@ -150,12 +211,11 @@ class Level:
     def tile_chunk(self, plane: int, tile: int) -> tuple[int, ...]:
         """The chunk at a tile's position, when one tile is one chunk of one plane."""
         ty, tx = divmod(tile, self.tiles_across)
-        lead = unravel(plane, self.lead)
-        coords = (*lead, ty, tx)
-        return coords[-len(self.array.source.shape) :] if self.array.source.shape else ()
+        return self.axes.chunk_coords(unravel(plane, self.lead), ty, tx)
 
     def tile_index(self, coords: Sequence[int]) -> int | None:
         """Index (plane * tiles + tile) of the tile that is exactly chunk `coords`."""
+        coords = self.axes.image_coords(coords)
         lead = tuple(coords[:-2])
         ty, tx = coords[-2], coords[-1]
         if ty >= self.tiles_down or tx >= self.tiles_across:
@@ -170,20 +230,23 @@ class Level:
 
 def plan_level(arr: ArrayView) -> Level:
     src = arr.source
-    lead, height, width = image_dims(src.shape)
-    clead, ch, cw = image_dims(src.chunk_shape)
+    axes = ImageAxes.of(arr)
+    lead, height, width = axes.dims(src.shape)
+    clead, ch, cw = axes.dims(src.chunk_shape)
     th, tw = tile_edge(ch, height), tile_edge(cw, width)
     dtype = np.dtype(src.dtype)
     tile_bytes = th * tw * dtype.itemsize
     passthrough = None
-    # passthrough needs one tile = one whole stored chunk holding one plane
-    if (th, tw) == (ch, cw) and all(n == 1 for n in clead) and len(src.shape) >= 2:
+    # passthrough needs one tile = one whole stored chunk holding one plane, its rows
+    # before its columns (then the page axes' place in the stored order does not matter)
+    rows_first = len(src.shape) >= 2 and axes.order[-2] < axes.order[-1]
+    if (th, tw) == (ch, cw) and all(n == 1 for n in clead) and rows_first:
         passthrough = passthrough_compression(src.stored_codecs(), dtype)
     slot = tile_bytes
     if passthrough is not None and passthrough[0] != COMPRESSION_NONE:
         slot = -(-compress_bound(passthrough[0], tile_bytes) // _ALIGN) * _ALIGN
     return Level(
-        array=arr, lead=lead, height=height, width=width, chunk_lead=clead, chunk_h=ch, chunk_w=cw,
+        array=arr, axes=axes, lead=lead, height=height, width=width, chunk_lead=clead, chunk_h=ch, chunk_w=cw,
         tile_h=th, tile_w=tw, tiles_down=-(-height // th), tiles_across=-(-width // tw),
         tile_bytes=tile_bytes, slot=slot, passthrough=passthrough,
     )  # fmt: skip
@@ -197,10 +260,11 @@ def pyramid_levels(levels: Sequence[ArrayView], label: str) -> tuple[list[ArrayV
         return [], None
     out = [levels[0]]
     base = levels[0].source
-    lead0, h, w = image_dims(base.shape)
+    axes = ImageAxes.of(levels[0])
+    lead0, h, w = axes.dims(base.shape)
     for arr in levels[1:]:
         src = arr.source
-        lead, hh, ww = image_dims(src.shape)
+        lead, hh, ww = axes.dims(src.shape) if ImageAxes.of(arr) == axes else ((-1,), 0, 0)
         if np.dtype(src.dtype) != np.dtype(base.dtype) or lead != lead0 or hh > h or ww > w:
             why = (f"{len(out)} of {len(levels)} levels: the pyramid stops before {src.name} (shape "
                    f"{tuple(src.shape)}, dtype {src.dtype}, {lead} planes; level 0 has {lead0} planes of "

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zfuse.view.tiff_meta import _rational, ome_datasets
-from zfuse.view.whole_image.layout import Level, image_dims
+from zfuse.view.whole_image.layout import ImageAxes, Level
 
 if TYPE_CHECKING:
     from zfuse.view.array_view import ArrayView
@@ -116,11 +116,12 @@ def plan_slide(levels: Sequence[ArrayView], paths: Sequence[str], attrs: dict[st
         return None
     datasets = ome_datasets(attrs) or {}
     ndim = len(first.shape)
-    lead, _, _ = image_dims(first.shape)
+    axes = ImageAxes.of(levels[0])  # (in image order, as the levels are planned)
+    lead, _, _ = axes.dims(first.shape)
     planes = math.prod(lead)
     samples = 1
     if planes == 3:
-        axis = _channel_axis(datasets.get(paths[0].strip("/")) or datasets.get(""), ndim)
+        axis = _channel_axis(axes.ome(datasets.get(paths[0].strip("/")) or datasets.get("")), ndim)
         if axis is None or lead[axis] != 3:
             log.debug("%s: no %s: 3 planes, but not 3 channels", label, SLIDE_NAME)
             return None
@@ -130,7 +131,7 @@ def plan_slide(levels: Sequence[ArrayView], paths: Sequence[str], attrs: dict[st
         return None
     resolutions: list[tuple[int, int, int, int] | None] = []
     for path in paths[: len(levels)]:
-        mpp = microns_per_pixel(datasets.get(path.strip("/")), ndim)
+        mpp = microns_per_pixel(axes.ome(datasets.get(path.strip("/"))), ndim)
         # pixels per centimetre: 10,000 microns / microns per pixel
         resolutions.append(None if mpp is None else (*_rational(1e4 / mpp[0]), *_rational(1e4 / mpp[1])))
     return SlideLayout(samples, tuple(resolutions))

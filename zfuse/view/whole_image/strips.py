@@ -56,7 +56,7 @@ from zfuse.view.tiff_ifd import (
 from zfuse.view.tiff_meta import imagej_description, plan_meta
 from zfuse.view.whole_image.file import ImageFile
 from zfuse.view.whole_image.header import Values, ifd_block, ifd_block_size
-from zfuse.view.whole_image.layout import image_dims, unravel
+from zfuse.view.whole_image.layout import ImageAxes, image_dims, unravel
 from zfuse.view.whole_image.tiles import (
     chunk_plane,
     crop_edges,
@@ -167,14 +167,17 @@ class StrippedImage(ImageFile):
         self.array = array
         self._serial = next(_SERIALS)
         src = array.source
-        self.shape = tuple(int(n) for n in src.shape)
+        # planned in image order (`ImageAxes`): an array stored (y, x, c) is c planes
+        self.axes = ImageAxes.of(array)
+        self.shape = tuple(int(n) for n in self.axes.permute(src.shape))
+        ome = self.axes.ome(ome)
         self.dtype = np.dtype(src.dtype)
         reason = stripped_unsupported_reason(self.shape, self.dtype)
         if reason is not None:
             raise ValueError(reason)
         self.pixel_dtype = pixel_dtype(self.dtype)
         self.lead, self.height, self.width = image_dims(self.shape)
-        self.chunk_lead, self.chunk_h, self.chunk_w = image_dims(src.chunk_shape)
+        self.chunk_lead, self.chunk_h, self.chunk_w = self.axes.dims(src.chunk_shape)
         self.rows_per_strip = max(1, min(self.chunk_h, self.height))
         self.strips = -(-self.height // self.rows_per_strip)
         self.planes = math.prod(self.lead)
@@ -355,7 +358,7 @@ class StrippedImage(ImageFile):
         return {
             "name": self.name, "size": self.size, "bigtiff": False, "levels": 1, "planes": self.planes,
             "tiles": self.planes * self.strips, "tile_shape": [[self.rows_per_strip, self.width]],
-            "level_shapes": [list(self.shape)], "mode": ["decoded (strips)"], "ome": False,
+            "level_shapes": [list(self.array.source.shape)], "mode": ["decoded (strips)"], "ome": False,
         }  # fmt: skip
 
     # -- bytes ----------------------------------------------------------------------------
@@ -428,11 +431,10 @@ class StrippedImage(ImageFile):
         out = np.full((y1 - y0, x1 - x0), fill_value_of(arr), dtype=self.pixel_dtype)
         lead_chunk = tuple(i // c for i, c in zip(lead, self.chunk_lead, strict=True))
         lead_in = tuple(i % c for i, c in zip(lead, self.chunk_lead, strict=True))
-        ndim = len(self.shape)
         crop = crop_edges(arr)
         for cy in range(y0 // self.chunk_h, (y1 - 1) // self.chunk_h + 1):
             for cx in range(x0 // self.chunk_w, (x1 - 1) // self.chunk_w + 1):
-                coords = (*lead_chunk, cy, cx)[-ndim:] if ndim else ()
+                coords = self.axes.chunk_coords(lead_chunk, cy, cx)
                 raw = None
                 if not blocking:
                     raw = arr.cached_pixels(coords)

@@ -25,7 +25,7 @@ from zfuse.stats import Stats
 from zfuse.view.caches import BoundedLRU, SingleFlight
 from zfuse.view.tiff_ifd import COMPRESSION_DEFLATE, COMPRESSION_NONE
 from zfuse.view.whole_image.header import Counts
-from zfuse.view.whole_image.layout import Level, unravel
+from zfuse.view.whole_image.layout import ImageAxes, Level, unravel
 from zfuse.workers import WorkerThreads
 
 if TYPE_CHECKING:
@@ -286,15 +286,13 @@ class Tiles:
         y1, x1 = min(y0 + lv.tile_h, lv.height), min(x0 + lv.tile_w, lv.width)
         lead = unravel(plane, lv.lead)
         lead_chunk = tuple(i // c for i, c in zip(lead, lv.chunk_lead, strict=True))
-        ndim = len(lv.array.source.shape)
-        return [(*lead_chunk, cy, cx)[-ndim:] if ndim else ()
+        return [lv.axes.chunk_coords(lead_chunk, cy, cx)
                 for cy in range(y0 // lv.chunk_h, (y1 - 1) // lv.chunk_h + 1)
                 for cx in range(x0 // lv.chunk_w, (x1 - 1) // lv.chunk_w + 1)]
 
     def assemble(self, lv: Level, plane: int, tile: int) -> bytes:
         """A decoded tile put together from the chunks it overlaps (fill value elsewhere)."""
         started = time.perf_counter()
-        src = lv.array.source
         dtype = pixel_dtype(self.dtype)
         out = np.full((lv.tile_h, lv.tile_w), fill_value_of(lv.array), dtype=dtype)
         ty, tx = divmod(tile, lv.tiles_across)
@@ -303,11 +301,10 @@ class Tiles:
         lead = unravel(plane, lv.lead)
         lead_chunk = tuple(i // c for i, c in zip(lead, lv.chunk_lead, strict=True))
         lead_in = tuple(i % c for i, c in zip(lead, lv.chunk_lead, strict=True))
-        ndim = len(src.shape)
         crop = crop_edges(lv.array)
         for cy in range(y0 // lv.chunk_h, (y1 - 1) // lv.chunk_h + 1):
             for cx in range(x0 // lv.chunk_w, (x1 - 1) // lv.chunk_w + 1):
-                coords = (*lead_chunk, cy, cx)[-ndim:] if ndim else ()
+                coords = lv.axes.chunk_coords(lead_chunk, cy, cx)
                 plane2d = chunk_plane(lv.array, coords, lead_in, dtype, crop)
                 ys, xs = cy * lv.chunk_h, cx * lv.chunk_w
                 a0, a1 = max(y0, ys), min(y1, ys + plane2d.shape[0])
@@ -326,10 +323,10 @@ def crop_edges(arr: ArrayView) -> bool:
 
 def chunk_plane(arr: ArrayView, coords: tuple[int, ...], lead_in: tuple[int, ...], dtype: np.dtype,
                 crop: bool, raw: bytes | memoryview | None = None) -> np.ndarray:
-    """One Y/X plane of a chunk (`lead_in`: its index in the chunk's leading axes) as a
-    2-d view of the decoded values (blocking: decodes the chunk unless `raw` is given).
-    The chunk file's pages may run in ImageJ's order rather than the chunk's
-    (`TiffLayout.file_axes`): put back in the chunk's axis order first."""
+    """One Y/X plane of a chunk (`lead_in`: its index in the chunk's page axes, image
+    order) as a 2-d view of the decoded values (blocking: decodes the chunk unless `raw`
+    is given). The chunk file's axes may run in another order than the chunk's
+    (`TiffLayout.file_axes`): put back in the chunk's order, then in the image's."""
     src = arr.source
     if raw is None:
         raw = arr.pixel_bytes(coords)
@@ -337,12 +334,9 @@ def chunk_plane(arr: ArrayView, coords: tuple[int, ...], lead_in: tuple[int, ...
     if crop:
         shape = tuple(r.stop - r.start for r in src.chunk_region(coords))
     flat = np.frombuffer(raw, dtype=dtype)
-    if not shape:
-        return flat.reshape(1, 1)
     layout = arr.layout
     chunk = layout.from_file_order(flat, shape) if layout is not None else flat.reshape(shape)
-    plane = chunk[lead_in] if lead_in else chunk
-    return plane.reshape(-1, shape[-1])
+    return ImageAxes.of(arr).plane(chunk, lead_in)
 
 
 def _encode(compression: int, data: bytes) -> bytes:
