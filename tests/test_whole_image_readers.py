@@ -320,6 +320,21 @@ def test_openslide_grayscale_and_which_pyramids_have_a_slide(tmp_path: Path, mou
                 np.testing.assert_array_equal(region[..., band], values[0, 0, 0])
 
 
+def test_libvips_reads_every_level_of_the_slide(tmp_path: Path, mount) -> None:
+    """[image-9] libvips (8.14.2 on) refuses a level whose tile edge passes twice its
+    larger side rounded up to 256 ("tile size out of range"): slide.tif's one tile shape
+    is at most 256 x 256, so its small levels read too (288 x 288 tiles, from chunks of
+    300, failed the 125 x 112 level)."""
+    pyvips = pytest.importorskip("pyvips", reason="pyvips is in zfuse's test extra")
+    levels = slide_store(tmp_path / "s.zarr", size=(1000, 900), chunks=300, levels=4)
+    m = mount(tmp_path / "s.zarr")
+    for k, values in enumerate(levels):
+        image = pyvips.Image.new_from_file(str(m.path / "slide.tif"), page=k, access="sequential")
+        got = np.ndarray(buffer=image.write_to_memory(), dtype=np.uint8, shape=(image.height, image.width, 3))
+        np.testing.assert_array_equal(got, values.transpose(1, 2, 0), err_msg=f"level {k}")
+        del image
+
+
 # -- the Python OME-TIFF readers: image.ome.tif ------------------------------------------
 
 

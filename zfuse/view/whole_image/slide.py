@@ -54,16 +54,21 @@ class SlideLayout:
     resolutions: tuple[tuple[int, int, int, int] | None, ...]
 
 
+_SLIDE_TILE_MAX = 256
+
+
 def fit_tiles(levels: Sequence[Level]) -> None:
     """One tile shape for every level, its edges multiples of 32, every tile decoded
     and uncompressed, so every tile of the file has the same byte count. The libtiff
     of openslide-bin 4.0 reads a level's tiles with the byte counts of the level read
     before it ("Invalid tile byte count ... Expected 20480, got 65536" reading level 1
     after level 0, for files tifffile writes as well) and fails on 8-bit tiles 16 but
-    not 32 apart. The shape is level 0's, rounded down (at least 32): a tile overlaps
-    at most two of level 0's chunks per axis; smaller levels' edge tiles reach past
-    the image (TIFF allows it; OpenSlide reads only the image)."""
-    th, tw = max(32, levels[0].tile_h // 32 * 32), max(32, levels[0].tile_w // 32 * 32)
+    not 32 apart. The shape is level 0's, rounded down (at least 32) and at most
+    256 x 256: a tile overlaps at most two of level 0's chunks per axis; smaller
+    levels' edge tiles reach past the image (TIFF allows it; OpenSlide reads only
+    the image). libvips (8.14.2 on) refuses a level whose tile edge passes twice its
+    larger side rounded up to 256 ("tile size out of range"): 256 always passes."""
+    th, tw = (max(32, min(_SLIDE_TILE_MAX, edge) // 32 * 32) for edge in (levels[0].tile_h, levels[0].tile_w))
     for lv in levels:
         itemsize = np.dtype(lv.array.source.dtype).itemsize
         lv.tile_h, lv.tile_w = th, tw
