@@ -7,6 +7,7 @@ ImageConverter), GDAL (gdal_translate) and libvips (pyvips).
 from __future__ import annotations
 
 import ctypes
+import io
 import errno
 import json
 import mmap
@@ -667,3 +668,36 @@ def test_info_says_why_a_pyramid_has_fewer_levels(tmp_path: Path) -> None:
     assert pyramid["levels"] == 1
     assert pyramid["levels_note"].startswith("1 of 2 levels: the pyramid stops before 1 (shape (2, 32, 32)")
     assert "1 of 2 levels" in format_report(report)
+
+
+def test_image_tif_only_where_a_row_of_chunks_fits_the_chunk_cache(tmp_path: Path) -> None:
+    """[image-8] a read of a few full-width rows of image.tif needs every chunk across the
+    image: with a row of chunks larger than the chunk cache, reading it front to back
+    decoded them again for every read (831 decodes of 10 chunks). image.tif is shown where
+    a row fits in half the cache, and then each chunk is decoded once; elsewhere `zfuse
+    info` says why and what cache_size shows it."""
+    from zfuse.daemon import MountConfig
+    from zfuse.info import describe_source, format_report
+    from zfuse.open_view import make_view
+    from zfuse.stats import Stats
+
+    arr = zarr.create_array(str(tmp_path / "row.zarr"), shape=(256, 8192), chunks=(256, 1024), dtype="u2",
+                            fill_value=0)  # a row of chunks: 8 x 512 KiB
+    values = np.random.default_rng(3).integers(0, 60000, size=arr.shape).astype("u2")
+    arr[...] = values
+    small = MountConfig([str(tmp_path / "row.zarr")], "/unused", read_only=True, cache_bytes=4 * 2**20)
+    report = describe_source(small)
+    assert [f["path"] for f in report["whole_image_files"]] == ["image.ome.tif"]
+    text = format_report(report)
+    assert "no image.tif: a row of chunks across the image is 4194304 bytes decoded, more than half the " \
+           "chunk cache (4194304 bytes)" in text and "-o cache_size=8M" in text, text
+
+    stats = Stats()
+    view = make_view(MountConfig([str(tmp_path / "row.zarr")], "/unused", read_only=True,
+                                 cache_bytes=8 * 2**20), stats)
+    image = view.whole_images(())["image.tif"]
+    data = bytearray()
+    while len(data) < image.size:  # front to back, as cat, ImageJ and tifffile read
+        data += image.read(len(data), 128 * 1024)
+    assert stats.snapshot()["chunks_decoded"] == 8
+    np.testing.assert_array_equal(tifffile.imread(io.BytesIO(bytes(data))), values)

@@ -107,6 +107,7 @@ def format_report(report: dict[str, Any]) -> str:
                      f"{f['tiles']} tiles of {tiles}, {', '.join(sorted(set(f['mode'])))}"
                      + (f"; {f['levels_note']}" if f.get("levels_note") else ""))
     for f in report.get("whole_image_files_not_shown", []):
-        lines.append(f"no whole-image file in {f['path']}: {f['reason']}")
+        where = f"no {f['path']}" if f["path"].endswith(".tif") else f"no whole-image file in {f['path']}"
+        lines.append(f"{where}: {f['reason']}")
     lines += [f"note: {note}" for note in report.get("notes", [])]
     return "\n".join(lines)

@@ -524,6 +524,8 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
                                                    label=label)
             except ValueError as e:  # too big for ImageJ 1.x, or no ImageJ type: image.ome.tif only
                 log.debug("%s: no %s: %s", label, STRIPPED_NAME, e)
+                if not_shown is not None:  # (`zfuse info` says why)
+                    not_shown["/".join((*path, STRIPPED_NAME))] = str(e)
             except Exception as e:  # never lose image.ome.tif over it
                 log.warning("%s: no %s: %s", label, STRIPPED_NAME, e)
         elif node.kind == "group" and not node.has_member(PYRAMID_NAME):

@@ -87,6 +87,10 @@ _IMAGEJ_HELD_OFFSET = {"i2": 32768}
 _SERIALS = itertools.count(1)
 
 
+def _mib(n: int) -> int:
+    return -(-n // 2**20)
+
+
 def stripped_unsupported_reason(shape: Sequence[int], dtype: np.dtype) -> str | None:
     """Why an array gets no `image.tif` (None: it gets one). Size limits aside."""
     dt = np.dtype(dtype)
@@ -178,6 +182,15 @@ class StrippedImage(ImageFile):
         self.pixel_dtype = pixel_dtype(self.dtype)
         self.lead, self.height, self.width = image_dims(self.shape)
         self.chunk_lead, self.chunk_h, self.chunk_w = self.axes.dims(src.chunk_shape)
+        # A read of a few full-width rows needs every chunk across the image: a row of
+        # chunks the chunk cache cannot hold (with room for the rest of the mount) was
+        # decoded again for every read front to back (831 decodes of 10 chunks)
+        band = -(-self.width // self.chunk_w) * math.prod(src.chunk_shape) * self.dtype.itemsize
+        cache = array.cache.max_bytes
+        if band > cache // 2:
+            raise ValueError(f"a row of chunks across the image is {band} bytes decoded, more than half the "
+                             f"chunk cache ({cache} bytes): each read would decode it again (mount with "
+                             f"-o cache_size={_mib(2 * band)}M to have it; image.ome.tif reads by tiles)")
         self.rows_per_strip = max(1, min(self.chunk_h, self.height))
         self.strips = -(-self.height // self.rows_per_strip)
         self.planes = math.prod(self.lead)
