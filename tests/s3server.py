@@ -239,6 +239,18 @@ class FailingProxy(ConditionsIgnoredProxy):
         self.gone_now = True
         self.close()
 
+    def silent(self) -> None:
+        """The endpoint drops connections silently (a firewall, a network gone): its
+        port stays open, but no new connection completes (a listening socket with a
+        backlog of 0, held full) and connections kept alive are closed unanswered."""
+        port = self.httpd.server_address[1]
+        self.gone()
+        self.black_hole = socket.socket()
+        self.black_hole.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.black_hole.bind((HOST, port))
+        self.black_hole.listen(0)
+        self.filler = socket.create_connection((HOST, port), timeout=5)  # (the backlog, now full)
+
     def forward(self, handler: Any) -> None:
         if self.gone_now:  # (a connection kept alive from before: closed unanswered)
             handler.close_connection = True

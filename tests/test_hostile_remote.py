@@ -137,6 +137,67 @@ def test_a_server_gone_says_it_gave_no_answer(tmp_path: Path, s3: S3Server) -> N
     assert time.monotonic() - start < 1.0
 
 
+def test_a_server_dropping_connections_silently_is_found_unreachable(tmp_path: Path, s3: S3Server) -> None:
+    """[read-12] an endpoint that stops answering without refusing (a firewall dropping
+    packets): each try's connection times out (zfuse sets botocore's connect timeout;
+    its own 60 s outlasted the request's whole timeout, so each key cost 20 s and the
+    store was never found unreachable); then every request fails at once."""
+    upload(s3, _store(tmp_path / "s.zarr"), "silent", "s.zarr")
+    proxy = FailingProxy(s3, "/none", 500, "InternalError")
+    options = {**s3.storage_options, "endpoint_url": proxy.endpoint_url, "config_kwargs": {"connect_timeout": 0.5}}
+    view = make_view(MountConfig(["s3://silent/s.zarr"], "/nonexistent", read_only=True, storage_options=options))
+    view.list_dir(())
+    arr = dict(view.arrays())[("a",)]
+    try:
+        proxy.silent()
+        start = time.monotonic()
+        with pytest.raises(StoreServerError, match=r"store request get a/c/1/1 failed after [\d.]+ s: .*no answer "
+                                                   r"to 3 tries \(ConnectTimeoutError\)"):
+            arr.pixel_bytes((1, 1))
+        assert time.monotonic() - start < 10  # (3 tries of 0.5 s and botocore's backoffs)
+        start = time.monotonic()
+        with pytest.raises(StoreServerError, match="every request to the store fails at once"):
+            arr.pixel_bytes((1, 0))
+        assert time.monotonic() - start < 1.0
+    finally:
+        proxy.black_hole.close()
+        proxy.filler.close()
+
+
+def test_a_store_found_unreachable_slowly_is_left_as_long() -> None:
+    """[read-12] a store that took T seconds to find unreachable (connect timeouts) fails
+    every request at once for T (at least 5 s), and a file opened anew asks it again
+    after T (at least 1 s): each file opened asked again, each costing T."""
+    import zfuse.store as store_module
+
+    now = [100.0]
+
+    class Clock:
+        @staticmethod
+        def monotonic() -> float:
+            return now[0]
+
+    failures = store_module.StoreFailures()
+    error = StoreServerError("store request get k failed: no answer to 3 tries (ConnectTimeoutError)")
+    original = store_module.time
+    store_module.time = Clock  # type: ignore[assignment]
+    try:
+        failures.note_down(error, cost=12.0)
+        now[0] += 6.0
+        failures.forget("k")  # (a file opened anew: too soon to ask the store again)
+        assert failures.recent("k") is not None and failures.pending()
+        now[0] += 6.5
+        failures.forget("k")
+        assert failures.recent("k") is None
+        failures.note_down(error, cost=0.2)  # (refused at once: 5 s, asked again after 1 s)
+        now[0] += 1.5
+        assert failures.recent("other") is not None
+        failures.forget("other")
+        assert failures.recent("other") is None
+    finally:
+        store_module.time = original
+
+
 def test_an_s3_redirect_to_another_host_is_not_followed(tmp_path: Path, s3: S3Server) -> None:
     """[outside-1] an S3 endpoint answering a chunk's GET with a redirect to another host:
     the other host's bytes are never the chunk (aiohttp followed it, and the chunk file

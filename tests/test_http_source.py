@@ -79,3 +79,59 @@ def test_a_sharded_array_from_a_server_without_ranges(http_root: tuple[Path, str
         i, j = int(f.parent.name), int(f.stem)
         np.testing.assert_array_equal(tifffile.imread(f), expected_chunk(arr, (i, j)))
     assert "Traceback" not in m.log()
+
+
+def test_an_http_server_gone_or_silent_is_found_unreachable(tmp_path: Path) -> None:
+    """[read-12] an http(s) store whose server is gone (connections refused) or drops
+    connections silently (a connect timeout): EREMOTEIO naming the request and why, not
+    a bare aiohttp error; every request then fails at once for a while."""
+    import aiohttp
+
+    from zfuse.daemon import MountConfig
+    from zfuse.errors import StoreServerError
+    from zfuse.open_view import make_view
+
+    stores.v3(tmp_path / "www" / "a.zarr")
+    for how in ("refused", "silent"):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
+                                  cwd=tmp_path / "www", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        hole = filler = None
+        try:
+            deadline = time.monotonic() + 20
+            while True:
+                try:
+                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                    break
+                except OSError:
+                    assert time.monotonic() < deadline and server.poll() is None
+                    time.sleep(0.05)
+            options = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=300, sock_connect=0.5)}}
+            view = make_view(MountConfig([f"http://127.0.0.1:{port}/a.zarr"], "/nonexistent", read_only=True,
+                                         storage_options=options))
+            arr = dict(view.arrays())[()]
+            assert bytes(arr.pixel_bytes((0, 0)))
+            server.terminate()
+            server.wait(timeout=10)
+            if how == "silent":  # the port open, no connection ever completing
+                hole = socket.socket()
+                hole.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                hole.bind(("127.0.0.1", port))
+                hole.listen(0)
+                filler = socket.create_connection(("127.0.0.1", port), timeout=5)
+            start = time.monotonic()
+            with pytest.raises(StoreServerError, match=r"store request get c/1/1 failed after [\d.]+ s") as e:
+                arr.pixel_bytes((1, 1))
+            assert time.monotonic() - start < 10, how
+            assert e.value.errno in (errno.ECONNREFUSED, errno.EREMOTEIO), (how, e.value.errno)
+            start = time.monotonic()
+            with pytest.raises(StoreServerError, match="every request to the store fails at once"):
+                arr.pixel_bytes((1, 0))
+            assert time.monotonic() - start < 1.0, how
+        finally:
+            server.kill()
+            for sock in (hole, filler):
+                if sock is not None:
+                    sock.close()

@@ -538,9 +538,13 @@ def test_mount_options_reach_s3fs_in_its_spelling() -> None:
     assert fs.client_kwargs["endpoint_url"] == "http://127.0.0.1:9" and fs.anon is True
     gs = fsspec_options("gs", config.storage_options)
     assert gs["endpoint_url"] == "http://127.0.0.1:9" and gs["token"] == "anon" and "client_kwargs" not in gs
+    # a store dropping connections silently is found unreachable: 3 tries of 4 s connects
+    assert s3["config_kwargs"]["connect_timeout"] == 4.0
+    assert s3["config_kwargs"]["retries"] == {"total_max_attempts": 3, "mode": "standard"}
     # (bodies as stored: a server's gzip is never decompressed on the way)
-    assert fsspec_options("https", config.storage_options) == {
-        "headers": {"Accept-Encoding": "identity"}, "client_kwargs": {"auto_decompress": False}}
+    https = fsspec_options("https", config.storage_options)
+    assert https["client_kwargs"].pop("timeout").sock_connect == 4.0
+    assert https == {"headers": {"Accept-Encoding": "identity"}, "client_kwargs": {"auto_decompress": False}}
     assert open_store("https://example.invalid/a.zarr", read_only=False, storage_options={}).read_only
 
 

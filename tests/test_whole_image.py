@@ -7,8 +7,8 @@ ImageConverter), GDAL (gdal_translate) and libvips (pyvips).
 from __future__ import annotations
 
 import ctypes
-import io
 import errno
+import io
 import json
 import mmap
 import os

@@ -29,6 +29,9 @@ READ_AHEAD_KB = 1024  # the kernel's read-ahead window for the mount
 #: seconds one request to a remote store (s3://, gs://, https://) may take by default:
 #: a read waits about this long at most when the server hangs (local stores: none)
 REMOTE_TIMEOUT = 20.0
+#: seconds a remote store's client waits for a connection: its tries (3 on S3) fit in the
+#: timeout above, so a store that drops connections silently is found unreachable
+CONNECT_TIMEOUT = 4.0
 #: bytes of a remote object read whole at most, unless its reader knows better (a chunk:
 #: twice its values and a MiB; metadata: the 16 MiB documents are read to); an endless
 #: body is not held

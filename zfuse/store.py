@@ -84,19 +84,21 @@ class StoreFailures:
 
     def pending(self) -> bool:
         """Whether some key failed lately (cheap: every lookup of a failing store asks)."""
-        return time.monotonic() - self._last < FAILED_RECENTLY_S
+        down = self._down
+        now = time.monotonic()
+        return now - self._last < FAILED_RECENTLY_S or (down is not None and now - down.when < down.hold)
 
     def recent(self, key: str, since: float | None = None) -> _Failure | None:
         """The failure of a request for `key` less than FAILED_RECENTLY_S ago (and at or
         after `since`, if given), else None."""
         failure = self._keys.get(key)
         down = self._down
-        if down is not None and time.monotonic() - down.when < FAILED_RECENTLY_S and \
+        if down is not None and time.monotonic() - down.when < down.hold and \
                 (failure is None or down.when > failure.when):
             failure = down
         if failure is None:
             return None
-        if time.monotonic() - failure.when >= FAILED_RECENTLY_S:
+        if time.monotonic() - failure.when >= failure.hold:
             self._keys.pop(key, None)
             return None
         return failure if since is None or failure.when >= since else None
@@ -111,11 +113,14 @@ class StoreFailures:
         self._keys[key] = _Failure(time.monotonic(), error.args[-1], type(error), code=error.errno)
         self._last = time.monotonic()
 
-    def note_down(self, error: StoreServerError) -> None:
+    def note_down(self, error: StoreServerError, cost: float = 0.0) -> None:
         """The store could not be reached at all: every request fails at once with
         `error` for FAILED_RECENTLY_S (a reader opening a file anew asks again after
-        STORE_RETRY_S: `forget`)."""
-        self._down = _Failure(time.monotonic(), error.args[-1], type(error), whole_store=True, code=error.errno)
+        STORE_RETRY_S: `forget`), or for as long as finding that out took (`cost`
+        seconds): a store that drops connections silently costs each try the client's
+        connect timeouts, and was asked again once a second, by every file opened."""
+        self._down = _Failure(time.monotonic(), error.args[-1], type(error), whole_store=True, code=error.errno,
+                              hold=max(FAILED_RECENTLY_S, cost), retry=max(STORE_RETRY_S, cost))
         self._last = time.monotonic()
 
     def forget(self, key: str) -> None:
@@ -136,7 +141,7 @@ class StoreFailures:
 
     def _ask_store_again(self) -> None:
         down = self._down
-        if down is not None and time.monotonic() - down.when >= STORE_RETRY_S:
+        if down is not None and time.monotonic() - down.when >= down.retry:
             self._down = None
 
 
@@ -294,7 +299,8 @@ class MeteredStore(WrapperStore[Store]):
         if isinstance(exc, StopAsyncIteration):
             raise exc
         elapsed = time.monotonic() - start
-        if isinstance(exc, TimeoutError) and not isinstance(exc, StoreTimeoutError):
+        if isinstance(exc, TimeoutError) and not isinstance(exc, StoreTimeoutError) and \
+                type(exc).__name__ not in _CONNECTION_FAILURES:
             self.stats.count("store_timeouts")
             detail = f": {exc}" if str(exc) else ""
             error = StoreTimeoutError(f"store request {op} {key} timed out after {elapsed:.1f} s "
@@ -310,7 +316,7 @@ class MeteredStore(WrapperStore[Store]):
             if op.split(" ", 1)[0] in _READ_OPS:  # (a failed write is the writer's to retry; "get (N ranges)" reads)
                 self.failures.note(key, server_error)
             if _unreachable(exc, answers):
-                self.failures.note_down(server_error)
+                self.failures.note_down(server_error, elapsed)
             raise server_error from exc
         status = http_status(exc)
         if status is not None and ("An error occurred ()" in str(exc) or "An error occurred (None)" in str(exc)):
@@ -771,6 +777,8 @@ class _Failure(NamedTuple):
     kind: type[StoreTimeoutError] | type[StoreServerError]
     whole_store: bool = False  # (the store unreachable: every key, not only this one)
     code: int | None = None  # a server failure's errno
+    hold: float = FAILED_RECENTLY_S  # seconds requests fail at once after it
+    retry: float = STORE_RETRY_S  # (the store unreachable) seconds before a new open asks again
 
 
 _READ_OPS = frozenset({"get", "head", "exists", "get_partial_values", "list", "list_dir", "list_prefix"})
@@ -786,11 +794,13 @@ def _server_failed(exc: BaseException, answers: ServerAnswers | None) -> bool:
     status = http_status(exc)
     if status is not None:
         return status >= 500 or status == 429
-    return bool(answers) or isinstance(exc, ConnectionError)
+    return bool(answers) or isinstance(exc, ConnectionError) or type(exc).__name__ in _CONNECTION_FAILURES
 
 
+# (botocore's, for S3; aiohttp's, for http(s) stores, whose connection failures are no
+# builtin ConnectionError)
 _CONNECTION_FAILURES = frozenset({"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError",
-                                  "ConnectionRefusedError"})
+                                  "ConnectionRefusedError", "ConnectionTimeoutError"})
 
 
 def _unreachable(exc: BaseException, answers: ServerAnswers | None) -> bool:
@@ -905,6 +915,9 @@ def fsspec_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         # says so in seconds, well within the timeout
         config = dict(opts.get("config_kwargs") or {})
         config.setdefault("retries", {"total_max_attempts": 3, "mode": "standard"})
+        # a store that drops connections silently is found unreachable within the timeout
+        # (botocore waits 60 s for a connection: every key cost the whole timeout)
+        config.setdefault("connect_timeout", defaults.CONNECT_TIMEOUT)
         opts["config_kwargs"] = config
     elif protocol in ("gs", "gcs"):
         if endpoint:
@@ -922,6 +935,11 @@ def fsspec_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         for key in ("endpoint_url", "region_name"):  # (s3's: no meaning for a URL)
             client_kwargs.pop(key, None)
         client_kwargs.setdefault("auto_decompress", False)
+        # as S3's: a server dropping connections silently is found unreachable (aiohttp's
+        # total stays its own 5 minutes; each request is bounded by the mount's timeout)
+        import aiohttp  # (fsspec's http needs it anyway; not imported for other stores)
+
+        client_kwargs.setdefault("timeout", aiohttp.ClientTimeout(total=300, sock_connect=defaults.CONNECT_TIMEOUT))
         opts["client_kwargs"] = client_kwargs
     else:
         if endpoint:
