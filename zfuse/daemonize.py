@@ -23,6 +23,15 @@ __all__ = ["configure_logging", "describe_open_error", "run_foreground", "spawn_
 FILE_ONLY = {"zfuse_file_only": True}
 
 
+class _Printable(logging.Formatter):
+    """Lines as UTF-8 can hold them: a file name that is not UTF-8 (surrogates, as the
+    kernel's names are decoded) is escaped; the handler's strict encoding had dropped
+    the whole line, and with it a refusal's reason."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return super().format(record).encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def _not_file_only(record: logging.LogRecord) -> bool:
     return not getattr(record, "zfuse_file_only", False)
 
@@ -38,8 +47,8 @@ def configure_logging(verbose: int, log_file: str | None = None, background: boo
         for handler in logging.getLogger().handlers:
             handler.setLevel(logging.WARNING)
     if log_file is not None:
-        handler = logging.FileHandler(log_file, encoding="utf-8")
-        handler.setFormatter(logging.Formatter(
+        handler = logging.FileHandler(log_file, encoding="utf-8", errors="backslashreplace")
+        handler.setFormatter(_Printable(
             "%(asctime)s zfuse[%(process)d] %(levelname)s %(name)s: %(message)s"))
         logging.getLogger().addHandler(handler)
     if not verbose:
@@ -182,7 +191,7 @@ def _detach_stdio(config: MountConfig) -> None:
         from logging.handlers import SysLogHandler
 
         handler = SysLogHandler(address="/dev/log")
-        handler.setFormatter(logging.Formatter("zfuse[%(process)d]: %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(_Printable("zfuse[%(process)d]: %(levelname)s %(name)s: %(message)s"))
         root.addHandler(handler)
         config.log_destination = "system log (/dev/log)"
     else:

@@ -40,20 +40,38 @@ def is_special(path: Path) -> bool:
     return path[:1] == (SPECIAL_DIR,)
 
 
+ERROR_LINE_MAX = 2048  # characters of one line of `.zfuse/errors` (a reason may quote a store's words)
+
+
+def printable(text: str) -> str:
+    """`text` as UTF-8 can hold it: a name that is not UTF-8 (its bytes decoded with
+    surrogates, as the kernel's names are) shows escaped, ``\\udcff``, rather than
+    failing every read of the journal and the log line saying it."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 class ErrorJournal:
-    """The lines of `.zfuse/errors` (the last ERRORS_KEPT)."""
+    """The lines of `.zfuse/errors` (the last ERRORS_KEPT, each at most ERROR_LINE_MAX
+    characters). Its text is made once per change: every descriptor open on it shares
+    it (3,000 of them each held a copy: 500 MB)."""
 
     def __init__(self) -> None:
         self.lines: collections.deque[str] = collections.deque(maxlen=ERRORS_KEPT)
+        self._text: bytes | None = b""
 
     def add(self, path: Path, reason: str) -> None:
         """One line: time, path, reason."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
         reason = " ".join(reason.split())  # one line per entry
-        self.lines.append(f"{stamp}\t{'/'.join(path) or '/'}\t{reason}")
+        line = printable(f"{stamp}\t{'/'.join(path) or '/'}\t{reason}")
+        self.lines.append(line if len(line) <= ERROR_LINE_MAX else line[: ERROR_LINE_MAX - 3] + "...")
+        self._text = None
 
     def text(self) -> bytes:
-        return ("\n".join(self.lines) + "\n").encode() if self.lines else b""
+        text = self._text
+        if text is None:
+            text = self._text = ("\n".join(self.lines) + "\n").encode() if self.lines else b""
+        return text
 
 
 class SpecialFiles:
