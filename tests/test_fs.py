@@ -1632,3 +1632,95 @@ def test_a_log_line_naming_a_name_not_utf8_reaches_the_log_file(tmp_path: Path) 
               "logging.getLogger('zfuse').warning('mkdir %s: refused', os.fsdecode(b'c/\\xff'))")
     subprocess.run([sys.executable, "-c", script, str(log)], check=True, capture_output=True, timeout=60)
     assert "mkdir c/\\udcff: refused" in log.read_text("utf-8")
+
+
+def test_a_sparse_write_is_zero_filled_off_the_event_loop(v3, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[write-6] a 1-byte write far past a file's end: the hole is zero-filled in a worker
+    thread, and the mount serves other requests meanwhile (filled on the event loop, a
+    write at 1 GiB held every request for a second); the file reads the zeros and the byte."""
+    import threading
+
+    import zfuse.view.writes as writes_module
+
+    src, _, _, _ = v3
+
+    async def in_threads(fn, *args):  # noqa: ANN001, ANN202 - as on a mount: worker threads
+        return await trio.to_thread.run_sync(fn, *args)
+
+    fs, k = make_fs(src, Clock(), run=in_threads)
+    filling, release = threading.Event(), threading.Event()
+    real = writes_module._zero_fill
+
+    def held_fill(buffer: bytearray, end: int) -> None:
+        filling.set()
+        release.wait(10)
+        real(buffer, end)
+
+    monkeypatch.setattr(writes_module, "_zero_fill", held_fill)
+    fh = k.open("c/0/new.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    stats_inode = k.walk(".zfuse/stats")
+    at = writes_module.GROW_INLINE * 3
+    served: list[bytes] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fs.write, fh, at, b"x")
+            assert await trio.to_thread.run_sync(filling.wait, 10)
+            stats = await fs.open(stats_inode, os.O_RDONLY, OTHER)
+            served.append(await fs.read(stats.fh, 0, 1 << 16))  # while the hole is being filled
+            fs.release(stats.fh)
+            release.set()
+
+    trio.run(main)
+    assert served and served[0].startswith(b"{")
+    data = k.read(fh)
+    assert len(data) == at + 1 and data[-1:] == b"x" and not any(data[:-1])
+    fs.release(fh)
+
+
+def test_growing_writes_do_not_sum_every_file_held(v3, monkeypatch: pytest.MonkeyPatch) -> None:
+    """[write-6] the write-buffer budget is checked without summing every file held on
+    each growing write (10,000 files held made writes 16 times slower): the files are
+    summed only when the budget may be reached, and then it still refuses (ENOSPC)."""
+    import zfuse.view.writes as writes_module
+
+    _, _, fs, k = v3
+    held = [k.open(f"c/0/held{i}.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC) for i in range(300)]
+    counted = [0]
+    real = writes_module._held_by
+
+    def counting(state):  # noqa: ANN001, ANN202
+        counted[0] += 1
+        return real(state)
+
+    monkeypatch.setattr(writes_module, "_held_by", counting)
+    fh = k.open("c/0/grows.tmp", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    for i in range(100):
+        k.write(fh, b"x" * 1000, i * 1000)
+    assert counted[0] < 1000, counted[0]  # (summing each time: 30,000)
+    fs.writes.buffer_budget = 150_000  # the budget reached: summed, and refused
+    with pytest.raises(FsError) as e:
+        k.write(fh, b"x" * 100_000, 100_000)
+    assert e.value.errno == errno.ENOSPC
+    for f in (*held, fh):
+        fs.release(f)
+
+
+def test_a_write_through_an_inode_removed_or_replaced_is_stale(v3) -> None:
+    """[ns-2] an inode unlinked or renamed over since it was looked up, opened for writing
+    (a reopen through /proc/self/fd), or truncated by it: ESTALE, and the file now at its
+    name is untouched (it wrote into that file, undoing the rename). Opened for reading it
+    is still the file at the name."""
+    src, data, fs, k = v3
+    looked_up = k.walk(CHUNK, OTHER)
+    k.write_file("c/0/.0.tiff.tmp", tiff(stores.values((8, 16), "uint16", seed=15)))
+    k.rename("c/0/.0.tiff.tmp", CHUNK)
+    after = stores.snapshot(src)
+    for call in ((fs.open, looked_up, os.O_WRONLY | os.O_TRUNC, OTHER), (fs.setattr, looked_up, 0)):
+        with pytest.raises(FsError) as e:
+            k.call(*call)
+        assert e.value.errno == errno.ESTALE
+    assert stores.snapshot(src) == after
+    fh = k.call(fs.open, looked_up, os.O_RDONLY, OTHER).fh
+    np.testing.assert_array_equal(pixels(k.read(fh)), stores.values((8, 16), "uint16", seed=15))
+    fs.release(fh)

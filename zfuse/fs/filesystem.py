@@ -388,7 +388,10 @@ class FileSystem:
         self, ino: int, size: int | None = None, mtime_ns: int | None = None,
         owner_or_mode: bool = False, fh: int | None = None, pid: int | None = None,
     ) -> Attributes:
-        path = self._get(ino).path
+        inode = self._get(ino)
+        path = inode.path
+        if inode.detached and size is not None and not fh:  # (as `_open`: not the file at its name now)
+            raise FsError(errno.ESTALE)
         entry = await self._entry(path, pid)
         if entry is None:
             raise FsError(errno.ENOENT)
@@ -571,6 +574,12 @@ class FileSystem:
         inode = self._get(ino)
         path = inode.path
         wants_write = bool(flags & (os.O_WRONLY | os.O_RDWR))
+        if inode.detached and wants_write:
+            # unlinked or replaced since it was looked up: its name is another file's now
+            # (a reopen through /proc/self/fd for writing wrote into that file). On ESTALE
+            # the kernel looks a path up again; a reopen of the old file gets ESTALE.
+            # (Read, it is the file at its name: [ns-2].)
+            raise FsError(errno.ESTALE)
         entry = await self._entry(path, pid)
         if entry is not None and entry.node.is_dir:
             raise FsError(errno.EISDIR)
