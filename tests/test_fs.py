@@ -1724,3 +1724,32 @@ def test_a_write_through_an_inode_removed_or_replaced_is_stale(v3) -> None:
     fh = k.call(fs.open, looked_up, os.O_RDONLY, OTHER).fh
     np.testing.assert_array_equal(pixels(k.read(fh)), stores.values((8, 16), "uint16", seed=15))
     fs.release(fh)
+
+
+def test_a_reader_opening_while_cp_opens_the_chunk_bypasses_the_page_cache(v3) -> None:
+    """[write-2] a reader whose open is served while a writer's O_TRUNC open is under way
+    gets direct I/O (the stored chunk), not the page cache: the kernel sets the size of
+    the file to 0 for every opener once the writer's open returns, and such a reader read
+    an empty file."""
+    _, data, fs, k = v3
+    ino = k.walk(CHUNK, OTHER)
+    replies: dict[str, object] = {}
+
+    async def main() -> None:
+        async def writer() -> None:
+            replies["writer"] = await fs.open(ino, os.O_WRONLY | os.O_TRUNC, WRITER)
+
+        async def reader() -> None:
+            replies["reader"] = await fs.open(ino, os.O_RDONLY, OTHER)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer)
+            await trio.lowlevel.checkpoint()  # (the writer's open has started)
+            nursery.start_soon(reader)
+
+    trio.run(main)
+    reader = replies["reader"]
+    assert reader.direct_io  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(pixels(k.read(reader.fh)), chunk00(data))  # type: ignore[attr-defined]
+    for reply in replies.values():
+        fs.release(reply.fh)  # type: ignore[attr-defined]

@@ -606,9 +606,11 @@ class FileSystem:
 
     async def _open_for_writing(self, inode: Inode, entry: Entry | None, flags: int, pid: int | None) -> OpenReply:
         path = inode.path
-        if flags & os.O_TRUNC and path not in self.writes.states and self.page_readers.any_open(path):
-            await self.page_readers.wait_until_closed(path)
-        state = await self.writes.open(path, entry, flags, pid)
+        if flags & os.O_TRUNC and path not in self.writes.states:
+            async with self.page_readers.truncating(path):
+                state = await self.writes.open(path, entry, flags, pid)
+        else:
+            state = await self.writes.open(path, entry, flags, pid)
         handle = WriteHandle(path, inode, state, append=bool(flags & os.O_APPEND))
         # a file whose bytes differ from what other processes see bypasses the page
         # cache; an untouched chunk opened to patch in place keeps it (mmap works)

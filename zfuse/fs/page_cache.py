@@ -4,9 +4,11 @@ A chunk file is read through the kernel's page cache unless its bytes differ
 between processes. This part owns the counts that decide it:
 
 - `open`: page-cache handles open per path. A writer truncating the chunk (cp's
-  O_TRUNC) first lets them finish (`wait_until_closed`, bounded by a grace
-  period): the kernel sets the file's size to 0 on O_TRUNC for every opener.
-- `waiting`: replacing writers waiting for those readers to close.
+  O_TRUNC) first lets them finish (`truncating`, bounded by a grace period): the
+  kernel sets the file's size to 0 on O_TRUNC for every opener.
+- `truncating`: writers truncating the chunk, from the start of their open until
+  it returns (new readers bypass the page cache meanwhile); `waiting`: the event
+  those writers wait on for the readers to close.
 - `old_bytes`: page-cache readers still reading a replaced chunk's old bytes. What
   they read fills the kernel's page cache of the path, so new readers bypass it
   until the last of them closes; then the cache is dropped.
@@ -15,6 +17,9 @@ No FUSE: the kernel's caches are dropped by the caller (`FileSystem`).
 """
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
 
 import trio
 
@@ -30,6 +35,7 @@ class PageCacheReaders:
         self.grace = grace
         self.open: dict[Path, int] = {}
         self.waiting: dict[Path, trio.Event] = {}
+        self.writers_truncating: dict[Path, int] = {}
         self.old_bytes: dict[Path, int] = {}
 
     def any_open(self, path: Path) -> bool:
@@ -38,7 +44,7 @@ class PageCacheReaders:
     def bypassed(self, path: Path) -> bool:
         """Whether new readers of `path` must bypass the page cache: a writer waits for
         its readers, or readers of replaced bytes are still open."""
-        return path in self.waiting or path in self.old_bytes
+        return path in self.writers_truncating or path in self.old_bytes
 
     def opened(self, path: Path) -> None:
         self.open[path] = self.open.get(path, 0) + 1
@@ -69,15 +75,27 @@ class PageCacheReaders:
         del self.old_bytes[path]
         return True
 
-    async def wait_until_closed(self, path: Path) -> None:
-        """Before `cp` truncates a chunk, let readers that read it through the page cache
-        finish (bounded by `grace`): the kernel sets the file's size to 0 on O_TRUNC for
-        every opener, so such a reader would see a short file. Readers opening
-        meanwhile get direct I/O and read the stored chunk."""
-        event = self.waiting.setdefault(path, trio.Event())
+    @contextlib.asynccontextmanager
+    async def truncating(self, path: Path) -> AsyncIterator[None]:
+        """Around the open of a writer truncating a chunk (`cp`): readers reading it
+        through the page cache finish first (bounded by `grace`), as the kernel sets the
+        file's size to 0 on O_TRUNC for every opener; and until the open returns, new
+        readers get direct I/O and read the stored chunk (one opening while the
+        writer's open was under way got the page cache, then an empty file)."""
+        self.writers_truncating[path] = self.writers_truncating.get(path, 0) + 1
         try:
-            with trio.move_on_after(self.grace):
-                await event.wait()
+            if self.any_open(path):
+                event = self.waiting.setdefault(path, trio.Event())
+                try:
+                    with trio.move_on_after(self.grace):
+                        await event.wait()
+                finally:
+                    if self.waiting.get(path) is event:
+                        del self.waiting[path]
+            yield
         finally:
-            if self.waiting.get(path) is event:
-                del self.waiting[path]
+            left = self.writers_truncating[path] - 1
+            if left:
+                self.writers_truncating[path] = left
+            else:
+                del self.writers_truncating[path]
