@@ -257,6 +257,8 @@ class FileSystem:
         self.stats.count("errors")
         expected = isinstance(exc, (ZfuseError, OSError, TimeoutError, MemoryError))
         reason = str(exc) if expected else f"{type(exc).__name__}: {exc}"
+        if isinstance(exc, OSError) and len(exc.args) == 2 and exc.strerror:
+            reason = str(exc.strerror)  # (its words: the errno is named after them, once)
         if isinstance(exc, MemoryError):
             reason = f"the daemon ran out of memory in {op} ({exc or 'MemoryError'}); try again later"
         elif not str(exc):  # (aiohttp's TimeoutError says nothing): never an empty reason
