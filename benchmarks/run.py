@@ -4,7 +4,7 @@
 
 NAME is one of: read (cold + warm), cold (cold only, interleaved with
 ZFUSE_BENCH_OTHER_CODE), ls, rss, write, concat, s3, replace, stress, big, wholeimage,
-parallel, startstop, floor, hostile, and s3remote (only with --only: root, network
+parallel, startstop, floor, hostile, posix, and s3remote (only with --only: root, network
 namespaces; see benchmarks/s3_remote.py). Results are
 printed as a table and written to benchmarks/results.json. Timings never go
 in pass/fail tests; this is where they live (see benchmarks/README.md).
@@ -40,6 +40,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "stress": ("benchmarks.replace", "bench_stress"),
     "big": ("benchmarks.big", "bench_big"),
     "hostile": ("benchmarks.hostile", "bench_hostile"),
+    "posix": ("benchmarks.posix_attacks", "bench_posix"),
     "wholeimage": ("benchmarks.wholeimage", "bench_wholeimage"),
     "openslide": ("benchmarks.wholeimage", "bench_openslide"),  # also part of wholeimage
     "parallel": ("benchmarks.parallel", "bench_parallel"),
