@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 import tifffile
 import trio
+import trio.lowlevel
 import trio.testing
 import zarr
 
@@ -1652,9 +1653,11 @@ def test_a_sparse_write_is_zero_filled_off_the_event_loop(v3, monkeypatch: pytes
     filling, release = threading.Event(), threading.Event()
     real = writes_module._zero_fill
 
+    released: list[bool] = []
+
     def held_fill(buffer: bytearray, end: int) -> None:
         filling.set()
-        release.wait(10)
+        released.append(release.wait(10))  # (False: the loop waited out the fill, not served)
         real(buffer, end)
 
     monkeypatch.setattr(writes_module, "_zero_fill", held_fill)
@@ -1673,7 +1676,7 @@ def test_a_sparse_write_is_zero_filled_off_the_event_loop(v3, monkeypatch: pytes
             release.set()
 
     trio.run(main)
-    assert served and served[0].startswith(b"{")
+    assert released == [True] and served and served[0].startswith(b"{")
     data = k.read(fh)
     assert len(data) == at + 1 and data[-1:] == b"x" and not any(data[:-1])
     fs.release(fh)
@@ -1754,3 +1757,79 @@ def test_a_reader_opening_while_cp_opens_the_chunk_bypasses_the_page_cache(v3) -
     np.testing.assert_array_equal(pixels(k.read(reader.fh)), chunk00(data))  # type: ignore[attr-defined]
     for reply in replies.values():
         fs.release(reply.fh)  # type: ignore[attr-defined]
+
+
+def test_a_write_filling_a_hole_never_touches_the_file_an_o_trunc_open_began(tmp_path: Path) -> None:
+    """[write-2] writer A's write far past the end (its hole zero-filled in a worker
+    thread), and meanwhile writer B's O_TRUNC open and cp of the right file: A's write
+    goes with the bytes B's open threw away; B's file is stored (A's first IFD, a 10 x 10
+    image, was checked against B's file and refused it)."""
+    import struct
+
+    async def in_threads(fn, *args):  # noqa: ANN001, ANN202
+        return await trio.to_thread.run_sync(fn, *args)
+
+    src = tmp_path / "a.zarr"
+    n = 4096
+    zarr.create_array(str(src), shape=(n, n), chunks=(n, n), dtype="u1", fill_value=0, compressors=None)[0, 0] = 1
+    fs, k = make_fs(src, Clock(), run=in_threads)
+    ino = k.walk("c/0/0.tiff")
+    far = 8 << 20
+    entries = [(256, 4, 1, 10), (257, 4, 1, 10), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1),
+               (273, 4, 1, 8), (277, 3, 1, 1), (278, 4, 1, 10), (279, 4, 1, 100)]
+    bad_ifd = struct.pack("<H", len(entries)) + b"".join(struct.pack("<HHII", *e) for e in entries) + bytes(4)
+    good = tiff(np.full((n, n), 7, np.uint8))
+    out: dict[str, str] = {}
+
+    async def main() -> None:
+        fa = (await fs.open(ino, os.O_WRONLY | os.O_TRUNC, WRITER)).fh
+        await fs.write(fa, 0, b"II*\0" + struct.pack("<I", far))
+        state = fs.handles[fa].state
+
+        async def writer_a() -> None:
+            await fs.write(fa, far, bad_ifd)
+            out["a"] = "written"
+
+        async def writer_b() -> None:
+            while state.growing is None:
+                await trio.lowlevel.checkpoint()
+            fb = (await fs.open(ino, os.O_WRONLY | os.O_TRUNC, OTHER)).fh
+            try:
+                for off in range(0, len(good), 1 << 20):
+                    await fs.write(fb, off, good[off : off + (1 << 20)])
+                await fs.flush(fb)
+                out["b"] = "stored"
+            finally:
+                fs.release(fb)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(writer_a)
+            nursery.start_soon(writer_b)
+        fs.release(fa)
+
+    trio.run(main)
+    assert out == {"a": "written", "b": "stored"}
+    assert (zarr.open_array(str(src), mode="r")[:4, :4] == 7).all()
+
+
+def test_readers_of_different_versions_keep_their_own_when_the_chunk_is_replaced(tmp_path: Path) -> None:
+    """[write-2] two readers of a raw chunk that opened different stored versions (the
+    store rewritten behind the mount between their opens): once the chunk is replaced
+    through the mount, each still reads its own (sharing one copy gave the second reader
+    the first's bytes)."""
+    src = tmp_path / "a.zarr"
+    arr = zarr.create_array(str(src), shape=(64, 64), chunks=(32, 32), dtype="u1", fill_value=0, compressors=None)
+    arr[...] = 1
+    clock = Clock()
+    fs, k = make_fs(src, clock)
+    first = k.open(CHUNK, os.O_RDONLY, OTHER)
+    assert set(pixels(k.read(first)).ravel()) == {1}
+    arr[:32, :32] = 2  # another program rewrites the chunk in the store
+    clock.now += 100  # (past the attribute timeout: the stored file is opened anew)
+    second = k.open(CHUNK, os.O_RDONLY, OTHER + 1)
+    assert set(pixels(k.read(second)).ravel()) == {2}
+    k.write_file(CHUNK, tiff(np.full((32, 32), 3, np.uint8)))
+    assert set(pixels(k.read(first)).ravel()) == {1}
+    assert set(pixels(k.read(second)).ravel()) == {2}
+    for fh in (first, second):
+        fs.release(fh)

@@ -10,6 +10,7 @@ test ends), as a hung server does.
 from __future__ import annotations
 
 import asyncio
+import errno
 import http.server
 import json
 import os
@@ -457,3 +458,30 @@ def test_a_listing_that_never_ends_is_stopped(monkeypatch) -> None:
         return got
 
     assert asyncio.run(run()) > 0
+
+
+def test_aiohttp_connection_failures_of_every_kind_are_remote_errors() -> None:
+    """[read-12] an http(s) store's connection failures, DNS's included (aiohttp's
+    ClientConnectorDNSError, a kind of ClientConnectorError, with the resolver's negative
+    code -2): EREMOTEIO or the failure's own errno, never a negative one, and the store
+    is marked unreachable (the DNS failure was a bare aiohttp error, errno -2)."""
+    import socket
+    import types
+
+    import aiohttp
+    from aiohttp.client_reqrep import ConnectionKey
+
+    from zfuse import store as store_module
+    from zfuse.errors import StoreServerError, errno_for
+
+    key = ConnectionKey("data.example.org", 443, True, True, None, None, None)
+    for exc, code in ((aiohttp.ClientConnectorError(key, ConnectionRefusedError(111, "refused")), 111),
+                      (aiohttp.ClientConnectorDNSError(key, socket.gaierror(-2, "Name or service not known")),
+                       errno.EREMOTEIO)):
+        metered = types.SimpleNamespace(stats=Stats(), failures=store_module.StoreFailures(),
+                                        source="https://data.example.org/a.zarr")
+        with pytest.raises(StoreServerError) as e:
+            store_module.MeteredStore._raise_failed(metered, exc, "get", "c/1/1", time.monotonic(), None)
+        assert errno_for(e.value) == code
+        assert metered.failures.recent("c/0/0") is not None  # (every request: the store unreachable)
+    assert errno_for(socket.gaierror(-2, "Name or service not known")) == errno.EIO

@@ -111,6 +111,6 @@ def errno_for(exc: BaseException) -> int:
         return errno.ENOENT
     if isinstance(exc, PermissionError) and not exc.errno:
         return errno.EACCES  # (s3fs's AccessDenied carries no errno: a read-only key's write)
-    if isinstance(exc, OSError) and exc.errno:
-        return exc.errno
+    if isinstance(exc, OSError) and isinstance(exc.errno, int) and exc.errno > 0:
+        return exc.errno  # (a resolver's code is negative, EAI_NONAME -2: no errno)
     return errno.EIO  # timeouts, bugs: the caller sees an I/O error, the log has the cause

@@ -300,7 +300,7 @@ class MeteredStore(WrapperStore[Store]):
             raise exc
         elapsed = time.monotonic() - start
         if isinstance(exc, TimeoutError) and not isinstance(exc, StoreTimeoutError) and \
-                type(exc).__name__ not in _CONNECTION_FAILURES:
+                not _connection_failure(exc):
             self.stats.count("store_timeouts")
             detail = f": {exc}" if str(exc) else ""
             error = StoreTimeoutError(f"store request {op} {key} timed out after {elapsed:.1f} s "
@@ -312,7 +312,7 @@ class MeteredStore(WrapperStore[Store]):
             answered = f"; {answers}" if answers else ""
             server_error = StoreServerError(f"store request {op} {key} failed after {elapsed:.1f} s: "
                                             f"{_message_of(exc)}{answered} ({self.source})",
-                                            exc.errno if isinstance(exc, OSError) else None)
+                                            exc.errno if isinstance(exc, OSError) and (exc.errno or 0) > 0 else None)
             if op.split(" ", 1)[0] in _READ_OPS:  # (a failed write is the writer's to retry; "get (N ranges)" reads)
                 self.failures.note(key, server_error)
             if _unreachable(exc, answers):
@@ -794,13 +794,19 @@ def _server_failed(exc: BaseException, answers: ServerAnswers | None) -> bool:
     status = http_status(exc)
     if status is not None:
         return status >= 500 or status == 429
-    return bool(answers) or isinstance(exc, ConnectionError) or type(exc).__name__ in _CONNECTION_FAILURES
+    return bool(answers) or isinstance(exc, ConnectionError) or _connection_failure(exc)
 
 
 # (botocore's, for S3; aiohttp's, for http(s) stores, whose connection failures are no
 # builtin ConnectionError)
 _CONNECTION_FAILURES = frozenset({"EndpointConnectionError", "ConnectTimeoutError", "ClientConnectorError",
                                   "ConnectionRefusedError", "ConnectionTimeoutError"})
+
+
+def _connection_failure(exc: BaseException) -> bool:
+    """Whether `exc` is one of those or a kind of one (aiohttp's ClientConnectorDNSError,
+    its SSL and certificate failures are ClientConnectorErrors)."""
+    return any(c.__name__ in _CONNECTION_FAILURES for c in type(exc).__mro__)
 
 
 def _unreachable(exc: BaseException, answers: ServerAnswers | None) -> bool:
@@ -810,7 +816,7 @@ def _unreachable(exc: BaseException, answers: ServerAnswers | None) -> bool:
         return False
     if answers:
         return not answers.answer and answers.exception in _CONNECTION_FAILURES
-    return isinstance(exc, ConnectionRefusedError) or type(exc).__name__ in _CONNECTION_FAILURES
+    return isinstance(exc, ConnectionRefusedError) or _connection_failure(exc)
 
 
 def _message_of(exc: BaseException) -> str:

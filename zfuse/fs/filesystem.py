@@ -768,28 +768,32 @@ class FileSystem:
 
     async def _keep_readers(self, path: Path) -> None:
         """Readers of a chunk about to be replaced or deleted keep its current bytes: their
-        handles become snapshots (reads meanwhile decode the same chunk). They all read
-        the one current version, so they share one copy of it: a copy per descriptor
-        took 150 readers of an 8 MiB chunk to 1.3 GB (and 500 past 4 GB, failing the
-        writer's close with ENOMEM)."""
-        data: bytes | None = None
+        handles become snapshots (reads meanwhile decode the same chunk). Readers of one
+        version share one copy of it (the stored file each opened, or the chunk decoded
+        now): a copy per descriptor took 150 readers of an 8 MiB chunk to 1.3 GB (and
+        500 past 4 GB, failing the writer's close with ENOMEM)."""
+        copies: dict[object, bytes] = {}
         for fh, handle in list(self.handles.items()):
             if handle.path != path or not isinstance(handle, ChunkHandle) or self.handles.get(fh) is not handle:
                 continue
             # (an unlinked chunk is no longer listed but still stored: it reads as it was)
             arr, coords = handle.array, handle.coords
             decoding = self.handles[fh] = DecodedChunkHandle(path, handle.inode, arr, coords, handle.page_cached)
+            data = None
             if isinstance(handle, StoredChunkHandle):  # the bytes of the stored file it opened
                 stored = handle.stored
                 try:
+                    data = copies.get(stored.identity)
                     if data is None:
-                        data = bytes(await self.run(stored.read, 0, stored.size))
+                        data = copies[stored.identity] = bytes(await self.run(stored.read, 0, stored.size))
                 except CorruptDataError as e:  # (replaced behind the mount's back): decoded
                     log.debug("%s: %s", "/".join(path), e)
                 finally:
                     stored.close()
             if data is None:
-                data = bytes(await self.run(arr.read, coords, 0, arr.file_size(coords)))
+                data = copies.get("decoded")
+                if data is None:
+                    data = copies["decoded"] = bytes(await self.run(arr.read, coords, 0, arr.file_size(coords)))
             if self.handles.get(fh) is decoding:  # (else closed meanwhile)
                 self.handles[fh] = SnapshotHandle(path, handle.inode, data, decoding.page_cached)
                 if decoding.page_cached:

@@ -515,6 +515,10 @@ class Writes:
         if buffer is None:
             buffer = await self.run(load_buffer, state)
         await _growth_done(state)
+        if state.buffer is not buffer:
+            # an O_TRUNC open started the file over while this write waited: it came
+            # before that open, and goes with the bytes that open threw away
+            return len(buf)
         if append and off != len(buffer):  # (another write grew it meanwhile)
             return await self.write(state, len(buffer), buf)
         if off == len(buffer):
@@ -522,6 +526,8 @@ class Writes:
         else:
             if end > len(buffer):
                 await self._grow(state, buffer, end)
+                if state.buffer is not buffer:  # (as above)
+                    return len(buf)
             buffer[off:end] = buf
         state.changed(self.clock())
         if not state.ifd_checked and not state.scratch and state.array is not None:
@@ -607,6 +613,8 @@ class Writes:
                 self._add_writer(state, pid)
             buffer = await self.run(load_buffer, state)
             await _growth_done(state)
+            if state.buffer is not None:
+                buffer = state.buffer  # (an O_TRUNC open may have started it over meanwhile)
             if size == len(buffer) and not state.dirty:
                 return
             if size == 0:
@@ -616,6 +624,8 @@ class Writes:
                 state.reserved = size
             else:
                 await self._grow(state, buffer, size)
+                if state.buffer is not buffer:  # (started over meanwhile: this truncate was before)
+                    return
             state.changed(self.clock())
             if standalone and not state.scratch:
                 # truncate(1) with no open file: the change must commit or fail now
