@@ -24,25 +24,31 @@ from test_mount_read import expected_chunk
 pytestmark = pytest.mark.mount
 
 
-@pytest.fixture
-def http_root(tmp_path: Path) -> Iterator[tuple[Path, str]]:
-    root = tmp_path / "www"
-    root.mkdir()
+def serve(root: Path) -> tuple[subprocess.Popen, int]:
+    """Python's http.server serving `root` on a free loopback port, once it accepts."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
                               cwd=root, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return server, port
+        except OSError:
+            if time.monotonic() > deadline or server.poll() is not None:
+                server.kill()
+                raise
+            time.sleep(0.05)
+
+
+@pytest.fixture
+def http_root(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    root = tmp_path / "www"
+    root.mkdir()
+    server, port = serve(root)
     try:
-        deadline = time.monotonic() + 20
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise
-                time.sleep(0.05)
         yield root, f"http://127.0.0.1:{port}"
     finally:
         server.terminate()
@@ -93,21 +99,9 @@ def test_an_http_server_gone_or_silent_is_found_unreachable(tmp_path: Path) -> N
 
     stores.v3(tmp_path / "www" / "a.zarr")
     for how in ("refused", "silent"):
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
-        server = subprocess.Popen([sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1"],
-                                  cwd=tmp_path / "www", stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        server, port = serve(tmp_path / "www")
         hole = filler = None
         try:
-            deadline = time.monotonic() + 20
-            while True:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                    break
-                except OSError:
-                    assert time.monotonic() < deadline and server.poll() is None
-                    time.sleep(0.05)
             options = {"client_kwargs": {"timeout": aiohttp.ClientTimeout(total=300, sock_connect=0.5)}}
             view = make_view(MountConfig([f"http://127.0.0.1:{port}/a.zarr"], "/nonexistent", read_only=True,
                                          storage_options=options))
