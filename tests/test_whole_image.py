@@ -701,3 +701,42 @@ def test_image_tif_only_where_a_row_of_chunks_fits_the_chunk_cache(tmp_path: Pat
         data += image.read(len(data), 128 * 1024)
     assert stats.snapshot()["chunks_decoded"] == 8
     np.testing.assert_array_equal(tifffile.imread(io.BytesIO(bytes(data))), values)
+
+
+def test_many_channels_are_counted_not_listed_in_the_ome_xml() -> None:
+    """[hostile-2] an unnamed axis of 10**9 planes is SizeC 10**9: its OME-XML says so
+    without a <Channel> line each (50 GB of XML was built at `ls`); up to 4,096 channels
+    are listed, with their names."""
+    from zfuse.view.whole_image.ome import CHANNELS_LISTED, ome_xml
+
+    xml = ome_xml("a", (10**9, 2, 16, 16), np.dtype("u1"), None, None)
+    assert xml is not None and len(xml) < 4096 and 'SizeC="1000000000"' in xml and "<Channel " not in xml
+    named = [{"label": f"ch{i}"} for i in range(CHANNELS_LISTED)]
+    xml = ome_xml("a", (CHANNELS_LISTED, 16, 16), np.dtype("u1"), {"axes": ["c", "y", "x"]}, named)
+    assert xml is not None and xml.count("<Channel ") == CHANNELS_LISTED and 'Name="ch4095"' in xml
+
+
+def test_a_level_of_more_stored_chunks_than_sizes_kept_is_decoded(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """[hostile-2] the passthrough byte counts of a sharded array's stored inner chunks are
+    read shard by shard into numpy arrays, at most STORED_SIZES_MAX of them (a shard of
+    a million 11-byte inner chunks, hard-linked 8 times, cost 2 GB and 31 s at the first
+    header read); past it the level is served decoded, its pixels the same."""
+    import zfuse.view.source as source_module
+
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    sh = root.create_array("sharded", shape=(100, 90), shards=(64, 64), chunks=(16, 16),
+                           dtype="uint16", fill_value=0, compressors=[Zlib3(level=1), Crc32cCodec()])
+    sh[...] = values = stores.values(sh.shape, "uint16")
+    sizes = in_process_image(tmp_path / "g.zarr", ("sharded", "image.ome.tif")).levels[0].array.source.stored_sizes()
+    assert sizes.coords.shape == (7 * 6, 2) and (sizes.sizes > 0).all()
+    img = in_process_image(tmp_path / "g.zarr", ("sharded", "image.ome.tif"))
+    img.header()
+    assert img.modes() == ["passthrough (deflate)"]
+    monkeypatch.setattr(source_module, "STORED_SIZES_MAX", 10)
+    capped = in_process_image(tmp_path / "g.zarr", ("sharded", "image.ome.tif"))
+    capped.header()
+    assert capped.modes() == ["decoded"]
+    for image in (img, capped):
+        data = image.read(0, image.size)
+        np.testing.assert_array_equal(tifffile.imread(io.BytesIO(bytes(data))), values)

@@ -344,19 +344,19 @@ class WholeImage(ImageFile):
         if sizes is None:
             return None  # sizes not cheap here (e.g. an object store without shards)
         fill = len(self._tiles.fill_stream(lv, compression))
-        indexes: list[int] = []
-        values: list[int] = []
-        for coords, size in sizes.items():
-            index = lv.tile_index(coords)
-            if index is None:
-                continue
-            n = size - trailer
-            if n < 0 or n > lv.slot or (compression == COMPRESSION_NONE and n != lv.tile_bytes):
-                log.info("%s: stored chunk %s of %s has %d bytes, outside the tile slot: "
-                         "the level is served decoded", self.label, coords, src.name, size)
-                return None
-            indexes.append(index)
-            values.append(n)
+        indexes = lv.tile_indexes(sizes.coords)  # (-1: no tile of the level is that chunk)
+        mine = indexes >= 0
+        indexes, stored = indexes[mine], sizes.sizes[mine]
+        values = stored - trailer
+        bad = (values < 0) | (values > lv.slot)
+        if compression == COMPRESSION_NONE:
+            bad |= values != lv.tile_bytes
+        if bad.any():
+            first = int(np.argmax(bad))
+            coords = tuple(int(c) for c in sizes.coords[mine][first])
+            log.info("%s: stored chunk %s of %s has %d bytes, outside the tile slot: "
+                     "the level is served decoded", self.label, coords, src.name, int(stored[first]))
+            return None
         return Counts(fill, indexes, values)
 
     def _render(self, start: int, stop: int) -> bytes:

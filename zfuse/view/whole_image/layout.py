@@ -223,6 +223,24 @@ class Level:
         plane = ravel(lead, self.lead) if lead else 0
         return plane * self.tiles + ty * self.tiles_across + tx
 
+    def tile_indexes(self, coords: np.ndarray) -> np.ndarray:
+        """`tile_index` of each row of chunk coordinates (n, ndim), -1 where none: numpy,
+        no Python object per chunk (a level may have millions stored)."""
+        chunks = np.asarray(coords, dtype=np.int64).reshape(len(coords), -1)
+        if math.prod(self.lead) * self.tiles >= 2**62:  # (past int64: Python integers, one by one)
+            found = (self.tile_index(tuple(int(v) for v in row)) for row in chunks)
+            return np.array([-1 if i is None else i for i in found], dtype=np.int64)
+        coords = chunks[:, list(self.axes.order)]
+        if coords.shape[1] < 2:  # (0-d and 1-d arrays: one row of tiles)
+            coords = np.concatenate([np.zeros((len(coords), 2 - coords.shape[1]), np.int64), coords], axis=1)
+        ty, tx = coords[:, -2], coords[:, -1]
+        plane = np.zeros(len(coords), dtype=np.int64)
+        for i, n in enumerate(self.lead):
+            plane = plane * n + coords[:, i]
+        out = plane * self.tiles + ty * self.tiles_across + tx
+        out[(ty >= self.tiles_down) | (tx >= self.tiles_across)] = -1
+        return out
+
     def chunk_file(self, coords: tuple[int, ...]) -> str | None:
         """The local file of a stored chunk, when the store is a directory of whole chunks."""
         return self.array.source.stored_chunk_path(coords)

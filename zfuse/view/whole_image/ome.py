@@ -112,6 +112,10 @@ def _xml_attr(value: object) -> str:
     return quoteattr(_NOT_XML.sub("\ufffd", str(value)))
 
 
+#: channels an OME-XML lists one by one (names, colours) at most
+CHANNELS_LISTED = 4096
+
+
 def ome_xml(
     name: str,
     shape: Sequence[int],
@@ -168,7 +172,9 @@ def ome_xml(
     ]
     size_c = planes.sizes["C"]
     named = channels if channels and len(channels) == size_c else None
-    for c in range(size_c):
+    # a <Channel> each, up to CHANNELS_LISTED: SizeC says how many there are, and readers
+    # fill in the rest (an unnamed axis of 10**9 channels wanted 50 GB of XML at `ls`)
+    for c in range(size_c if size_c <= CHANNELS_LISTED else 0):
         extra = ""
         if named is not None and isinstance(named[c], dict):
             label = named[c].get("label")
