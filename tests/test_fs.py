@@ -1833,3 +1833,31 @@ def test_readers_of_different_versions_keep_their_own_when_the_chunk_is_replaced
     assert set(pixels(k.read(second)).ravel()) == {2}
     for fh in (first, second):
         fs.release(fh)
+
+
+def test_a_reader_opening_a_chunk_while_it_is_renamed_reads_the_moved_values(tmp_path: Path, clock: Clock) -> None:
+    """[ns-3] [cons-1] a reader opening A while `mv A B` runs: direct I/O (its reads never
+    reach the page cache of the file the kernel moves to B), and once the rename is done
+    it reads the moved values, not the fill value of a chunk A no longer stored (those
+    zeros filled B's page cache: every later reader of B read zeros)."""
+    src = tmp_path / "a.zarr"
+    data = stores.v3(src)
+    gated = GatedCommits()
+    fs, k = make_fs(src, clock, run=gated.run, replace_window=5.0, pending_timeout=60.0)
+    a_ino = k.walk("c/1/0.tiff", OTHER)
+    row1, row0 = k.walk("c/1"), k.walk("c/0")
+    replies: list[object] = []
+
+    async def main() -> None:
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(fs.rename, row1, "0.tiff", row0, "0.tiff", 0)
+            await gated.committing.wait()  # (the rename's commit at B under way)
+            replies.append(await fs.open(a_ino, os.O_RDONLY, OTHER))
+            gated.gate.set()
+
+    trio.run(main)
+    (reply,) = replies
+    assert reply.direct_io  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(pixels(k.read(reply.fh)), data[8:16, :16])  # type: ignore[attr-defined]
+    fs.release(reply.fh)  # type: ignore[attr-defined]
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), data[8:16, :16])

@@ -799,6 +799,20 @@ class FileSystem:
                 if decoding.page_cached:
                     self.page_readers.reads_old_bytes(path)
 
+    async def _follow_rename(self, old: Path, new: Path) -> None:
+        """Readers of `old` opened while it was being renamed (after `_keep_readers`) read
+        the file the kernel moved to `new`, as its inode does: its values are there now
+        (at `old`, a chunk no longer stored, they read the fill value)."""
+        followers = [h for h in self.handles.values()
+                     if h.path == old and type(h) is DecodedChunkHandle and not h.page_cached]
+        if not followers:
+            return
+        entry = await self._entry(new)
+        if entry is None or entry.node is not Node.CHUNK or entry.array is None or entry.coords is None:
+            return
+        for handle in followers:
+            handle.path, handle.array, handle.coords = new, entry.array, entry.coords
+
     @operation(_by_child)
     async def unlink(self, parent: int, name: str) -> None:
         path = self._child(parent, name)
@@ -813,8 +827,10 @@ class FileSystem:
         self._refuse_special(old, new)
         await self._refuse_image(old, "rename")
         await self._refuse_image(new, "rename onto")
-        await self._keep_readers(old)
-        await self.writes.rename(old, new, flags)
+        with self.page_readers.renaming(old, new):
+            await self._keep_readers(old)
+            await self.writes.rename(old, new, flags)
+            await self._follow_rename(old, new)
         self._forget_stored(old)
         # the kernel moved the inode of `old` to `new`; the one that was at `new` is
         # detached but stays valid for whoever looked it up a moment ago

@@ -6,9 +6,10 @@ between processes. This part owns the counts that decide it:
 - `open`: page-cache handles open per path. A writer truncating the chunk (cp's
   O_TRUNC) first lets them finish (`truncating`, bounded by a grace period): the
   kernel sets the file's size to 0 on O_TRUNC for every opener.
-- `truncating`: writers truncating the chunk, from the start of their open until
-  it returns (new readers bypass the page cache meanwhile); `waiting`: the event
-  those writers wait on for the readers to close.
+- `changing`: paths whose file changes under way: a writer truncating the chunk,
+  from the start of its open until it returns (`truncating`), or a rename of it
+  (`renaming`); new readers bypass the page cache meanwhile. `waiting`: the event
+  truncating writers wait on for the readers to close.
 - `old_bytes`: page-cache readers still reading a replaced chunk's old bytes. What
   they read fills the kernel's page cache of the path, so new readers bypass it
   until the last of them closes; then the cache is dropped.
@@ -19,7 +20,7 @@ No FUSE: the kernel's caches are dropped by the caller (`FileSystem`).
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 
 import trio
 
@@ -35,7 +36,7 @@ class PageCacheReaders:
         self.grace = grace
         self.open: dict[Path, int] = {}
         self.waiting: dict[Path, trio.Event] = {}
-        self.writers_truncating: dict[Path, int] = {}
+        self.changing: dict[Path, int] = {}
         self.old_bytes: dict[Path, int] = {}
 
     def any_open(self, path: Path) -> bool:
@@ -44,7 +45,7 @@ class PageCacheReaders:
     def bypassed(self, path: Path) -> bool:
         """Whether new readers of `path` must bypass the page cache: a writer waits for
         its readers, or readers of replaced bytes are still open."""
-        return path in self.writers_truncating or path in self.old_bytes
+        return path in self.changing or path in self.old_bytes
 
     def opened(self, path: Path) -> None:
         self.open[path] = self.open.get(path, 0) + 1
@@ -82,8 +83,7 @@ class PageCacheReaders:
         file's size to 0 on O_TRUNC for every opener; and until the open returns, new
         readers get direct I/O and read the stored chunk (one opening while the
         writer's open was under way got the page cache, then an empty file)."""
-        self.writers_truncating[path] = self.writers_truncating.get(path, 0) + 1
-        try:
+        with self.renaming(path):
             if self.any_open(path):
                 event = self.waiting.setdefault(path, trio.Event())
                 try:
@@ -93,9 +93,22 @@ class PageCacheReaders:
                     if self.waiting.get(path) is event:
                         del self.waiting[path]
             yield
+
+    @contextlib.contextmanager
+    def renaming(self, *paths: Path) -> Iterator[None]:
+        """While the files of `paths` change (a rename, a truncating open): readers
+        opening them get direct I/O. One opening `old` while it was renamed read, once
+        the rename was done, the fill values of a chunk no longer there, into the page
+        cache of the file the kernel had moved to `new`: every later reader of `new`
+        read zeros."""
+        for path in paths:
+            self.changing[path] = self.changing.get(path, 0) + 1
+        try:
+            yield
         finally:
-            left = self.writers_truncating[path] - 1
-            if left:
-                self.writers_truncating[path] = left
-            else:
-                del self.writers_truncating[path]
+            for path in paths:
+                left = self.changing[path] - 1
+                if left:
+                    self.changing[path] = left
+                else:
+                    del self.changing[path]
