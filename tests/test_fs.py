@@ -1861,3 +1861,20 @@ def test_a_reader_opening_a_chunk_while_it_is_renamed_reads_the_moved_values(tmp
     np.testing.assert_array_equal(pixels(k.read(reply.fh)), data[8:16, :16])  # type: ignore[attr-defined]
     fs.release(reply.fh)  # type: ignore[attr-defined]
     np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), data[8:16, :16])
+
+
+def test_a_reader_of_an_unlinked_chunk_keeps_its_size_and_bytes(v3) -> None:
+    """[ns-4] a chunk unlinked while a reader has it open: fstat of the reader's inode
+    answers its size (ENOENT for the whole replace window, and so did the kernel's
+    attribute check before a read), and its reads give the chunk's bytes, decoded again
+    after the chunk cache let go of it."""
+    _, data, fs, k = v3
+    fh = k.open(CHUNK, os.O_RDONLY, OTHER)
+    size = len(k.read(fh))
+    ino = fs.handles[fh].inode.ino
+    k.unlink(CHUNK)
+    assert k.call(fs.getattr, ino, OTHER).size == size
+    fs.view.cache.clear()
+    np.testing.assert_array_equal(pixels(k.read(fh)), chunk00(data))
+    fs.release(fh)
+    assert not k.exists(CHUNK)
