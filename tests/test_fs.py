@@ -1878,3 +1878,25 @@ def test_a_reader_of_an_unlinked_chunk_keeps_its_size_and_bytes(v3) -> None:
     np.testing.assert_array_equal(pixels(k.read(fh)), chunk00(data))
     fs.release(fh)
     assert not k.exists(CHUNK)
+
+
+def test_a_name_with_a_newline_forges_no_line(v3, tmp_path: Path) -> None:
+    """[tree-6] a refused name holding a newline and a tab: one journal line, the name's
+    control characters escaped (it added a convincing line of its own to .zfuse/errors,
+    `zfuse status` and the log); the log's line is one line too."""
+    import subprocess
+    import sys
+
+    _, _, fs, k = v3
+    parent, _ = k.parent_and_name("c/x")
+    forged = "x\n2026-11-27T01:00:00\tc/0/0.tiff\tflush: store write failed (EIO)"
+    with pytest.raises(FsError):
+        k.call(fs.mkdir, parent, forged)
+    lines = k.read_file(".zfuse/errors").decode().splitlines()
+    assert len(lines) == 1 and "x\\x0a2026-11-27T01:00:00\\x09c/0/0.tiff" in lines[0], lines
+    log = tmp_path / "zfuse.log"
+    script = ("import logging, sys; from zfuse.daemonize import configure_logging; "
+              "configure_logging(0, sys.argv[1]); logging.getLogger('zfuse').error('mkdir %s: refused', sys.argv[2])")
+    subprocess.run([sys.executable, "-c", script, str(log), forged], check=True, capture_output=True, timeout=60)
+    (line,) = log.read_text("utf-8").splitlines()
+    assert "x\\x0a2026" in line

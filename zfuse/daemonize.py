@@ -14,6 +14,7 @@ import sys
 from typing import Any
 
 from zfuse.daemon import MountConfig
+from zfuse.errors import printable
 
 __all__ = ["configure_logging", "describe_open_error", "run_foreground", "spawn_daemon"]
 
@@ -25,8 +26,14 @@ FILE_ONLY = {"zfuse_file_only": True}
 
 class _Printable(logging.Formatter):
     """Lines as UTF-8 can hold them: a file name that is not UTF-8 (surrogates, as the
-    kernel's names are decoded) is escaped; the handler's strict encoding had dropped
-    the whole line, and with it a refusal's reason."""
+    kernel's names are decoded) is escaped (the handler's strict encoding had dropped
+    the whole line, and with it a refusal's reason); a message is one line, its control
+    characters escaped (a newline in a file name forged log lines). Tracebacks stay as
+    they are."""
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 - logging's name
+        record.message = printable(record.message)
+        return super().formatMessage(record)
 
     def format(self, record: logging.LogRecord) -> str:
         return super().format(record).encode("utf-8", "backslashreplace").decode("utf-8")
@@ -41,6 +48,7 @@ def configure_logging(verbose: int, log_file: str | None = None, background: boo
     logging.basicConfig(level=level, stream=sys.stderr, format="zfuse[%(process)d] %(levelname)s %(name)s: %(message)s")
     for handler in logging.getLogger().handlers:
         handler.addFilter(_not_file_only)
+        handler.setFormatter(_Printable("zfuse[%(process)d] %(levelname)s %(name)s: %(message)s"))
     if background:
         # until it detaches, a background daemon's stderr is the caller's terminal:
         # only warnings there (a successful `zfuse mount` prints nothing)

@@ -6,6 +6,8 @@ FUSE adapter can map them to errno values in one table (`errno_for` below).
 
 from __future__ import annotations
 
+import re
+
 
 class ZfuseError(Exception):
     """Base class of every error zfuse raises on purpose."""
@@ -114,3 +116,15 @@ def errno_for(exc: BaseException) -> int:
     if isinstance(exc, OSError) and isinstance(exc.errno, int) and exc.errno > 0:
         return exc.errno  # (a resolver's code is negative, EAI_NONAME -2: no errno)
     return errno.EIO  # timeouts, bugs: the caller sees an I/O error, the log has the cause
+
+
+_CONTROL = re.compile("[\x00-\x1f\x7f]")
+
+
+def printable(text: str) -> str:
+    """`text` as one line of UTF-8: a name that is not UTF-8 (its bytes decoded with
+    surrogates, as the kernel's names are) shows escaped, ``\\udcff``, rather than
+    failing every read of the journal and the log line saying it; a control character
+    (a newline in a name forged whole lines of `.zfuse/errors` and the log) as ``\\x0a``."""
+    text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)

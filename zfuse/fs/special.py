@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from zfuse import defaults
+from zfuse.errors import printable
 from zfuse.fs.types import Path
 from zfuse.stats import Stats
 from zfuse.view.tree import Entry, Node
@@ -43,13 +44,6 @@ def is_special(path: Path) -> bool:
 ERROR_LINE_MAX = 2048  # characters of one line of `.zfuse/errors` (a reason may quote a store's words)
 
 
-def printable(text: str) -> str:
-    """`text` as UTF-8 can hold it: a name that is not UTF-8 (its bytes decoded with
-    surrogates, as the kernel's names are) shows escaped, ``\\udcff``, rather than
-    failing every read of the journal and the log line saying it."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
 class ErrorJournal:
     """The lines of `.zfuse/errors` (the last ERRORS_KEPT, each at most ERROR_LINE_MAX
     characters). Its text is made once per change: every descriptor open on it shares
@@ -63,7 +57,7 @@ class ErrorJournal:
         """One line: time, path, reason."""
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
         reason = " ".join(reason.split())  # one line per entry
-        line = printable(f"{stamp}\t{'/'.join(path) or '/'}\t{reason}")
+        line = f"{stamp}\t{printable('/'.join(path) or '/')}\t{printable(reason)}"
         self.lines.append(line if len(line) <= ERROR_LINE_MAX else line[: ERROR_LINE_MAX - 3] + "...")
         self._text = None
 
