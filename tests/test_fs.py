@@ -1900,3 +1900,25 @@ def test_a_name_with_a_newline_forges_no_line(v3, tmp_path: Path) -> None:
     subprocess.run([sys.executable, "-c", script, str(log), forged], check=True, capture_output=True, timeout=60)
     (line,) = log.read_text("utf-8").splitlines()
     assert "x\\x0a2026" in line
+
+
+def test_refusals_of_one_kind_are_logged_at_most_twenty_in_ten_seconds(
+        v3, clock: Clock, caplog: pytest.LogCaptureFixture) -> None:
+    """[tree-6] one client's refused calls do not fill the log (39,000 refused mkdirs in
+    5 s wrote 13 MiB): 20 lines of a kind (operation, errno) in 10 s, then one line
+    counting the rest; .zfuse/errors has every one of them (its last 500)."""
+    src = v3[0]
+    fs, k = make_fs(src, clock)
+    parent, _ = k.parent_and_name("c/x")
+    with caplog.at_level("ERROR", logger="zfuse"):
+        for i in range(30):
+            with pytest.raises(FsError):
+                k.call(fs.mkdir, parent, f"bad{i}")
+        assert len([r for r in caplog.records if "mkdir" in r.getMessage()]) == 20
+        clock.now += 11
+        with pytest.raises(FsError):
+            k.call(fs.mkdir, parent, "bad30")
+    said = [r.getMessage() for r in caplog.records]
+    assert "10 more failures of mkdir (EPERM) in 10 s were not logged (see .zfuse/errors)" in said
+    assert any("bad30" in line for line in said)
+    assert len(k.read_file(".zfuse/errors").decode().splitlines()) == 31

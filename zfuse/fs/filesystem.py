@@ -164,6 +164,12 @@ def _by_handle(self: FileSystem, fh: int, *rest: Any) -> Path | None:
 PENDING_PATHS_SHOWN = 20  # pending files `.zfuse/stats` names (`pending_paths`)
 
 
+#: failures of one kind (operation, errno) logged in LOG_WINDOW_S at most; the rest are
+#: counted in one line (every one is in .zfuse/errors, the last ERRORS_KEPT)
+LOG_BURST = 20
+LOG_WINDOW_S = 10.0
+LOG_KINDS_KEPT = 1024
+
 class FileSystem:
     """The mount's file operations over a `View`, decided without FUSE."""
 
@@ -191,6 +197,8 @@ class FileSystem:
     ) -> None:
         self.view = view
         self.clock = clock
+        # (operation, errno) -> [window start, lines logged, lines not logged] (`_log_allowed`)
+        self._log_windows: dict[tuple[str, int], list[float]] = {}
         self.durable = durable  # False: close() survives the daemon; fsync() reaches the disk
         self.read_only = read_only
         self.stats = stats or Stats()
@@ -265,10 +273,30 @@ class FileSystem:
             reason = f"{type(exc).__name__} (no message) in {op} of store key {key}"
         # (a path that is no chunk's has no store key of its own: not named as one)
         named = f" [store key {key}]" if key != where else ""
-        log.error("%s %s%s: %s (%s)", op, where, named, reason,
-                  errno.errorcode.get(code, code), exc_info=None if expected else exc)
+        if self._log_allowed(op, code):
+            log.error("%s %s%s: %s (%s)", op, where, named, reason,
+                      errno.errorcode.get(code, code), exc_info=None if expected else exc)
         self.journal(path or (), f"{op}: {reason} ({errno.errorcode.get(code, code)})")
         return FsError(code)
+
+    def _log_allowed(self, op: str, code: int) -> bool:
+        """Whether a failure of `op` with `code` is logged: at most LOG_BURST of a kind in
+        LOG_WINDOW_S, then one line saying how many were not (one client's refused
+        mkdirs wrote 9 GiB of log an hour; .zfuse/errors keeps the last of them all)."""
+        now = self.clock()
+        window = self._log_windows.get((op, code))
+        if window is None or now - window[0] >= LOG_WINDOW_S:
+            if window is not None and window[2]:
+                log.error("%d more failures of %s (%s) in %g s were not logged (see .zfuse/errors)",
+                          window[2], op, errno.errorcode.get(code, code), LOG_WINDOW_S)
+            if len(self._log_windows) >= LOG_KINDS_KEPT:
+                self._log_windows.clear()
+            window = self._log_windows[(op, code)] = [now, 0, 0]
+        if window[1] < LOG_BURST:
+            window[1] += 1
+            return True
+        window[2] += 1
+        return False
 
     def journal(self, path: Path, reason: str) -> None:
         """One line of `.zfuse/errors`: time, path, reason."""
