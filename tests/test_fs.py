@@ -1922,3 +1922,45 @@ def test_refusals_of_one_kind_are_logged_at_most_twenty_in_ten_seconds(
     assert "10 more failures of mkdir (EPERM) in 10 s were not logged (see .zfuse/errors)" in said
     assert any("bad30" in line for line in said)
     assert len(k.read_file(".zfuse/errors").decode().splitlines()) == 31
+
+
+def test_open_directories_share_one_snapshot_of_their_listing(v3) -> None:
+    """[tree-4] every open of an array directory reads one sorted snapshot of it per
+    listing version (each opendir sorted and held its own: 1,000 handles of a 10,000-chunk
+    directory held 1.6 GB); a chunk written makes a new one, which lists it."""
+    _, data, fs, k = v3
+    row = k.walk("c/1")
+    handles = [k.call(fs.opendir, row) for _ in range(20)]
+    assert len({id(fs._dirs[fh].reader._buffer) for fh in handles}) == 1
+    names = sorted(k.listdir("c/1"))
+    k.write_file("c/2/1.tiff", tiff(np.full((4, 14), 5, np.uint16)))  # (an edge chunk, cropped shape)
+    later = k.call(fs.opendir, k.walk("c/2"))
+    assert "1.tiff" in [name for name, _ in fs._dirs[later].reader._buffer]
+    assert sorted(k.listdir("c/1")) == names
+    for fh in (*handles, later):
+        fs.releasedir(fh)
+
+
+def test_big_directories_share_their_first_entries_and_list_whole(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """[tree-4] a directory too big for one snapshot (streamed in listing order): its
+    readers share the first entries read, and each still lists every entry once."""
+    import zfuse.view.chunk_listing as chunk_listing_module
+    from zfuse.view.tree import DirReader
+
+    monkeypatch.setattr(DirReader, "SNAPSHOT_MAX", 5)
+    monkeypatch.setattr(chunk_listing_module, "LIST_PAGE", 7)  # (pages of 7: the first is shared)
+    src = tmp_path / "a.zarr"
+    zarr.create_array(str(src), shape=(40,), chunks=(1,), dtype="u1", fill_value=0, compressors=None)[:] = 1
+    fs, k = make_fs(src, Clock())
+    expected = sorted(f"{i}.tiff" for i in range(40))
+    assert sorted(k.listdir("c")) == expected
+    first = k.call(fs.opendir, k.walk("c"))
+    second = k.call(fs.opendir, k.walk("c"))
+    assert fs._dirs[first].reader._buffer is fs._dirs[second].reader._buffer
+    assert len(fs._dirs[first].reader._buffer) == 7
+    for fh in (second, first):
+        seen: list[str] = []
+        k.call(fs.readdir, fh, 0, lambda name, ino, attrs, off: seen.append(name) or True)
+        assert sorted(seen) == expected
+        fs.releasedir(fh)

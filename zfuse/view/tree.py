@@ -35,7 +35,7 @@ import zarr
 
 from zfuse.stats import Stats
 from zfuse.view.array_view import ArrayView, ChunkCache, ViewOptions
-from zfuse.view.caches import ViewCaches
+from zfuse.view.caches import BoundedLRU, ViewCaches
 from zfuse.view.entry import META_NAME, Entry, Node
 from zfuse.view.hierarchy import (
     ImplicitGroup,
@@ -128,6 +128,9 @@ class Problems:
 _problem_path = operator.attrgetter("path")
 
 
+#: entries of the directory snapshots a view keeps for its readers (`View.dir_snapshots`)
+DIR_SNAPSHOT_ENTRIES = 100_000
+
 class View:
     """The whole mount: a hierarchy of groups and arrays, addressed by path."""
 
@@ -145,6 +148,9 @@ class View:
         # directory path -> why it has no whole-image file (planned when first looked at;
         # at most IMAGE_DIRS_KEPT reasons)
         self.images_not_shown: dict[str, str] = {}
+        # sorted snapshots of array directories, by (path, listing version): every open
+        # of the directory reads the one snapshot (`DirReader`), entries counted
+        self.dir_snapshots = BoundedLRU(DIR_SNAPSHOT_ENTRIES)
         # (least used first: at most IMAGE_DIRS_KEPT directories)
         self._images: collections.OrderedDict[tuple[str, ...], dict[str, WholeImage]] = collections.OrderedDict()
         self._images_lock = threading.Lock()
@@ -543,16 +549,42 @@ class DirReader:
 
     def _restart(self) -> None:
         self._version = self.view.listing_version(self.path)
-        self._pages = self.view.iter_entries(self.path)
         self._base, self._done, self._started = 0, False, True
+        # an array directory's snapshot at this listing version (a big one's first
+        # entries), shared by every reader of it: each opendir listed and held its own
+        # (1,000 handles of a 10,000-chunk directory held 1.6 GB, and opendir loops
+        # starved other clients)
+        key = (self.path, self._version) if self._version is not None and not self.tail else None
+        shared = self.view.dir_snapshots.get(key) if key is not None else None
+        if shared is not None:
+            entries, whole = shared
+            self._buffer, self._done = entries, whole
+            # (big: the listing after the shared first entries, read when asked for)
+            self._pages = iter(()) if whole else _after(self.view.iter_entries(self.path), len(entries))
+            return
+        self._pages = self.view.iter_entries(self.path)
         first: list[tuple[str, Entry]] = []
         for page in self._pages:
             first += page
             if len(first) > self.SNAPSHOT_MAX:
                 self._buffer = first  # big: streamed from here on, in listing order
+                if key is not None:
+                    self.view.dir_snapshots.put(key, (first, False), len(first) + 1)
                 return
         first.sort(key=_by_name)
         self._buffer, self._done = first + self.tail, True
+        if key is not None:
+            self.view.dir_snapshots.put(key, (self._buffer, True), len(self._buffer) + 1)
+
+
+def _after(pages: Iterator[list[tuple[str, Entry]]], skip: int) -> Iterator[list[tuple[str, Entry]]]:
+    """The pages of a listing after its first `skip` entries (read, not held)."""
+    for page in pages:
+        if skip >= len(page):
+            skip -= len(page)
+            continue
+        yield page[skip:]
+        skip = 0
 
 
 # -- building a view from a source -------------------------------------------
