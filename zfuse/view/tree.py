@@ -150,7 +150,8 @@ class View:
         self.images_not_shown: dict[str, str] = {}
         # sorted snapshots of array directories, by (path, listing version): every open
         # of the directory reads the one snapshot (`DirReader`), entries counted
-        self.dir_snapshots = BoundedLRU(DIR_SNAPSHOT_ENTRIES)
+        # (bounded by the listing cache's names too: memory follows `listing_cache`)
+        self.dir_snapshots = BoundedLRU(min(DIR_SNAPSHOT_ENTRIES, options.listing_cache_names))
         # (least used first: at most IMAGE_DIRS_KEPT directories)
         self._images: collections.OrderedDict[tuple[str, ...], dict[str, WholeImage]] = collections.OrderedDict()
         self._images_lock = threading.Lock()
