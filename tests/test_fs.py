@@ -1964,3 +1964,28 @@ def test_big_directories_share_their_first_entries_and_list_whole(tmp_path: Path
         k.call(fs.readdir, fh, 0, lambda name, ino, attrs, off: seen.append(name) or True)
         assert sorted(seen) == expected
         fs.releasedir(fh)
+
+
+def test_old_copies_for_readers_are_bounded(v3) -> None:
+    """[write-2] [ns-4] the old bytes readers of replaced chunks keep are counted, at most
+    OLD_COPIES_BYTES together (one reader on each of 200 chunks of 8 MiB, then `rm` of
+    them, held 1.5 GB): past it, such a reader's reads fail with ESTALE saying why, its
+    fstat still answers; a copy is given back when its last reader closes."""
+    src, data, _, _ = v3
+    fs, k = make_fs(src, Clock(), reader_grace=0.01)  # (the writers wait for no reader)
+    first = k.open(CHUNK, os.O_RDONLY, OTHER)
+    second = k.open("c/1/0.tiff", os.O_RDONLY, OTHER)
+    size = len(k.read(first))
+    fs.old_copies.budget = size  # room for one copy
+    k.write_file(CHUNK, tiff(chunk00(data) + 1))
+    k.write_file("c/1/0.tiff", tiff(data[8:16, :16] + 1))
+    np.testing.assert_array_equal(pixels(k.read(first)), chunk00(data))
+    assert fs.old_copies.held == size
+    with pytest.raises(FsError) as e:
+        k.read(second)
+    assert e.value.errno == errno.ESTALE
+    assert "was replaced or removed while open" in k.read_file(".zfuse/errors").decode()
+    assert k.call(fs.getattr, fs.handles[second].inode.ino, OTHER).size == size
+    for fh in (first, second):
+        fs.release(fh)
+    assert fs.old_copies.held == 0

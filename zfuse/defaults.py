@@ -22,6 +22,9 @@ PENDING_TIMEOUT = 300.0  # seconds an incomplete closed file waits to be complet
 #: bytes that files being written (not yet closed, pending, scratch) may hold in the
 #: daemon together: past it a write fails with ENOSPC, whatever the machine has
 WRITE_BUFFERS = 4 * 2**30
+#: bytes of old copies the daemon holds for readers of chunks replaced or removed while
+#: open (one per version, shared); past it such a reader's reads fail with ESTALE
+OLD_COPIES_BYTES = 2**30
 #: files the daemon holds for writers at once (open, pending, scratch, empty new chunks):
 #: each costs about 2 KB even empty, which the byte budget above does not see
 FILES_HELD_MAX = 10_000

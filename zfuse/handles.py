@@ -25,8 +25,10 @@ No FUSE, no listing code, no filesystem policy here (tests/test_layers.py).
 
 from __future__ import annotations
 
+import errno
 from typing import Any
 
+from zfuse.errors import NotAllowedError
 from zfuse.inodes import Inode, Path
 from zfuse.view.entry import Entry, Node
 from zfuse.view.writes import FileState, Phase, read_state
@@ -64,20 +66,83 @@ class Handle:
         """Give back what it holds (at release)."""
 
 
+class OldCopies:
+    """The old bytes that readers of chunks replaced or removed while open hold (their
+    `SnapshotHandle`s): one copy per version, shared, counted while held; at most
+    `budget` bytes together (one reader on each of 200 chunks of 8 MiB, then `rm` of
+    them all, held 1.5 GB)."""
+
+    def __init__(self, budget: int) -> None:
+        self.budget = budget
+        self.held = 0
+        self._refs: dict[int, list[Any]] = {}  # id(bytes) -> [bytes, readers]
+
+    def admits(self, size: int) -> bool:
+        return self.held + size <= self.budget
+
+    def take(self, data: bytes) -> None:
+        ref = self._refs.setdefault(id(data), [data, 0])
+        if ref[1] == 0:
+            self.held += len(data)
+        ref[1] += 1
+
+    def give_back(self, data: bytes) -> None:
+        ref = self._refs.get(id(data))
+        if ref is None:
+            return
+        ref[1] -= 1
+        if ref[1] <= 0:
+            del self._refs[id(data)]
+            self.held -= len(data)
+
+
 class SnapshotHandle(Handle):
-    """Fixed bytes."""
+    """Fixed bytes (`copies`: counted there while open)."""
 
-    __slots__ = ("content",)
+    __slots__ = ("content", "copies")
 
-    def __init__(self, path: Path, inode: Inode, content: bytes, page_cached: bool = False) -> None:
+    def __init__(self, path: Path, inode: Inode, content: bytes, page_cached: bool = False,
+                 copies: OldCopies | None = None) -> None:
         super().__init__(path, inode, page_cached)
         self.content = content
+        self.copies = copies
+        if copies is not None:
+            copies.take(content)
+
+    def close(self) -> None:
+        if self.copies is not None:
+            self.copies.give_back(self.content)
+            self.copies = None
 
     def entry(self) -> Entry:
         return Entry(Node.META, size=len(self.content))
 
     def read_cached(self, off: int, size: int) -> bytes:
         return self.content[off : off + size]
+
+    read = read_cached
+
+    def answers_detached(self) -> bool:
+        return True
+
+
+class StaleHandle(Handle):
+    """A reader of a chunk replaced or removed while open, whose old bytes the daemon
+    could not keep (`OldCopies` full): its reads fail with ESTALE, saying why; fstat
+    still answers the size it had."""
+
+    __slots__ = ("size", "why")
+
+    def __init__(self, path: Path, inode: Inode, size: int, why: str) -> None:
+        super().__init__(path, inode)
+        self.size = size
+        self.why = why
+
+    def entry(self) -> Entry:
+        return Entry(Node.META, size=self.size)
+
+    def read_cached(self, off: int, size: int) -> bytes | None:
+        raise NotAllowedError(errno.ESTALE, self.why)
 
     read = read_cached
 

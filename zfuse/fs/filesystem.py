@@ -44,6 +44,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from zfuse import defaults
 from zfuse.errors import (
     CorruptDataError,
     NotAllowedError,
@@ -79,7 +80,9 @@ from zfuse.handles import (
     ChunkHandle,
     DecodedChunkHandle,
     Handle,
+    OldCopies,
     SnapshotHandle,
+    StaleHandle,
     StoredChunkHandle,
     WholeImageHandle,
     WriteHandle,
@@ -197,6 +200,7 @@ class FileSystem:
     ) -> None:
         self.view = view
         self.clock = clock
+        self.old_copies = OldCopies(defaults.OLD_COPIES_BYTES)  # readers' copies of replaced chunks
         # (operation, errno) -> [window start, lines logged, lines not logged] (`_log_allowed`)
         self._log_windows: dict[tuple[str, int], list[float]] = {}
         self.durable = durable  # False: close() survives the daemon; fsync() reaches the disk
@@ -806,14 +810,23 @@ class FileSystem:
                 continue
             # (an unlinked chunk is no longer listed but still stored: it reads as it was)
             arr, coords = handle.array, handle.coords
+            version: object = handle.stored.identity if isinstance(handle, StoredChunkHandle) else "decoded"
+            size = handle.stored.size if isinstance(handle, StoredChunkHandle) else arr.file_size(coords)
+            if version not in copies and not self.old_copies.admits(size):
+                if isinstance(handle, StoredChunkHandle):
+                    handle.stored.close()
+                why = (f"{'/'.join(path)} was replaced or removed while open, and the daemon already holds "
+                       f"{self.old_copies.held} bytes of such files' old bytes for their readers: reopen it")
+                self.handles[fh] = StaleHandle(path, handle.inode, size, why)
+                continue
             decoding = self.handles[fh] = DecodedChunkHandle(path, handle.inode, arr, coords, handle.page_cached)
             data = None
             if isinstance(handle, StoredChunkHandle):  # the bytes of the stored file it opened
                 stored = handle.stored
                 try:
-                    data = copies.get(stored.identity)
+                    data = copies.get(version)
                     if data is None:
-                        data = copies[stored.identity] = bytes(await self.run(stored.read, 0, stored.size))
+                        data = copies[version] = bytes(await self.run(stored.read, 0, stored.size))
                 except CorruptDataError as e:  # (replaced behind the mount's back): decoded
                     log.debug("%s: %s", "/".join(path), e)
                 finally:
@@ -823,7 +836,7 @@ class FileSystem:
                 if data is None:
                     data = copies["decoded"] = bytes(await self.run(arr.read, coords, 0, arr.file_size(coords)))
             if self.handles.get(fh) is decoding:  # (else closed meanwhile)
-                self.handles[fh] = SnapshotHandle(path, handle.inode, data, decoding.page_cached)
+                self.handles[fh] = SnapshotHandle(path, handle.inode, data, decoding.page_cached, self.old_copies)
                 if decoding.page_cached:
                     self.page_readers.reads_old_bytes(path)
 
