@@ -1961,7 +1961,12 @@ def test_big_directories_share_their_first_entries_and_list_whole(tmp_path: Path
     assert len(fs._dirs[first].reader._buffer) == 7
     for fh in (second, first):
         seen: list[str] = []
-        k.call(fs.readdir, fh, 0, lambda name, ino, attrs, off: seen.append(name) or True)
+
+        def take(name: str, ino: int, attrs: object, off: int, seen: list[str] = seen) -> bool:
+            seen.append(name)
+            return True
+
+        k.call(fs.readdir, fh, 0, take)
         assert sorted(seen) == expected
         fs.releasedir(fh)
 
