@@ -1916,6 +1916,7 @@ def test_refusals_of_one_kind_are_logged_at_most_twenty_in_ten_seconds(
                 k.call(fs.mkdir, parent, f"bad{i}")
         assert len([r for r in caplog.records if "mkdir" in r.getMessage()]) == 20
         clock.now += 11
+        k.tick()  # (the burst has stopped: its count is said at the next tick)
         with pytest.raises(FsError):
             k.call(fs.mkdir, parent, "bad30")
     said = [r.getMessage() for r in caplog.records]
@@ -1994,3 +1995,43 @@ def test_old_copies_for_readers_are_bounded(v3) -> None:
     for fh in (first, second):
         fs.release(fh)
     assert fs.old_copies.held == 0
+
+
+def test_a_refused_rename_leaves_its_readers_alone(v3) -> None:
+    """[ns-3] a rename refused (RENAME_NOREPLACE onto a chunk, a chunk onto a name that is
+    no chunk's) changes nothing for readers of its source: no copy of its bytes is made
+    or counted (with the old-copies budget spent, such a reader's reads failed ESTALE,
+    the file never changed)."""
+    _, data, fs, k = v3
+    fs.old_copies.budget = 0
+    reader = k.open(CHUNK, os.O_RDONLY, OTHER)
+    for flags, new in ((1, "c/1/0.tiff"), (0, "c/0/0.bak")):
+        with pytest.raises(FsError):
+            k.rename(CHUNK, new, flags)
+    np.testing.assert_array_equal(pixels(k.read(reader)), chunk00(data))
+    assert fs.old_copies.held == 0 and not fs.page_readers.old_bytes
+    fs.release(reader)
+
+
+def test_a_stale_page_cache_reader_is_uncounted_when_it_closes(v3) -> None:
+    """[ns-4] a page-cache reader whose old bytes the daemon could not keep (ESTALE) is
+    still counted as a page-cache reader until it closes, and uncounted then (the count
+    stayed, and every later cp of the chunk waited the whole grace for a reader gone)."""
+    _, data, fs, k = v3
+    fs.old_copies.budget = 0
+    reader = k.open(CHUNK, os.O_RDONLY, OTHER)
+    assert fs.handles[reader].page_cached
+    fs.page_readers.grace = 0.01
+    k.write_file(CHUNK, tiff(chunk00(data) + 1))
+    assert type(fs.handles[reader]).__name__ == "StaleHandle" and fs.handles[reader].page_cached
+    fs.release(reader)
+    assert not fs.page_readers.any_open(("c", "0", "0.tiff"))
+
+
+def test_names_with_other_line_breaks_stay_one_line() -> None:
+    """[tree-6] U+0085, U+2028 and U+2029, line breaks to str.splitlines() (zfuse status
+    reads the journal so), are escaped too."""
+    from zfuse.errors import printable
+
+    text = printable("a\x85b\u2028c\u2029d\ne\udcff")
+    assert text.splitlines() == [text] and text == "a\\x85b\\u2028c\\u2029d\\x0ae\\udcff"

@@ -740,3 +740,17 @@ def test_a_level_of_more_stored_chunks_than_sizes_kept_is_decoded(tmp_path: Path
     for image in (img, capped):
         data = image.read(0, image.size)
         np.testing.assert_array_equal(tifffile.imread(io.BytesIO(bytes(data))), values)
+
+
+def test_an_array_with_nothing_stored_reads_as_its_fill_value(tmp_path: Path) -> None:
+    """[image-2] a zlib array (passthrough), sharded or not, with no chunk stored yet: its
+    image.ome.tif is the fill value (its stored sizes, none, made the read fail: EIO)."""
+    root = zarr.open_group(str(tmp_path / "g.zarr"), mode="w")
+    root.create_array("plain", shape=(40, 50), chunks=(16, 16), dtype="uint16", fill_value=7,
+                      compressors=[Zlib3(level=1), Crc32cCodec()])
+    root.create_array("sharded", shape=(40, 50), shards=(32, 32), chunks=(16, 16), dtype="uint16",
+                      fill_value=7, compressors=[Zlib3(level=1), Crc32cCodec()])
+    for name in ("plain", "sharded"):
+        image = in_process_image(tmp_path / "g.zarr", (name, "image.ome.tif"))
+        data = image.read(0, image.size)
+        np.testing.assert_array_equal(tifffile.imread(io.BytesIO(bytes(data))), np.full((40, 50), 7, np.uint16))

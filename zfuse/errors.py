@@ -118,7 +118,8 @@ def errno_for(exc: BaseException) -> int:
     return errno.EIO  # timeouts, bugs: the caller sees an I/O error, the log has the cause
 
 
-_CONTROL = re.compile("[\x00-\x1f\x7f]")
+# control characters, and the line breaks str.splitlines() honours besides them
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def printable(text: str) -> str:
@@ -127,4 +128,5 @@ def printable(text: str) -> str:
     failing every read of the journal and the log line saying it; a control character
     (a newline in a name forged whole lines of `.zfuse/errors` and the log) as ``\\x0a``."""
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
+                        text)

@@ -133,8 +133,8 @@ class StaleHandle(Handle):
 
     __slots__ = ("size", "why")
 
-    def __init__(self, path: Path, inode: Inode, size: int, why: str) -> None:
-        super().__init__(path, inode)
+    def __init__(self, path: Path, inode: Inode, size: int, why: str, page_cached: bool = False) -> None:
+        super().__init__(path, inode, page_cached)  # (a page-cache reader still counted until it closes)
         self.size = size
         self.why = why
 

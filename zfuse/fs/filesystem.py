@@ -201,6 +201,7 @@ class FileSystem:
         self.view = view
         self.clock = clock
         self.old_copies = OldCopies(defaults.OLD_COPIES_BYTES)  # readers' copies of replaced chunks
+        self._keeping: set[int] = set()  # readers whose copy `_keep_readers` is making
         # (operation, errno) -> [window start, lines logged, lines not logged] (`_log_allowed`)
         self._log_windows: dict[tuple[str, int], list[float]] = {}
         self.durable = durable  # False: close() survives the daemon; fsync() reaches the disk
@@ -277,7 +278,7 @@ class FileSystem:
             reason = f"{type(exc).__name__} (no message) in {op} of store key {key}"
         # (a path that is no chunk's has no store key of its own: not named as one)
         named = f" [store key {key}]" if key != where else ""
-        if self._log_allowed(op, code):
+        if not expected or self._log_allowed(op, code):  # (a bug's traceback is always logged)
             log.error("%s %s%s: %s (%s)", op, where, named, reason,
                       errno.errorcode.get(code, code), exc_info=None if expected else exc)
         self.journal(path or (), f"{op}: {reason} ({errno.errorcode.get(code, code)})")
@@ -290,17 +291,31 @@ class FileSystem:
         now = self.clock()
         window = self._log_windows.get((op, code))
         if window is None or now - window[0] >= LOG_WINDOW_S:
-            if window is not None and window[2]:
-                log.error("%d more failures of %s (%s) in %g s were not logged (see .zfuse/errors)",
-                          window[2], op, errno.errorcode.get(code, code), LOG_WINDOW_S)
+            if window is not None:
+                self._log_not_logged(op, code, window)
             if len(self._log_windows) >= LOG_KINDS_KEPT:
-                self._log_windows.clear()
+                self.log_not_logged(every=True)
             window = self._log_windows[(op, code)] = [now, 0, 0]
         if window[1] < LOG_BURST:
             window[1] += 1
             return True
         window[2] += 1
         return False
+
+    def log_not_logged(self, every: bool = False) -> None:
+        """Log how many failures the windows past (or, `every`: all of them, at shutdown)
+        did not, and forget those windows (`tick` calls it: a burst that stops is said)."""
+        now = self.clock()
+        for (op, code), window in list(self._log_windows.items()):
+            if every or now - window[0] >= LOG_WINDOW_S:
+                self._log_not_logged(op, code, window)
+                del self._log_windows[(op, code)]
+
+    @staticmethod
+    def _log_not_logged(op: str, code: int, window: list[float]) -> None:
+        if window[2]:
+            log.error("%d more failures of %s (%s) in %g s were not logged (see .zfuse/errors)",
+                      window[2], op, errno.errorcode.get(code, code), LOG_WINDOW_S)
 
     def journal(self, path: Path, reason: str) -> None:
         """One line of `.zfuse/errors`: time, path, reason."""
@@ -666,7 +681,10 @@ class FileSystem:
         if state is None and arr.serves_stored is not False:
             view = self.view
             stored = await self.stored.open(path, arr, coords)
-            if self.view is not view:  # reloaded meanwhile: open the file of the new view
+            if self.view is not view or inode.path != path or inode.detached:
+                # reloaded meanwhile, or the file renamed or removed (its inode now another
+                # name's: opened as it was, a chunk gone, it read zeros into that file's
+                # page cache): open what the inode is now
                 if stored is not None:
                     stored.close()
                 return await self._open(inode.ino, flags, pid)
@@ -808,6 +826,8 @@ class FileSystem:
         for fh, handle in list(self.handles.items()):
             if handle.path != path or not isinstance(handle, ChunkHandle) or self.handles.get(fh) is not handle:
                 continue
+            if fh in self._keeping:  # (another keep of this path is making its copy)
+                continue
             # (an unlinked chunk is no longer listed but still stored: it reads as it was)
             arr, coords = handle.array, handle.coords
             version: object = handle.stored.identity if isinstance(handle, StoredChunkHandle) else "decoded"
@@ -817,31 +837,42 @@ class FileSystem:
                     handle.stored.close()
                 why = (f"{'/'.join(path)} was replaced or removed while open, and the daemon already holds "
                        f"{self.old_copies.held} bytes of such files' old bytes for their readers: reopen it")
-                self.handles[fh] = StaleHandle(path, handle.inode, size, why)
+                self.handles[fh] = StaleHandle(path, handle.inode, size, why, handle.page_cached)
                 continue
             decoding = self.handles[fh] = DecodedChunkHandle(path, handle.inode, arr, coords, handle.page_cached)
-            data = None
-            if isinstance(handle, StoredChunkHandle):  # the bytes of the stored file it opened
-                stored = handle.stored
-                try:
-                    data = copies.get(version)
-                    if data is None:
-                        data = copies[version] = bytes(await self.run(stored.read, 0, stored.size))
-                except CorruptDataError as e:  # (replaced behind the mount's back): decoded
-                    log.debug("%s: %s", "/".join(path), e)
-                finally:
-                    stored.close()
-            if data is None:
-                data = copies.get("decoded")
-                if data is None:
-                    data = copies["decoded"] = bytes(await self.run(arr.read, coords, 0, arr.file_size(coords)))
+            self._keeping.add(fh)
+            try:
+                data = await self._old_bytes(handle, version, copies)
+            finally:
+                self._keeping.discard(fh)
             if self.handles.get(fh) is decoding:  # (else closed meanwhile)
                 self.handles[fh] = SnapshotHandle(path, handle.inode, data, decoding.page_cached, self.old_copies)
                 if decoding.page_cached:
                     self.page_readers.reads_old_bytes(path)
 
+    async def _old_bytes(self, handle: ChunkHandle, version: object, copies: dict[object, bytes]) -> bytes:
+        """The bytes a reader of a chunk about to change opened (one copy per version)."""
+        arr, coords = handle.array, handle.coords
+        data = None
+        if isinstance(handle, StoredChunkHandle):  # the bytes of the stored file it opened
+            stored = handle.stored
+            try:
+                data = copies.get(version)
+                if data is None:
+                    data = copies[version] = bytes(await self.run(stored.read, 0, stored.size))
+            except CorruptDataError as e:  # (replaced behind the mount's back): decoded
+                log.debug("%s: %s", "/".join(handle.path), e)
+            finally:
+                stored.close()
+        if data is None:
+            data = copies.get("decoded")
+            if data is None:
+                data = copies["decoded"] = bytes(await self.run(arr.read, coords, 0, arr.file_size(coords)))
+        return data
+
     async def _follow_rename(self, old: Path, new: Path) -> None:
-        """Readers of `old` opened while it was being renamed (after `_keep_readers`) read
+        """Readers of `old` opened while it was being renamed (after its readers kept its
+        bytes: `Writes.rename`, through `_keep_readers`) read
         the file the kernel moved to `new`, as its inode does: its values are there now
         (at `old`, a chunk no longer stored, they read the fill value)."""
         followers = [h for h in self.handles.values()
@@ -869,7 +900,8 @@ class FileSystem:
         await self._refuse_image(old, "rename")
         await self._refuse_image(new, "rename onto")
         with self.page_readers.renaming(old, new):
-            await self._keep_readers(old)
+            # (readers of `old` keep its bytes in `writes.rename`, once it has checked the
+            # rename and holds both paths: a refused rename leaves them as they were)
             await self.writes.rename(old, new, flags)
             await self._follow_rename(old, new)
         self._forget_stored(old)
@@ -902,7 +934,9 @@ class FileSystem:
 
     # -- time, reload, shutdown -----------------------------------------------
     async def tick(self) -> None:
-        """Carry out what is due (deferred deletions, abandoned pending files)."""
+        """Carry out what is due (deferred deletions, abandoned pending files, failures
+        not logged said)."""
+        self.log_not_logged()
         try:
             changed = await self.writes.expire()
         except Exception as e:
@@ -912,6 +946,7 @@ class FileSystem:
             self._forget_name(path)
 
     async def shutdown(self) -> None:
+        self.log_not_logged(every=True)
         await self.writes.shutdown()
 
     async def refresh(self) -> None:

@@ -613,8 +613,8 @@ class Writes:
                 self._add_writer(state, pid)
             buffer = await self.run(load_buffer, state)
             await _growth_done(state)
-            if state.buffer is not None:
-                buffer = state.buffer  # (an O_TRUNC open may have started it over meanwhile)
+            if state.buffer is not buffer:  # (an O_TRUNC open started it over meanwhile: this was before)
+                return
             if size == len(buffer) and not state.dirty:
                 return
             if size == 0:

@@ -226,7 +226,7 @@ class Level:
     def tile_indexes(self, coords: np.ndarray) -> np.ndarray:
         """`tile_index` of each row of chunk coordinates (n, ndim), -1 where none: numpy,
         no Python object per chunk (a level may have millions stored)."""
-        chunks = np.asarray(coords, dtype=np.int64).reshape(len(coords), -1)
+        chunks = np.asarray(coords, dtype=np.int64).reshape(len(coords), len(self.axes.order))
         if math.prod(self.lead) * self.tiles >= 2**62:  # (past int64: Python integers, one by one)
             found = (self.tile_index(tuple(int(v) for v in row)) for row in chunks)
             return np.array([-1 if i is None else i for i in found], dtype=np.int64)
