@@ -2035,3 +2035,20 @@ def test_names_with_other_line_breaks_stay_one_line() -> None:
 
     text = printable("a\x85b\u2028c\u2029d\ne\udcff")
     assert text.splitlines() == [text] and text == "a\\x85b\\u2028c\\u2029d\\x0ae\\udcff"
+
+
+def test_a_concatenation_names_its_sources_keys_in_errors(tmp_path: Path, clock: Clock) -> None:
+    """[tree-6] a refused write to a chunk of a concatenated view names the source chunks
+    behind it, each source's name and key (it named `concat/c/1/0`, no store's key)."""
+    a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
+    stores.v3(a, shape=(16, 32))
+    stores.v3(b, shape=(16, 32), seed=1)
+    config = MountConfig(sources=[str(a), str(b)], mountpoint="", read_only=False, concat_axis=0)
+    fs = FileSystem(make_view(config), read_only=False, stats=Stats(), clock=clock, process=lambda pid: pid,
+                    reload=lambda: make_view(config))
+    k = Kernel(fs)
+    fs.kernel = k
+    with pytest.raises(FsError):
+        k.write_file("c/2/0.tiff", b"not a tiff at all")
+    line = k.read_file(".zfuse/errors").decode().splitlines()[-1]
+    assert f"concat/c/2/0 ({b}: c/0/0)" in line, line

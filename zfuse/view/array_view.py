@@ -399,7 +399,11 @@ class ArrayView:
     def key_name(self, coords: Coords) -> str:
         """The chunk's store key with the array's path, for messages (``arr/c/0/1``)."""
         key = self.source.chunk_key(coords)
-        return f"{self.source.name}/{key}" if self.source.name else key
+        named = f"{self.source.name}/{key}" if self.source.name else key
+        parts = getattr(self.source, "part_key_names", None)  # (a concatenation: its sources' keys)
+        if parts is not None and self.source.in_grid(coords):
+            return f"{named} ({'; '.join(parts(coords))})"
+        return named
 
     def coords_of(self, parts: tuple[str, ...]) -> Coords | None:
         """The chunk a file path names, if it names one inside the grid."""

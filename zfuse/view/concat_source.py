@@ -68,6 +68,12 @@ class ConcatChunkSource(ChunkSource):
             for c in itertools.product(*ranges):
                 yield part, c
 
+    def part_key_names(self, coords: Coords, most: int = 4) -> list[str]:
+        """The source chunks behind view chunk `coords`, as messages name them (each
+        source's name, then its chunk key); at most `most`, then how many more."""
+        found = [f"{part.name}: {part.chunk_key(c)}" for part, c in itertools.islice(self._part_chunks(coords), most + 1)]
+        return found if len(found) <= most else [*found[:most], "..."]
+
     def retry_failed(self, coords: Coords) -> None:
         if self.in_grid(coords):
             for part, c in self._part_chunks(coords):
