@@ -71,6 +71,7 @@ __all__ = [
     "build_header",
     "geometry",
     "plan_layout",
+    "samples_fit",
     "tiff_unsupported_reason",
 ]
 
@@ -146,6 +147,22 @@ def flatten(shape: Sequence[int]) -> tuple[int, int, int]:
     if len(shape) == 1:
         return 1, 1, int(shape[0])
     return math.prod(shape[:-2]), int(shape[-2]), int(shape[-1])
+
+
+def samples_fit(file_shape: Sequence[int], samples: int) -> bool:
+    """Whether `samples` per pixel of a written image can be the fastest planes of a
+    file of `file_shape` (file order): the product of its fastest page axes, axes of
+    size 1 skipped. An RGB image is a chunk's 3 channels; 3 samples across the c=2
+    and t axes of a (t, c) chunk are not (they were stored split across time)."""
+    if samples <= 1:
+        return True
+    product = 1
+    for n in reversed(list(file_shape)[:-2]):  # the page axes, fastest first
+        if n > 1:
+            product *= int(n)
+            if product >= samples:
+                return product == samples
+    return False
 
 
 def geometry(layout: TiffLayout | None, shape: Sequence[int]) -> tuple[int, int, int]:

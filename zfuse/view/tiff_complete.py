@@ -36,7 +36,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from zfuse.view.tiff import flatten
+from zfuse.view.tiff import flatten, samples_fit
 
 __all__ = ["EARLY_LOOKS", "EarlyCheck", "TiffWalk", "early_refusal", "incomplete_reason", "max_ifds", "walk_tiff"]
 
@@ -298,11 +298,11 @@ def early_refusal(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[S
     if (first(_NEW_SUBFILE_TYPE, 0) or 0) & 1:
         return EarlyCheck(True, True, None)
     planes = [flatten(s) for s in chunk_shapes]
-    if spp > 1 and planes and all(p % spp for p, _, _ in planes):
-        # (samples are planes, c fastest: an RGB image is a chunk's 3 channels)
-        held = " or ".join(dict.fromkeys(str(p) for p, _, _ in planes))
+    if spp > 1 and chunk_shapes and not any(samples_fit(s, spp) for s in chunk_shapes):
+        # (samples are planes, the fastest: an RGB image is a chunk's 3 channels)
+        held = " or ".join(dict.fromkeys(str(tuple(s)) for s in chunk_shapes))
         return EarlyCheck(True, True, f"the image has {spp} samples per pixel (RGB or multi-channel); "
-                f"the chunk's planes ({held}) do not take {spp} samples each")
+                f"the chunk's fastest planes are not {spp} of them (its file's shape: {held})")
     if planes and all((r, c) != (length, width) for _, r, c in planes):
         sizes = " or ".join(f"{r}x{c}" for _, r, c in planes)
         return EarlyCheck(True, True, f"wrong shape: the image is {length}x{width} (rows x columns), "

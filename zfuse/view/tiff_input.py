@@ -49,7 +49,7 @@ import numpy as np
 import tifffile
 
 from zfuse.errors import InvalidTiffError
-from zfuse.view.tiff import TiffLayout, build_header, geometry
+from zfuse.view.tiff import TiffLayout, build_header, geometry, samples_fit
 from zfuse.view.tiff_complete import incomplete_reason, walk_tiff
 from zfuse.view.tiff_parse import read_position
 from zfuse.view.tiff_segments import ACCEPTED_COMPRESSIONS, check_segments
@@ -389,6 +389,10 @@ def _written_order(tif: tifffile.TiffFile, layout: TiffLayout | None, shape: Seq
         if len(axis_of) != len([r for r in layout.roles if r is not None]) or any(shape[i] > 1 for i in unnamed):
             return None  # (two axes of one role, or one without a role: the file cannot say)
         slowest_first = found.group(1).decode()[::-1].lower()
+        if int(tif.pages.first.samplesperpixel) > 1:
+            # samples are planes, the fastest ([read-13]), whatever DimensionOrder puts
+            # C (Bio-Formats' XYZCT RGB z-stack was stored scrambled)
+            slowest_first = slowest_first.replace("c", "") + "c"
         order = (*[axis_of[r] for r in slowest_first if r in axis_of], *unnamed, *image)
         return order if moves_planes(order) else None
     return None
@@ -531,6 +535,12 @@ def _decode_pages(
         else:
             got_desc = names if geom[0] == len(pages) else got_desc
         raise _fail(f"wrong shape: TIFF has {got_desc}; expected {expected}", warnings)
+
+    spp = int(first.samplesperpixel)
+    file_shape = layout.file_shape(shape) if layout is not None else tuple(shape)
+    if spp > 1 and any(_planes(p) for p in pages) and not samples_fit(file_shape, spp):
+        raise _fail(f"the image has {spp} samples per pixel (RGB or multi-channel); the chunk's fastest "
+                    f"planes are not {spp} of them (its file's shape: {file_shape})", warnings)
 
     # The geometry is the chunk's: now every strip and tile must decode to exactly its
     # part of it, checked with bounded work before tifffile decodes anything.

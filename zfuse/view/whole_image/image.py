@@ -491,6 +491,15 @@ def _image_title(path: tuple[str, ...], parent_attrs: dict[str, Any]) -> str:
     return path[-1]
 
 
+def _with_axes(ome: dict[str, Any] | None, array: ArrayView) -> dict[str, Any] | None:
+    """OME-Zarr axis metadata with the axis names the array's chunk files follow where it
+    has none (no multiscale, or one of OME-Zarr 0.1-0.3, before axes: its dimension
+    names or guessed RGB y, x, c; an RGB image's channels were labelled Z)."""
+    if (ome is None or not ome.get("axes")) and array.axes is not None:
+        return {**(ome or {}), "axes": array.axes}
+    return ome
+
+
 def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
                       not_shown: dict[str, str] | None = None, *,
                       workers: ImageWorkers) -> dict[str, WholeImage | StrippedImage]:
@@ -514,9 +523,7 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
             attrs = _node_attrs(parent) if parent is not None and path else {}
             # the array's own OME axes: the multiscale naming it may be further up
             # (ngff-zarr's scale0/image)
-            ome = node.array.ome or (ome_axes(attrs, path[-1]) if path else None)
-            if ome is None and node.array.axes is not None:
-                ome = {"axes": node.array.axes}  # (its dimension names, as its chunk files have them)
+            ome = _with_axes(node.array.ome or (ome_axes(attrs, path[-1]) if path else None), node.array)
             out[IMAGE_NAME] = WholeImage(IMAGE_NAME, [node.array], ome, omero_channels(attrs), label=label,
                                          title=_image_title(path, attrs), workers=workers)
             try:
@@ -541,7 +548,8 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
                 log.info("%s: %s", label, not_shown[label])
             if arrays and not missing:
                 levels, stopped = pyramid_levels(arrays, label)  # type: ignore[arg-type]
-                out[PYRAMID_NAME] = WholeImage(PYRAMID_NAME, levels, ome_axes(attrs, paths[0]),  # type: ignore[index]
+                out[PYRAMID_NAME] = WholeImage(PYRAMID_NAME, levels,
+                                               _with_axes(ome_axes(attrs, paths[0]), levels[0]),  # type: ignore[index]
                                                omero_channels(attrs), label=label,
                                                title=multiscale_name(attrs) or (path[-1] if path else "image"),
                                                workers=workers)
