@@ -229,3 +229,28 @@ def test_a_legacy_ome_rgb_image_is_labelled_by_its_guessed_axes(tmp_path: Path) 
         with tifffile.TiffFile(io.BytesIO(bytes(image.read(0, image.size)))) as tif:
             assert tif.series[0].axes == "CYX", name
             np.testing.assert_array_equal(tif.asarray(), RGB.transpose(2, 0, 1))
+
+
+def test_a_file_written_in_zarr_order_is_read_so_where_it_says_it() -> None:
+    """[read-13] [read-1] `tifffile.imwrite(path, chunk)` of a chunk whose y and x are not
+    its last two axes ((x, y), (y, x, 5 bands), (y, c, x)): the file's shape description
+    says zarr's order, and it is stored exactly (it was refused as the wrong shape, or a
+    square (x, y) one stored transposed; a square one still fits both orders: the chunk
+    file's is taken)."""
+    rng = np.random.default_rng(9)
+    for shape, names in (((32, 16), ["x", "y"]), ((64, 48, 5), ["y", "x", "band"]), ((16, 2, 32), ["y", "c", "x"])):
+        chunk = rng.integers(0, 60000, size=shape).astype("u2")
+        layout = plan_layout(shape, "u2", axes=names)
+        assert layout.moves_image
+        out = io.BytesIO()
+        tifffile.imwrite(out, chunk)
+        data = out.getvalue()
+        assert early_refusal(data, [layout.file_shape(shape), shape], np.dtype("u2"))[2] is None
+        np.testing.assert_array_equal(decode_tiff(data, chunk_shape=shape, dtype="u2", layout=layout), chunk,
+                                      err_msg=str(names))
+    square = rng.integers(0, 60000, size=(48, 48)).astype("u2")
+    layout = plan_layout((48, 48), "u2", axes=["x", "y"])
+    out = io.BytesIO()
+    tifffile.imwrite(out, square.T)  # (a chunk file read with tifffile, written back)
+    np.testing.assert_array_equal(decode_tiff(out.getvalue(), chunk_shape=(48, 48), dtype="u2", layout=layout),
+                                  square)

@@ -214,6 +214,14 @@ class TiffLayout:
         """The chunk axes that are the file's rows and columns (`tiff_meta.image_axes`)."""
         return self._meta.image_axes
 
+    @property
+    def moves_image(self) -> bool:
+        """Whether the file's rows and columns are not the chunk's last two axes (then a
+        file written in zarr's order, `tifffile.imwrite(path, chunk)`, has another
+        geometry than the chunk file's: `tiff_input` reads it where it says so)."""
+        n = len(self.chunk_shape)
+        return n >= 2 and self.image_axes != (n - 2, n - 1)
+
     def file_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
         """A chunk-order shape (full or cropped) in the file's axis order: what `flatten`
         makes pages, rows and columns of."""

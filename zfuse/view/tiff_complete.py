@@ -298,7 +298,7 @@ def early_refusal(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[S
     if (first(_NEW_SUBFILE_TYPE, 0) or 0) & 1:
         return EarlyCheck(True, True, None)
     planes = [flatten(s) for s in chunk_shapes]
-    if spp > 1 and chunk_shapes and not any(samples_fit(s, spp) for s in chunk_shapes):
+    if spp > 1 and planar != 2 and chunk_shapes and not any(samples_fit(s, spp) for s in chunk_shapes):
         # (samples are planes, the fastest: an RGB image is a chunk's 3 channels)
         held = " or ".join(dict.fromkeys(str(tuple(s)) for s in chunk_shapes))
         return EarlyCheck(True, True, f"the image has {spp} samples per pixel (RGB or multi-channel); "

@@ -49,7 +49,7 @@ import numpy as np
 import tifffile
 
 from zfuse.errors import InvalidTiffError
-from zfuse.view.tiff import TiffLayout, build_header, geometry, samples_fit
+from zfuse.view.tiff import TiffLayout, build_header, flatten, geometry, samples_fit
 from zfuse.view.tiff_complete import incomplete_reason, walk_tiff
 from zfuse.view.tiff_parse import read_position
 from zfuse.view.tiff_segments import ACCEPTED_COMPRESSIONS, check_segments
@@ -170,8 +170,10 @@ def decode_tiff(
 
     # Bounded work before any other parse: a loop, too many IFDs or overlapping tag
     # values would cost tifffile (and the plain reader) time and memory without bound.
-    walk = walk_tiff(view, [layout.file_shape(s) if layout is not None else s for s in shapes],
-                     max_file_size(layout) if layout is not None else None)
+    walk_shapes = [layout.file_shape(s) if layout is not None else s for s in shapes]
+    if layout is not None and layout.moves_image:
+        walk_shapes += shapes  # (a file in zarr's order: `_zarr_order_said`)
+    walk = walk_tiff(view, walk_shapes, max_file_size(layout) if layout is not None else None)
     if walk.problem is not None:
         raise InvalidTiffError(f"malformed TIFF: {walk.problem}")
 
@@ -350,6 +352,24 @@ def _plain_image(
 _OME_ORDER = re.compile(rb'DimensionOrder\s*=\s*"XY([ZCT]{3})"')
 
 
+def _zarr_order_said(tif: tifffile.TiffFile, layout: TiffLayout | None, shapes: list[tuple[int, ...]],
+                     geom: tuple[int, int, int]) -> tuple[int, ...] | None:
+    """The chunk shape a written file holds in zarr's order, its last two axes as rows
+    and columns, where the chunk file's are others (a y, x, c or x, y array) and the
+    file says so: a tifffile shape description of that shape (`tifffile.imwrite(path,
+    chunk)`); else None."""
+    if layout is None or not layout.moves_image or not tif.is_shaped:
+        return None
+    said = (tif.shaped_metadata or [{}])[0].get("shape") if tif.shaped_metadata else None
+    if not isinstance(said, list):
+        return None
+    written = [int(s) for s in said if s != 1]
+    for shape in shapes:
+        if flatten(shape) == geom and written == [int(s) for s in shape if s != 1]:
+            return shape
+    return None
+
+
 def _written_order(tif: tifffile.TiffFile, layout: TiffLayout | None, shape: Sequence[int]) -> tuple[int, ...] | None:
     """The chunk axes in the order a written file's pages run (slowest first), where
     the file itself says an order other than the chunk files' (ImageJ's: c fastest,
@@ -514,10 +534,15 @@ def _decode_pages(
             geom = (images, geom[1], geom[2])
             planes_from_imagej = True
 
+    zarr_order = None
     for shape in shapes:
         if geometry(layout, shape) == geom:
             break
     else:
+        zarr_order = _zarr_order_said(tif, layout, shapes, geom)
+    if zarr_order is not None:
+        shape = zarr_order
+    elif geometry(layout, shape) != geom:
         expected = " or ".join(_describe(geometry(layout, s), s) for s in shapes)
         got_desc = f"{geom[0]} page(s) of {geom[1]}x{geom[2]}"
         if planes_from_imagej:
@@ -537,8 +562,10 @@ def _decode_pages(
         raise _fail(f"wrong shape: TIFF has {got_desc}; expected {expected}", warnings)
 
     spp = int(first.samplesperpixel)
-    file_shape = layout.file_shape(shape) if layout is not None else tuple(shape)
-    if spp > 1 and any(_planes(p) for p in pages) and not samples_fit(file_shape, spp):
+    file_shape = layout.file_shape(shape) if layout is not None and zarr_order is None else tuple(shape)
+    if spp > 1 and first.planarconfig != _SEPARATE and not samples_fit(file_shape, spp):
+        # (interleaved; separate samples are planes in the page's order, as tifffile
+        # writes a (3, Y, X) array: a shape description may then say their place)
         raise _fail(f"the image has {spp} samples per pixel (RGB or multi-channel); the chunk's fastest "
                     f"planes are not {spp} of them (its file's shape: {file_shape})", warnings)
 
@@ -574,7 +601,7 @@ def _decode_pages(
             f"cannot decode the pixels ({where}, compression {_compression_name(first.compression)}): {exc}",
             warnings,
         ) from exc
-    order = _written_order(tif, layout, shape)
+    order = tuple(range(len(shape))) if zarr_order is not None else _written_order(tif, layout, shape)
     if order is not None:  # (the file says its pages run otherwise than ImageJ's order)
         arr = out.reshape(tuple(shape[i] for i in order)).transpose(np.argsort(order))
     else:

@@ -199,7 +199,10 @@ class FileState:
         full = tuple(source.chunk_shape)
         cropped = tuple(r.stop - r.start for r in source.chunk_region(self.coords))
         shapes = [full] if cropped == full else [full, cropped]
-        return [layout.file_shape(s) for s in shapes] if layout is not None else shapes
+        if layout is None:
+            return shapes
+        # (and in zarr's order where that differs: a file written so says it, `decode_tiff`)
+        return [layout.file_shape(s) for s in shapes] + (shapes if layout.moves_image else [])
 
 
 async def _growth_done(state: FileState) -> None:
