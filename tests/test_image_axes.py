@@ -254,3 +254,34 @@ def test_a_file_written_in_zarr_order_is_read_so_where_it_says_it() -> None:
     tifffile.imwrite(out, square.T)  # (a chunk file read with tifffile, written back)
     np.testing.assert_array_equal(decode_tiff(out.getvalue(), chunk_shape=(48, 48), dtype="u2", layout=layout),
                                   square)
+
+
+def test_review_cases_of_written_planes() -> None:
+    """[read-13] a zarr-order file whose geometry is also the chunk file's but whose
+    description says zarr's order ((y, z, c, x), y == c) is read in zarr's order (it was
+    stored scrambled); 2 RGB pages are a c=6 chunk's channels (refused for a while); an
+    OME RGB of 6 channels whose DimensionOrder puts C among other planes is refused,
+    not scrambled; a 1-band (y, x, band) chunk allows no more IFDs than its one plane
+    does (32,784 IFDs of 1 x 1 cost 3 s of parsing)."""
+    rng = np.random.default_rng(5)
+    chunk = rng.integers(0, 60000, size=(8, 4, 8, 64)).astype("u2")
+    layout = plan_layout(chunk.shape, "u2", axes=["y", "z", "c", "x"])
+    np.testing.assert_array_equal(
+        decode_tiff(tiff(chunk), chunk_shape=chunk.shape, dtype="u2", layout=layout), chunk)
+    six = rng.integers(0, 255, size=(6, 64, 48)).astype("u1")
+    layout = plan_layout(six.shape, "u1", axes=["c", "y", "x"])
+    rgb_pages = tiff(six.reshape(2, 3, 64, 48).transpose(0, 2, 3, 1), photometric="rgb")
+    np.testing.assert_array_equal(decode_tiff(rgb_pages, chunk_shape=six.shape, dtype="u1", layout=layout), six)
+    vol = rng.integers(0, 255, size=(2, 4, 64, 48, 3)).astype("u1")
+    buf = io.BytesIO()
+    tifffile.imwrite(buf, vol, photometric="rgb", ome=True, metadata={"axes": "CZYXS"})
+    layout = plan_layout((6, 4, 64, 48), "u1", axes=["c", "z", "y", "x"])
+    with pytest.raises(InvalidTiffError, match="DimensionOrder"):
+        decode_tiff(buf.getvalue(), chunk_shape=(6, 4, 64, 48), dtype="u1", layout=layout)
+    layout = plan_layout((4096, 64, 1), "u1", axes=["y", "x", "band"])
+    many = io.BytesIO()
+    with tifffile.TiffWriter(many) as writer:
+        for _ in range(200):
+            writer.write(np.zeros((1, 1), np.uint8), photometric="minisblack", metadata=None)
+    with pytest.raises(InvalidTiffError, match="IFDs"):
+        decode_tiff(many.getvalue(), chunk_shape=(4096, 64, 1), dtype="u1", layout=layout)

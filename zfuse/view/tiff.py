@@ -72,6 +72,7 @@ __all__ = [
     "geometry",
     "plan_layout",
     "samples_fit",
+    "zarr_order_shapes",
     "tiff_unsupported_reason",
 ]
 
@@ -159,10 +160,36 @@ def samples_fit(file_shape: Sequence[int], samples: int) -> bool:
     product = 1
     for n in reversed(list(file_shape)[:-2]):  # the page axes, fastest first
         if n > 1:
+            if product * int(n) >= samples:
+                # (whole runs of that axis: 2 RGB pages are a c=6 chunk's channels)
+                return samples % product == 0 and product * int(n) % samples == 0
             product *= int(n)
-            if product >= samples:
-                return product == samples
     return False
+
+
+#: bytes at the start of a written file where `zarr_order_shapes` looks for its description
+SAID_SHAPE_BYTES = 64 * 1024
+
+
+def zarr_order_shapes(layout: TiffLayout | None, shapes: Sequence[Sequence[int]],
+                      data: bytes | bytearray | memoryview) -> list[tuple[int, ...]]:
+    """The chunk shapes (chunk order, full or cropped) a written file may hold in zarr's
+    order besides the chunk file's: where rows and columns are not the chunk's last two
+    axes (`TiffLayout.moves_image`), that order has another geometry, and the file's
+    first bytes hold tifffile's description of that very shape (`{"shape": [...]}`, as
+    `tifffile.imwrite(path, chunk)` writes it). Only then do the IFD limits and early
+    checks take its geometry too: a chunk of many rows would otherwise let any file have
+    that many IFDs."""
+    if layout is None or not layout.moves_image:
+        return []
+    own = {geometry(layout, s) for s in shapes}
+    head = bytes(memoryview(data)[:SAID_SHAPE_BYTES])
+    out = []
+    for shape in shapes:
+        said = ('{"shape": [' + ", ".join(str(int(n)) for n in shape) + "]}").encode("ascii")
+        if flatten(shape) not in own and said in head:
+            out.append(tuple(int(n) for n in shape))
+    return out
 
 
 def geometry(layout: TiffLayout | None, shape: Sequence[int]) -> tuple[int, int, int]:

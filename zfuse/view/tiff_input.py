@@ -49,7 +49,14 @@ import numpy as np
 import tifffile
 
 from zfuse.errors import InvalidTiffError
-from zfuse.view.tiff import TiffLayout, build_header, flatten, geometry, samples_fit
+from zfuse.view.tiff import (
+    TiffLayout,
+    build_header,
+    flatten,
+    geometry,
+    samples_fit,
+    zarr_order_shapes,
+)
 from zfuse.view.tiff_complete import incomplete_reason, walk_tiff
 from zfuse.view.tiff_parse import read_position
 from zfuse.view.tiff_segments import ACCEPTED_COMPRESSIONS, check_segments
@@ -171,8 +178,7 @@ def decode_tiff(
     # Bounded work before any other parse: a loop, too many IFDs or overlapping tag
     # values would cost tifffile (and the plain reader) time and memory without bound.
     walk_shapes = [layout.file_shape(s) if layout is not None else s for s in shapes]
-    if layout is not None and layout.moves_image:
-        walk_shapes += shapes  # (a file in zarr's order: `_zarr_order_said`)
+    walk_shapes += zarr_order_shapes(layout, shapes, view)  # (a file in zarr's order, saying so)
     walk = walk_tiff(view, walk_shapes, max_file_size(layout) if layout is not None else None)
     if walk.problem is not None:
         raise InvalidTiffError(f"malformed TIFF: {walk.problem}")
@@ -391,14 +397,17 @@ def _written_order(tif: tifffile.TiffFile, layout: TiffLayout | None, shape: Seq
     def moves_planes(order: Sequence[int]) -> bool:
         return [i for i in order[:lead] if shape[i] > 1] != [i for i in imagej[:lead] if shape[i] > 1]
 
-    if tif.is_shaped and layout.permuted:  # (else zarr's order is ImageJ's: nothing to tell apart)
+    first = tif.pages.first
+    if tif.is_shaped and layout.permuted and not (first.samplesperpixel > 1 and first.planarconfig != _SEPARATE):
+        # (interleaved samples are the fastest planes read, as the chunk file's: an RGB
+        # image written in zarr's order (y, x, 3) is read as its (3, y, x) already)
         said = (tif.shaped_metadata or [{}])[0].get("shape") if tif.shaped_metadata else None
         if not isinstance(said, list):
             return None
         written = [int(s) for s in said if s != 1]
         own = [int(s) for s in shape if s != 1]
         if written == own and written != [int(shape[i]) for i in imagej if shape[i] != 1]:
-            return (*pages, *image)
+            return tuple(range(len(shape)))  # zarr's order: its last two axes rows and columns
         return None
     if tif.is_ome and layout.roles is not None:
         found = _OME_ORDER.search(str(tif.ome_metadata or "").encode("ascii", "replace"))
@@ -409,9 +418,17 @@ def _written_order(tif: tifffile.TiffFile, layout: TiffLayout | None, shape: Seq
         if len(axis_of) != len([r for r in layout.roles if r is not None]) or any(shape[i] > 1 for i in unnamed):
             return None  # (two axes of one role, or one without a role: the file cannot say)
         slowest_first = found.group(1).decode()[::-1].lower()
-        if int(tif.pages.first.samplesperpixel) > 1:
+        samples = int(first.samplesperpixel)
+        if samples > 1:
             # samples are planes, the fastest ([read-13]), whatever DimensionOrder puts
-            # C (Bio-Formats' XYZCT RGB z-stack was stored scrambled)
+            # C (Bio-Formats' XYZCT RGB z-stack was stored scrambled); channels beyond
+            # the samples run where DimensionOrder says: only where that is fastest too
+            # are they one axis with the samples
+            if "c" in axis_of and shape[axis_of["c"]] > samples and not slowest_first.endswith("c"):
+                raise InvalidTiffError(
+                    f"the image has {shape[axis_of['c']]} channels of {samples} samples per pixel, its "
+                    f"DimensionOrder XY{found.group(1).decode()} puts channels among other planes: "
+                    "save it with C first (XYC..) or one channel per plane")
             slowest_first = slowest_first.replace("c", "") + "c"
         order = (*[axis_of[r] for r in slowest_first if r in axis_of], *unnamed, *image)
         return order if moves_planes(order) else None

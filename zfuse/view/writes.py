@@ -54,6 +54,7 @@ from zfuse.stats import Stats
 from zfuse.view.array_view import ArrayView
 from zfuse.view.entry import META_NAME, Entry, Node
 from zfuse.view.hierarchy import NAME_MAX
+from zfuse.view.tiff import zarr_order_shapes
 from zfuse.view.tiff_complete import EARLY_LOOKS, early_refusal, incomplete_reason, walk_tiff
 from zfuse.view.tiff_input import decode_tiff, max_file_size
 
@@ -199,10 +200,16 @@ class FileState:
         full = tuple(source.chunk_shape)
         cropped = tuple(r.stop - r.start for r in source.chunk_region(self.coords))
         shapes = [full] if cropped == full else [full, cropped]
-        if layout is None:
-            return shapes
-        # (and in zarr's order where that differs: a file written so says it, `decode_tiff`)
-        return [layout.file_shape(s) for s in shapes] + (shapes if layout.moves_image else [])
+        return [layout.file_shape(s) for s in shapes] if layout is not None else shapes
+
+    def write_shapes(self, data: bytes | bytearray | memoryview) -> list[tuple[int, ...]]:
+        """`chunk_shapes`, and the shapes in zarr's order where the written file says it
+        holds one (`tiff.zarr_order_shapes`: `tifffile.imwrite(path, chunk)`)."""
+        assert self.array is not None and self.coords is not None
+        layout, source = self.array.layout, self.array.source
+        full = tuple(source.chunk_shape)
+        cropped = tuple(r.stop - r.start for r in source.chunk_region(self.coords))
+        return self.chunk_shapes + zarr_order_shapes(layout, [full] if cropped == full else [full, cropped], data)
 
 
 async def _growth_done(state: FileState) -> None:
@@ -585,7 +592,7 @@ class Writes:
         (some writers never report close()'s error: tifffile ignores it). One IFD read with
         numpy: bounded work, on the event loop like the write itself."""
         assert state.array is not None
-        decided, looked, reason = early_refusal(buffer, state.chunk_shapes, state.array.source.dtype)
+        decided, looked, reason = early_refusal(buffer, state.write_shapes(buffer), state.array.source.dtype)
         state.ifd_looks += looked
         state.ifd_checked = decided or state.ifd_looks >= EARLY_LOOKS
         if reason is not None:
@@ -632,7 +639,8 @@ class Writes:
             state.changed(self.clock())
             if standalone and not state.scratch:
                 # truncate(1) with no open file: the change must commit or fail now
-                reason = await self.run(incomplete_reason, bytes(buffer), state.chunk_shapes, state.limit)
+                data = bytes(buffer)
+                reason = await self.run(incomplete_reason, data, state.write_shapes(data), state.limit)
                 if reason:
                     raise InvalidTiffError(f"truncating to {size} bytes leaves no complete TIFF: {reason}")
                 await self._commit(state)
@@ -654,9 +662,10 @@ class Writes:
         # (INLINE_ENTRIES: what a thread hop per close would cost more than), else in a
         # worker thread: the event loop never walks more than that.
         data, generation = bytes(state.buffer or b""), state.generation
-        walk = walk_tiff(data, state.chunk_shapes, state.limit, max_entries=INLINE_ENTRIES)
+        shapes = state.write_shapes(data)
+        walk = walk_tiff(data, shapes, state.limit, max_entries=INLINE_ENTRIES)
         if walk.deferred:
-            walk = await self.run(walk_tiff, data, state.chunk_shapes, state.limit)
+            walk = await self.run(walk_tiff, data, shapes, state.limit)
         reason = walk.incomplete
         if reason is not None:
             state.incomplete = reason
