@@ -453,7 +453,7 @@ class StrippedImage(ImageFile):
                     raw = arr.cached_pixels(coords)
                     if raw is None:
                         return None
-                values = chunk_plane(arr, coords, lead_in, self.pixel_dtype, crop, raw)
+                values = chunk_plane(arr, self.axes, coords, lead_in, self.pixel_dtype, crop, raw)
                 ys, xs = cy * self.chunk_h, cx * self.chunk_w
                 a0, a1 = max(y0, ys), min(y1, ys + values.shape[0])
                 b0, b1 = max(x0, xs), min(x1, xs + values.shape[1])

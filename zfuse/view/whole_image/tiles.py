@@ -305,7 +305,7 @@ class Tiles:
         for cy in range(y0 // lv.chunk_h, (y1 - 1) // lv.chunk_h + 1):
             for cx in range(x0 // lv.chunk_w, (x1 - 1) // lv.chunk_w + 1):
                 coords = lv.axes.chunk_coords(lead_chunk, cy, cx)
-                plane2d = chunk_plane(lv.array, coords, lead_in, dtype, crop)
+                plane2d = chunk_plane(lv.array, lv.axes, coords, lead_in, dtype, crop)
                 ys, xs = cy * lv.chunk_h, cx * lv.chunk_w
                 a0, a1 = max(y0, ys), min(y1, ys + plane2d.shape[0])
                 b0, b1 = max(x0, xs), min(x1, xs + plane2d.shape[1])
@@ -321,12 +321,13 @@ def crop_edges(arr: ArrayView) -> bool:
     return bool(getattr(arr.options, "crop_edges", False))
 
 
-def chunk_plane(arr: ArrayView, coords: tuple[int, ...], lead_in: tuple[int, ...], dtype: np.dtype,
-                crop: bool, raw: bytes | memoryview | None = None) -> np.ndarray:
-    """One Y/X plane of a chunk (`lead_in`: its index in the chunk's page axes, image
-    order) as a 2-d view of the decoded values (blocking: decodes the chunk unless `raw`
-    is given). The chunk file's axes may run in another order than the chunk's
-    (`TiffLayout.file_axes`): put back in the chunk's order, then in the image's."""
+def chunk_plane(arr: ArrayView, axes: ImageAxes, coords: tuple[int, ...], lead_in: tuple[int, ...],
+                dtype: np.dtype, crop: bool, raw: bytes | memoryview | None = None) -> np.ndarray:
+    """One Y/X plane of a chunk (`lead_in`: its index in the chunk's page axes, in the
+    order of `axes`, the array's `ImageAxes`) as a 2-d view of the decoded values
+    (blocking: decodes the chunk unless `raw` is given). The chunk file's axes may run
+    in another order than the chunk's (`TiffLayout.file_axes`): put back in the chunk's
+    order, then in the image's."""
     src = arr.source
     if raw is None:
         raw = arr.pixel_bytes(coords)
@@ -336,7 +337,7 @@ def chunk_plane(arr: ArrayView, coords: tuple[int, ...], lead_in: tuple[int, ...
     flat = np.frombuffer(raw, dtype=dtype)
     layout = arr.layout
     chunk = layout.from_file_order(flat, shape) if layout is not None else flat.reshape(shape)
-    return ImageAxes.of(arr).plane(chunk, lead_in)
+    return axes.plane(chunk, lead_in)
 
 
 def _encode(compression: int, data: bytes) -> bytes:
