@@ -358,18 +358,24 @@ def _plain_image(
 _OME_ORDER = re.compile(rb'DimensionOrder\s*=\s*"XY([ZCT]{3})"')
 
 
+def _said_shape(tif: tifffile.TiffFile) -> list[int] | None:
+    """The shape a tifffile shape description says the file holds, its axes of size 1
+    left out (tifffile squeezes them); None without one."""
+    said = (tif.shaped_metadata or [{}])[0].get("shape") if tif.is_shaped and tif.shaped_metadata else None
+    return [int(s) for s in said if s != 1] if isinstance(said, list) else None
+
+
 def _zarr_order_said(tif: tifffile.TiffFile, layout: TiffLayout | None, shapes: list[tuple[int, ...]],
                      geom: tuple[int, int, int]) -> tuple[int, ...] | None:
     """The chunk shape a written file holds in zarr's order, its last two axes as rows
     and columns, where the chunk file's are others (a y, x, c or x, y array) and the
     file says so: a tifffile shape description of that shape (`tifffile.imwrite(path,
     chunk)`); else None."""
-    if layout is None or not layout.moves_image or not tif.is_shaped:
+    if layout is None or not layout.moves_image:
         return None
-    said = (tif.shaped_metadata or [{}])[0].get("shape") if tif.shaped_metadata else None
-    if not isinstance(said, list):
+    written = _said_shape(tif)
+    if written is None:
         return None
-    written = [int(s) for s in said if s != 1]
     for shape in shapes:
         if flatten(shape) == geom and written == [int(s) for s in shape if s != 1]:
             return shape
@@ -401,10 +407,9 @@ def _written_order(tif: tifffile.TiffFile, layout: TiffLayout | None, shape: Seq
     if tif.is_shaped and layout.permuted and not (first.samplesperpixel > 1 and first.planarconfig != _SEPARATE):
         # (interleaved samples are the fastest planes read, as the chunk file's: an RGB
         # image written in zarr's order (y, x, 3) is read as its (3, y, x) already)
-        said = (tif.shaped_metadata or [{}])[0].get("shape") if tif.shaped_metadata else None
-        if not isinstance(said, list):
+        written = _said_shape(tif)
+        if written is None:
             return None
-        written = [int(s) for s in said if s != 1]
         own = [int(s) for s in shape if s != 1]
         if written == own and written != [int(shape[i]) for i in imagej if shape[i] != 1]:
             return tuple(range(len(shape)))  # zarr's order: its last two axes rows and columns

@@ -191,25 +191,27 @@ class FileState:
             return max_file_size(self.array.layout)
         return SCRATCH_MAX_BYTES
 
+    def _own_shapes(self) -> list[tuple[int, ...]]:
+        """The chunk's shape, and its cropped shape if it is an edge chunk (chunk order)."""
+        assert self.array is not None and self.coords is not None
+        source = self.array.source
+        full = tuple(source.chunk_shape)
+        cropped = tuple(r.stop - r.start for r in source.chunk_region(self.coords))
+        return [full] if cropped == full else [full, cropped]
+
     @property
     def chunk_shapes(self) -> list[tuple[int, ...]]:
         """The shapes a file written for the chunk may have, in the file's axis order
         (the written file's pages, rows and columns are checked against them)."""
-        assert self.array is not None and self.coords is not None
-        source, layout = self.array.source, self.array.layout
-        full = tuple(source.chunk_shape)
-        cropped = tuple(r.stop - r.start for r in source.chunk_region(self.coords))
-        shapes = [full] if cropped == full else [full, cropped]
+        layout = self.array.layout if self.array is not None else None
+        shapes = self._own_shapes()
         return [layout.file_shape(s) for s in shapes] if layout is not None else shapes
 
     def write_shapes(self, data: bytes | bytearray | memoryview) -> list[tuple[int, ...]]:
         """`chunk_shapes`, and the shapes in zarr's order where the written file says it
         holds one (`tiff.zarr_order_shapes`: `tifffile.imwrite(path, chunk)`)."""
-        assert self.array is not None and self.coords is not None
-        layout, source = self.array.layout, self.array.source
-        full = tuple(source.chunk_shape)
-        cropped = tuple(r.stop - r.start for r in source.chunk_region(self.coords))
-        return self.chunk_shapes + zarr_order_shapes(layout, [full] if cropped == full else [full, cropped], data)
+        assert self.array is not None
+        return self.chunk_shapes + zarr_order_shapes(self.array.layout, self._own_shapes(), data)
 
 
 async def _growth_done(state: FileState) -> None:
