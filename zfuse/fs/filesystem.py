@@ -899,7 +899,7 @@ class FileSystem:
         self._refuse_special(old, new)
         await self._refuse_image(old, "rename")
         await self._refuse_image(new, "rename onto")
-        with self.page_readers.renaming(old, new):
+        with self.page_readers.changing_files(old, new):
             # (readers of `old` keep its bytes in `writes.rename`, once it has checked the
             # rename and holds both paths: a refused rename leaves them as they were)
             await self.writes.rename(old, new, flags)

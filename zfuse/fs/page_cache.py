@@ -8,7 +8,7 @@ between processes. This part owns the counts that decide it:
   kernel sets the file's size to 0 on O_TRUNC for every opener.
 - `changing`: paths whose file changes under way: a writer truncating the chunk,
   from the start of its open until it returns (`truncating`), or a rename of it
-  (`renaming`); new readers bypass the page cache meanwhile. `waiting`: the event
+  (`changing_files`); new readers bypass the page cache meanwhile. `waiting`: the event
   truncating writers wait on for the readers to close.
 - `old_bytes`: page-cache readers still reading a replaced chunk's old bytes. What
   they read fills the kernel's page cache of the path, so new readers bypass it
@@ -43,8 +43,8 @@ class PageCacheReaders:
         return bool(self.open.get(path))
 
     def bypassed(self, path: Path) -> bool:
-        """Whether new readers of `path` must bypass the page cache: a writer waits for
-        its readers, or readers of replaced bytes are still open."""
+        """Whether new readers of `path` must bypass the page cache: its file is changing
+        (a truncating open, a rename), or readers of replaced bytes are still open."""
         return path in self.changing or path in self.old_bytes
 
     def opened(self, path: Path) -> None:
@@ -83,7 +83,7 @@ class PageCacheReaders:
         file's size to 0 on O_TRUNC for every opener; and until the open returns, new
         readers get direct I/O and read the stored chunk (one opening while the
         writer's open was under way got the page cache, then an empty file)."""
-        with self.renaming(path):
+        with self.changing_files(path):
             if self.any_open(path):
                 event = self.waiting.setdefault(path, trio.Event())
                 try:
@@ -95,7 +95,7 @@ class PageCacheReaders:
             yield
 
     @contextlib.contextmanager
-    def renaming(self, *paths: Path) -> Iterator[None]:
+    def changing_files(self, *paths: Path) -> Iterator[None]:
         """While the files of `paths` change (a rename, a truncating open): readers
         opening them get direct I/O. One opening `old` while it was renamed read, once
         the rename was done, the fill values of a chunk no longer there, into the page
