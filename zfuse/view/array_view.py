@@ -345,7 +345,7 @@ class ArrayView:
         #: the axis names the files follow: OME-Zarr's, else the array's dimension names
         #: (or an RGB image's guessed y, x, c: `array_axis_names`)
         self.axes: list[str] | None = (ome or {}).get("axes") or array_axis_names(
-            source.shape, source.v3_metadata().get("dimension_names"))
+            source.shape, source.dimension_names())
         self.unsupported: str | None = tiff_unsupported_reason(source.dtype)
         if self.unsupported is None:
             self.unsupported = chunk_file_unsupported_reason(

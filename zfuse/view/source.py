@@ -362,6 +362,10 @@ class ChunkSource(ABC):
         """The view-independent part of the source's v3 metadata: shape, data_type,
         fill_value, attributes, dimension names (built by zfuse; never fails)."""
 
+    def dimension_names(self) -> list[str] | None:
+        """The array's dimension names (`v3_metadata`'s), if it has them."""
+        return self.v3_metadata().get("dimension_names")
+
     def extensions(self) -> list[str]:
         """Names of the Zarr extensions and notable codecs this source uses."""
         return []
@@ -577,16 +581,21 @@ class ZarrChunkSource(ChunkSource):
         # filters, object dtypes): this never fails.
         meta = self.array.metadata
         doc = v3_array_fields(self.shape, self.dtype, self.fill_value, dict(self.array.attrs), meta.dtype)
-        names = getattr(meta, "dimension_names", None)
+        names = self.dimension_names()
+        if names is not None:
+            doc["dimension_names"] = names
+        return doc
+
+    def dimension_names(self) -> list[str] | None:
+        # (without building the whole metadata document: every array view asks, at open)
+        names = getattr(self.array.metadata, "dimension_names", None)
         if names is None and self.zarr_format == 2:
             # xarray's v2 spelling: the same dataset written as v3 has them as dimension_names
-            # (its axes for the whole-image files; xarray reading the mount needs them there)
-            said = doc["attributes"].get("_ARRAY_DIMENSIONS")
+            # (its axes for the chunk and whole-image files; xarray reading the mount needs them there)
+            said = self.array.attrs.get("_ARRAY_DIMENSIONS")
             if isinstance(said, list) and len(said) == len(self.shape) and all(isinstance(n, str) for n in said):
                 names = said
-        if names is not None:
-            doc["dimension_names"] = list(names)
-        return doc
+        return list(names) if names is not None else None
 
     def stored_form(self) -> dict[str, Any]:
         """The array's metadata as zarr-python holds it, in v3 form where zarr can
