@@ -1,5 +1,5 @@
 """Writing inner chunks into shards of a local store in the worker thread
-(`ZarrChunkSource._write_inner_chunk_local`): the shards come out byte for byte as
+(`zfuse/view/shard_writes.py`, `LocalShardWrites`): the shards come out byte for byte as
 zarr-python writes them, for either index location and edge shards; a shard whose
 index cannot be read is refused and left as it was; arrays the fast path does not
 know (a codec over the whole shard) are written by zarr-python as before."""
@@ -47,7 +47,7 @@ def test_inner_chunk_writes_match_zarr_byte_for_byte(tmp_path: Path, index_locat
     shutil.copytree(tmp_path / "a.zarr", tmp_path / "b.zarr")
     new = values(shape, "u2", seed=2)
     src = _source(tmp_path / "b.zarr")
-    assert src._local_shard_writes()
+    assert src._shard_writes.available
     for coords in np.ndindex(*src.grid_shape):
         src.write_chunk(coords, src.full_chunk(new[src.chunk_region(coords)]))
         a[src.chunk_region(coords)] = new[src.chunk_region(coords)]  # zarr-python, chunk by chunk
@@ -93,7 +93,7 @@ def test_codec_over_the_whole_shard_is_left_to_zarr(tmp_path: Path) -> None:
                               serializer=ShardingCodec(chunk_shape=(10, 10)), compressors=[ZstdCodec()])
         a[...] = values((40, 40), "u2", seed=6)
         src = _source(tmp_path / "a.zarr")
-        assert not src._local_shard_writes()
+        assert not src._shard_writes.available
         block = values(src.chunk_shape, "u2", seed=7)
         src.write_chunk((1, 0), block)
         np.testing.assert_array_equal(zarr.open_array(str(tmp_path / "a.zarr"))[src.chunk_region((1, 0))], block)

@@ -132,7 +132,7 @@ class RemoteFetcher:
         if array.sharding is None:
             async def whole(coords: Coords) -> None:
                 async with limit:
-                    with chunk_read_limited(array._stored_max):
+                    with chunk_read_limited(array.codecs.stored_max):
                         out[coords] = await array.store.get(array._storage_key(coords), prototype=proto)
 
             await asyncio.gather(*(whole(c) for c in wanted), return_exceptions=True)
@@ -183,7 +183,7 @@ class RemoteFetcher:
                 byte_slice = index.get_chunk_slice(coords) if index is not None else None
                 if byte_slice is None:
                     out[coords] = None
-                elif byte_slice[1] - byte_slice[0] <= array._stored_max:
+                elif byte_slice[1] - byte_slice[0] <= array.codecs.stored_max:
                     ranges.append((*byte_slice, coords))
                 # (else not fetched ahead: its read refuses it, naming it)
             # the shard's other inner chunks: those other fetches bring (parallel readers'

@@ -11,9 +11,14 @@ them in worker threads. Methods are thread-safe; writes to chunks that share a
 storage object (a shard) are serialised by a per-object lock so no concurrent
 read-modify-write loses another's update.
 
-Here: the `ChunkSource` interface, and `ZarrChunkSource`'s reads, decoding,
-encoding and writes of a zarr array. The parts of a `ZarrChunkSource` that keep
-state of their own are modules of their own, each held by the source:
+Here: the `ChunkSource` interface, and `ZarrChunkSource`'s reads and writes of
+a zarr array. The parts of a `ZarrChunkSource` that keep state of their own are
+modules of their own, each held by the source:
+
+- `chunk_codecs.py` (`ChunkCodecs`): its chunks decoded and encoded, in the
+  worker thread where the codecs allow, every decompression bounded;
+- `shard_writes.py` (`LocalShardWrites`): inner chunks written into a local
+  store's shards in the worker thread;
 
 - `chunk_listing.py` (`ChunkListing`): its chunk-key directories listed from the
   store, and what those listings keep (shared store directories, a small remote
@@ -51,13 +56,14 @@ from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.ext import zarr_private
 from zfuse.ext.chunk_keys import ChunkKeyDecoder, Coords, standard_layout
 from zfuse.ext.read_limits import chunk_read_limited
-from zfuse.view import bounded_decode
 from zfuse.view.caches import BoundedLRU
+from zfuse.view.chunk_codecs import ChunkCodecs
 from zfuse.view.chunk_listing import LIST_PAGE as LIST_PAGE  # (re-exported: the view pages by it)
 from zfuse.view.chunk_listing import ChunkListing, DirPage, canonical_int
 from zfuse.view.fetch_ahead import MISSED
 from zfuse.view.remote_fetch import RemoteFetcher
 from zfuse.view.shard_indexes import ShardIndexes
+from zfuse.view.shard_writes import LocalShardWrites
 
 DIR_COORDS_KEPT = 16384  # chunk-key directories whose coordinates are remembered
 _UNKNOWN = object()
@@ -451,27 +457,6 @@ def _collect(aiter: Any) -> list[Any]:
 _NOT_LOCAL: Any = object()
 
 
-def _decode_bytes_stages(bytes_codecs: Sequence[Any], buf: Any, spec: Any, nbytes: int) -> Any:
-    """A stored chunk through its bytes->bytes codecs, last first, in this thread, each
-    stage's output bounded (bounded_decode): the one feeding the array->bytes codec by
-    the `nbytes` it decodes from, the others by their input and `nbytes`. A codec without
-    a synchronous decode (numcodecs' wrappers) runs on zarr's event loop."""
-    for i, codec in enumerate(reversed(bytes_codecs)):
-        limit = nbytes if i == len(bytes_codecs) - 1 else len(buf) + nbytes + 65536
-        if zarr_private.can_decode_sync(codec):
-            decode = functools.partial(zarr_private.decode_sync, codec, buf, spec)
-        else:
-            decode = functools.partial(_decode_on_loop, codec, buf, spec)
-        out = bounded_decode.bounded(codec, buf.as_numpy_array(), limit, decode)
-        buf = spec.prototype.buffer.from_bytes(out) if isinstance(out, (bytes, bytearray)) else out
-    return buf
-
-
-def _decode_on_loop(codec: Any, buf: Any, spec: Any) -> Any:
-    (out,) = sync(codec.decode([(buf, spec)]))
-    return out
-
-
 class ZarrChunkSource(ChunkSource):
     """A zarr-python array (v2 or v3, any codecs, optionally sharded)."""
 
@@ -512,24 +497,8 @@ class ZarrChunkSource(ChunkSource):
         # Chunks are read and written directly with the codec pipeline, except for
         # v2 arrays in F order, whose chunk memory order only zarr's indexing handles
         self._direct = not (self.zarr_format == 2 and getattr(meta, "order", "C") == "F")
-        # [array->bytes codec, bytes->bytes codecs...] when every one of them can
-        # decode synchronously and no array->array codec changes the spec
-        self._sync_codecs: tuple[Any, list[Any]] | None = None
-        if self.zarr_format == 3:
-            from zarr.abc.codec import ArrayBytesCodec, BytesBytesCodec
-
-            codecs = list(self.sharding.codecs if self.sharding is not None else meta.codecs)
-            if (
-                codecs
-                and isinstance(codecs[0], ArrayBytesCodec)
-                and all(isinstance(c, BytesBytesCodec) for c in codecs[1:])
-                and all(zarr_private.can_decode_sync(c) for c in codecs)
-            ):
-                self._sync_codecs = (codecs[0], codecs[1:])
-        # whole-chunk writes encode in the worker thread too when every codec can
-        self._sync_encode = self._sync_codecs is not None and self.sharding is None and all(
-            zarr_private.can_encode_sync(c) for c in meta.codecs
-        )
+        # decoding and encoding (which codecs run in the worker thread, the bounds)
+        self.codecs = ChunkCodecs(array, self.sharding, self.fill_value)
         encoding = (
             V2ChunkKeyEncoding(separator=meta.dimension_separator) if self.zarr_format == 2 else meta.chunk_key_encoding
         )
@@ -739,7 +708,7 @@ class ZarrChunkSource(ChunkSource):
             return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
         buf, spec = fetched
         try:
-            return self._decode(buf, spec, coords)
+            return self.codecs.decode(buf, spec)
         except CorruptDataError as e:
             raise CorruptDataError(f"{self.chunk_key(coords)}: {e}") from e
         except (ValueError, RuntimeError, TypeError) as e:
@@ -748,40 +717,6 @@ class ZarrChunkSource(ChunkSource):
             raise CorruptDataError(f"{self.chunk_key(coords)}: the stored chunk does not decode: "
                                    f"{type(e).__name__}: {e}") from e
 
-    def _decode(self, buf: Any, spec: Any, coords: Coords) -> np.ndarray:
-        """A fetched chunk's values, every decompression bounded by the chunk's size."""
-        codecs = self._sync_codecs
-        nbytes = self._chunk_nbytes
-        if codecs is None:
-            values = self._decode_v2_bounded(buf)
-            if values is not None:
-                return values
-            staged = self._staged_codecs
-            if staged is not None:
-                # the bytes->bytes stages one by one, each bounded, then zarr's pipeline for
-                # the rest: numcodecs' wrappers (numcodecs.zlib, .bz2, ...) and a leading
-                # transpose have no synchronous decode, and zarr's pipeline bounds nothing
-                front, bytes_codecs, bytes_spec, bytes_nbytes = staged
-                buf = _decode_bytes_stages(bytes_codecs, buf, bytes_spec, bytes_nbytes)
-                (decoded,) = sync(front.decode([(buf, spec)]))
-            else:  # (nested sharding, v2 filters: zarr's pipeline decodes the whole chunk)
-                pipeline = (self.sharding or self.array.async_array).codec_pipeline
-                (decoded,) = sync(pipeline.decode([(buf, spec)]))
-            if decoded is None:
-                return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
-        else:
-            # decoding in this worker thread with the codecs' synchronous methods:
-            # zarr's pipeline would hop to a thread per codec, and would hold
-            # its event loop, which serves every other read.
-            serializer, bytes_codecs = codecs
-            buf = _decode_bytes_stages(bytes_codecs, buf, spec, nbytes)
-            decoded = zarr_private.decode_sync(serializer, buf, spec)
-        values = np.asarray(decoded.as_numpy_array())
-        if values.size != math.prod(self.chunk_shape):
-            raise CorruptDataError(f"the stored chunk decodes to {values.size} values, "
-                                   f"the chunk holds {math.prod(self.chunk_shape)}")
-        return values.reshape(self.chunk_shape)
-
     @functools.cached_property
     def _storage_object_max(self) -> int | None:
         """Bytes a whole storage object (a shard: its inner chunks and its index; else a
@@ -789,94 +724,8 @@ class ZarrChunkSource(ChunkSource):
         sharding-v1 shard's bound is theirs: the default bound applies)."""
         if self.sharding is not None:
             inner = math.prod(self.chunks_per_shard)
-            return inner * self._stored_max + 16 * inner + 4 + (1 << 20)
-        return None if self._has_transformers() else self._stored_max
-
-    @functools.cached_property
-    def _staged_codecs(self) -> tuple[Any, list[Any], Any, int] | None:
-        """For v3 codecs `_sync_codecs` cannot decode: (zarr's pipeline of the
-        array->array codecs and the array->bytes one, the bytes->bytes codecs, the spec
-        those see, the bytes they must decode to); None where the array->bytes codec is
-        itself sharding (nested shards) or the codecs are not in that order."""
-        if self.zarr_format != 3:
-            return None
-        from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec
-        from zarr.codecs.sharding import ShardingCodec
-        from zarr.core.codec_pipeline import BatchedCodecPipeline
-
-        codecs = list(self.sharding.codecs if self.sharding is not None else self.array.metadata.codecs)
-        split = next((i for i, c in enumerate(codecs) if isinstance(c, ArrayBytesCodec)), None)
-        if split is None or isinstance(codecs[split], ShardingCodec):
-            return None
-        if not all(isinstance(c, ArrayArrayCodec) for c in codecs[:split]) or \
-                not all(isinstance(c, BytesBytesCodec) for c in codecs[split + 1:]):
-            return None
-        spec = self._chunk_spec
-        for codec in codecs[:split + 1]:  # (as zarr's pipeline resolves them)
-            spec = codec.resolve_metadata(spec)
-        nbytes = math.prod(spec.shape) * spec.dtype.to_native_dtype().itemsize
-        return BatchedCodecPipeline.from_codecs(codecs[:split + 1]), codecs[split + 1:], spec, nbytes
-
-    @functools.cached_property
-    def _chunk_nbytes(self) -> int:
-        return math.prod(self.chunk_shape) * np.dtype(self.dtype).itemsize
-
-    @functools.cached_property
-    def _stored_max(self) -> int:
-        """Bytes a stored (inner) chunk is read up to: twice its values and a MiB, far past
-        what any codec's framing adds; a crafted terabyte-sized file is refused unread."""
-        return 2 * self._chunk_nbytes + (1 << 20)
-
-    def _decode_v2_bounded(self, buf: Any) -> np.ndarray | None:
-        """A v2 chunk (C order, no filters) whose compressor zfuse bounds, decoded as
-        zarr's V2Codec does (decompress, view as the dtype, reshape) with the output
-        bounded by the chunk's size; None for anything else (zarr's pipeline decodes it,
-        after a declared size is checked where the framing has one)."""
-        if self.zarr_format != 2 or self.sharding is not None:
-            return None
-        meta = self.array.metadata
-        compressor = getattr(meta, "compressor", None)
-        if compressor is None:
-            return None
-        ident, config = bounded_decode.codec_id(compressor)
-        if ident is None:
-            return None
-        raw = buf.as_numpy_array()
-        stored = np.dtype(self.array.metadata.dtype.to_native_dtype())
-        filters = getattr(meta, "filters", None)
-        if filters:
-            # the filters come after: check what the framing declares, else leave it to zarr
-            if bounded_decode.declares_size(ident):
-                bounded_decode.decompress_bounded(ident, config, raw, self._chunk_nbytes)
-                return None
-            if ident in bounded_decode.DECODED_INTO:
-                return None
-            # decompressed into what any filter's encoding can be (an AsType of 16-byte
-            # values from 1-byte ones), then the filters as zarr's V2Codec applies them
-            out = bounded_decode.decompress_bounded(ident, config, raw, 16 * self._chunk_nbytes + 65536)
-            if out is None:
-                return None
-            from numcodecs.compat import ensure_ndarray_like
-
-            chunk: Any = out
-            for f in reversed(filters):
-                chunk = f.decode(chunk)
-            values = ensure_ndarray_like(chunk).view(stored)
-            if values.size != math.prod(self.chunk_shape):
-                raise CorruptDataError(f"the stored chunk decodes to {values.size} values, "
-                                       f"the chunk holds {math.prod(self.chunk_shape)}")
-            return values.reshape(self.chunk_shape)
-        out = bounded_decode.decompress_bounded(ident, config, raw, self._chunk_nbytes)
-        if ident in bounded_decode.DECODED_INTO and stored.isnative:
-            # an image codec: decoded into the chunk's own array (as zarr-python 2 does),
-            # which the decoder checks against the image its stream declares first
-            return bounded_decode.decode_into(compressor, raw, np.empty(self.chunk_shape, stored))
-        if out is None:
-            return None  # its declared size was checked: zarr decodes it
-        if len(out) != self._chunk_nbytes:
-            raise CorruptDataError(f"the stored chunk decompresses to {len(out)} bytes, "
-                                   f"the chunk holds {self._chunk_nbytes}")
-        return np.frombuffer(out, dtype=stored).reshape(self.chunk_shape)
+            return inner * self.codecs.stored_max + 16 * inner + 4 + (1 << 20)
+        return None if self._has_transformers() else self.codecs.stored_max
 
     # -- stored bytes (whole-image passthrough) -------------------------------
     def stored_codecs(self) -> list[dict[str, Any]] | None:
@@ -1118,7 +967,7 @@ class ZarrChunkSource(ChunkSource):
                     raise self._vanished(self.chunk_key(coords))
                 return None
             if fetched is not MISSED:
-                return fetched, self._chunk_spec
+                return fetched, self.codecs.spec
         fetch = self._fetch_inner_chunk if self.sharding is not None else self._fetch_stored_chunk
         return sync(fetch(coords, must_exist))
 
@@ -1162,12 +1011,12 @@ class ZarrChunkSource(ChunkSource):
         proto = default_buffer_prototype()
         if self.sharding is None:
             key = self._storage_key(coords)
-            data = local.get_local(key, max_bytes=self._stored_max)
+            data = local.get_local(key, max_bytes=self.codecs.stored_max)
             if data is None:
                 if must_exist:
                     raise self._vanished(key)
                 return None
-            return proto.buffer.from_bytes(data), self._chunk_spec
+            return proto.buffer.from_bytes(data), self.codecs.spec
         shard = self._storage_coords(coords)
         key = self._storage_key(shard)
         index = self._indexes.cached(shard)
@@ -1184,24 +1033,15 @@ class ZarrChunkSource(ChunkSource):
         if data is None or len(data) != end - start:
             self._indexes.forget(shard)
             raise CorruptDataError(f"{key}: inner chunk {coords} lies outside the stored shard")
-        return proto.buffer.from_bytes(data), self._chunk_spec
+        return proto.buffer.from_bytes(data), self.codecs.spec
 
     def _check_inner_size(self, key: str, shard: Coords, coords: Coords, start: int, end: int) -> None:
         """CorruptDataError (the index forgotten) if an inner chunk's range in its shard's
         index is past what it can be stored in: never read, locally or remotely."""
-        if end - start > self._stored_max:
+        if end - start > self.codecs.stored_max:
             self._indexes.forget(shard)
             raise CorruptDataError(f"{key}: inner chunk {coords} is {end - start} bytes in the shard's "
-                                   f"index, past the {self._stored_max} it can be stored in")
-
-    @functools.cached_property
-    def _chunk_spec(self) -> Any:
-        """The spec a (inner) chunk is encoded and decoded with: one for the whole
-        regular grid (zarr gives every chunk the full chunk shape)."""
-        proto = default_buffer_prototype()
-        first = tuple(0 for _ in self.shape)
-        spec = self.array.metadata.get_chunk_spec(first, zarr_private.array_config(self.array), proto)
-        return spec if self.sharding is None else zarr_private.inner_chunk_spec(self.sharding, spec)
+                                   f"index, past the {self.codecs.stored_max} it can be stored in")
 
     def _vanished(self, key: str) -> CorruptDataError:
         return CorruptDataError(f"{key}: listed chunk is no longer in the store")
@@ -1212,13 +1052,13 @@ class ZarrChunkSource(ChunkSource):
         shape, so decoding gives the full chunk as is. None: nothing stored."""
         proto = default_buffer_prototype()
         key = self._storage_key(coords)
-        with chunk_read_limited(self._stored_max):  # (an endless body is not held)
+        with chunk_read_limited(self.codecs.stored_max):  # (an endless body is not held)
             buf = await self.store.get(key, prototype=proto)
         if buf is None:
             if must_exist:
                 raise self._vanished(key)
             return None
-        return buf, self._chunk_spec
+        return buf, self.codecs.spec
 
     async def _fetch_inner_chunk(self, coords: Coords, must_exist: bool) -> tuple[Any, Any] | None:
         """One inner chunk's bytes and spec: the shard index (cached) and one ranged read.
@@ -1255,7 +1095,7 @@ class ZarrChunkSource(ChunkSource):
         if buf is None or len(buf) != end - start:
             self._indexes.forget(shard)
             raise CorruptDataError(f"{key}: inner chunk {coords} lies outside the stored shard")
-        return buf, self._chunk_spec
+        return buf, self.codecs.spec
 
     # -- writing ----------------------------------------------------------
     def _storage_coords(self, coords: Coords) -> Coords:
@@ -1296,10 +1136,11 @@ class ZarrChunkSource(ChunkSource):
         with self._lock_for(coords):
             new_index = None
             try:
-                if self.sharding is not None and self._direct and self._local_shard_writes():
-                    new_index = self._write_inner_chunk_local(coords, self.full_chunk(clipped))
-                elif self.sharding is None and self._direct and self._sync_encode:
-                    encoded = self._encode_in_this_thread(self.full_chunk(clipped))
+                if self.sharding is not None and self._direct and self._shard_writes.available:
+                    shard_key = self._storage_key(self._storage_coords(coords))
+                    new_index = self._shard_writes.write(shard_key, coords, self.full_chunk(clipped))
+                elif self.sharding is None and self._direct and self.codecs.encodes_in_thread:
+                    encoded = self.codecs.encode(self.full_chunk(clipped))
                     local = self._local_store
                     if local is not None and local.local_writer:
                         self._set_chunk_local(local, coords, encoded)  # in this worker thread
@@ -1315,91 +1156,16 @@ class ZarrChunkSource(ChunkSource):
                 if new_index is not None:  # the shard just written: no need to read it back
                     self._indexes.keep(self._storage_coords(coords), new_index)
 
-    def _local_shard_writes(self) -> bool:
-        """Whether an inner chunk can be written into its shard in this worker thread:
-        a local store, and inner and index codecs that all encode and decode synchronously."""
-        found = getattr(self, "_shard_writes", None)
-        if found is None:
-            from zarr.abc.codec import ArrayBytesCodec, BytesBytesCodec
-
-            local = self._local_store
-            codecs = [*self.sharding.codecs, *self.sharding.index_codecs]
-            found = (
-                local is not None and local.local_writer and self._sync_codecs is not None
-                and len(self.array.metadata.codecs) == 1  # no codec over the whole shard
-                and all(zarr_private.can_encode_sync(c) and zarr_private.can_decode_sync(c) for c in codecs)
-                and isinstance(self.sharding.index_codecs[0], ArrayBytesCodec)
-                and all(isinstance(c, BytesBytesCodec) for c in self.sharding.index_codecs[1:])
-            )
-            self._shard_writes = found
-        return found
-
-    def _write_inner_chunk_local(self, coords: Coords, full: np.ndarray) -> Any:
-        """Store inner chunk `coords` into its shard, in this worker thread: read the shard,
-        encode the chunk, lay the shard out again as zarr does (inner chunks in Morton
-        order, then the index, or the index first) and replace it atomically. zarr's own
-        partial shard write does the same with several thread switches per step.
-        Returns the shard's new index (for the index cache)."""
-        from zarr.codecs.sharding import MAX_UINT_64, ShardingCodecIndexLocation
-
-        sharding, local = self.sharding, self._local_store
-        cps = tuple(self.chunks_per_shard)
-        key = self._storage_key(self._storage_coords(coords))
-        index_spec = zarr_private.shard_index_spec(sharding, cps)
-        index_size = zarr_private.shard_index_size(sharding, cps)
-        index_first = sharding.index_location == ShardingCodecIndexLocation.start
-        proto = default_buffer_prototype()
-        stored = local.get_local(key, max_bytes=self._storage_object_max)
-        parts: dict[tuple[int, ...], memoryview] = {}
-        if stored is not None:
-            if len(stored) < index_size:
-                raise CorruptDataError(f"{key}: shard of {len(stored)} bytes is shorter than its index")
-            raw = stored[:index_size] if index_first else stored[len(stored) - index_size:]
-            buf = proto.buffer.from_bytes(raw)
-            try:
-                for codec in reversed(sharding.index_codecs[1:]):
-                    buf = zarr_private.decode_sync(codec, buf, index_spec)
-                old = zarr_private.decode_sync(sharding.index_codecs[0], buf, index_spec).as_numpy_array()
-            except Exception as e:  # a bad checksum: never overwrite what cannot be read
-                raise CorruptDataError(f"{key}: unreadable shard index: {str(e) or type(e).__name__}") from e
-            data = memoryview(stored)
-            for local_coords in np.argwhere(old[..., 0] != MAX_UINT_64):
-                at = tuple(int(v) for v in local_coords)
-                start, length = (int(v) for v in old[at])
-                if start + length > len(stored):
-                    raise CorruptDataError(f"{key}: inner chunk {at} lies outside the stored shard")
-                parts[at] = data[start : start + length]
-        encoded = self._encode_in_this_thread(full)
-        parts[tuple(c % n for c, n in zip(coords, cps, strict=True))] = memoryview(encoded.as_numpy_array()).cast("B")
-        index = zarr_private.new_shard_index(np.full((*cps, 2), MAX_UINT_64, dtype=np.uint64))
-        ordered = []
-        at = index_size if index_first else 0
-        for local_coords in zarr_private.morton_order(cps):
-            part = parts.get(local_coords)
-            if part is None or len(part) == 0:
-                continue
-            index.offsets_and_lengths[local_coords] = (at, len(part))
-            ordered.append(part)
-            at += len(part)
-        index_buf = zarr_private.encode_sync(
-            sharding.index_codecs[0], proto.nd_buffer.from_numpy_array(index.offsets_and_lengths), index_spec)
-        for codec in sharding.index_codecs[1:]:
-            index_buf = zarr_private.encode_sync(codec, index_buf, index_spec)
-        index_bytes = index_buf.as_numpy_array().tobytes()
-        if index_first:
-            ordered.insert(0, index_bytes)
-        else:
-            ordered.append(index_bytes)
-        local.set_local(key, ordered)
-        return index
-
     async def _write_stored_chunk(self, coords: Coords, full: np.ndarray) -> None:
         """Encode one whole chunk with the codec pipeline and store it (one set)."""
-        proto = default_buffer_prototype()
-        async_array = self.array.async_array
-        values = proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype))
-        (encoded,) = await async_array.codec_pipeline.encode([(values, self._chunk_spec)])
-        await self._set_chunk(coords, encoded)
+        await self._set_chunk(coords, await self.codecs.encode_on_loop(full))
+
+    @functools.cached_property
+    def _shard_writes(self) -> LocalShardWrites:
+        """Inner chunks written into a local store's shards in the worker thread."""
+        assert self.sharding is not None
+        return LocalShardWrites(self.sharding, self.chunks_per_shard, self.codecs, len(self.array.metadata.codecs),
+                                self._local_store, self._storage_object_max)
 
     async def _set_chunk(self, coords: Coords, encoded: Any) -> None:
         key = self._storage_key(coords)
@@ -1413,18 +1179,6 @@ class ZarrChunkSource(ChunkSource):
         if encoded is None:
             raise CorruptDataError(f"{key}: the codecs produced no bytes")
         local.set_local(key, encoded)
-
-    def _encode_in_this_thread(self, full: np.ndarray) -> Any:
-        """Encode with the codecs' synchronous methods (the mirror of reading)."""
-        assert self._sync_codecs is not None
-        proto = default_buffer_prototype()
-        spec = self._chunk_spec
-        serializer, bytes_codecs = self._sync_codecs
-        values = proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype))
-        encoded = zarr_private.encode_sync(serializer, values, spec)
-        for codec in bytes_codecs:
-            encoded = zarr_private.encode_sync(codec, encoded, spec)
-        return encoded
 
     def delete_chunk(self, coords: Coords) -> None:
         retry_lost_races(lambda: self._delete_chunk_once(coords), f"{self.name} chunk {coords}")

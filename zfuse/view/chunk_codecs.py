@@ -1,0 +1,230 @@
+"""One array's (inner) chunks decoded and encoded: `ChunkCodecs`, a part of a
+`ZarrChunkSource` (`source.py`) with state of its own (which codecs run in the
+calling thread, the chunk spec, the bounds).
+
+Decoding runs in the calling worker thread with the codecs' synchronous methods
+where every codec has one: zarr's pipeline would hop to a thread per codec and
+hold its event loop, which serves every other read. Every decompression is
+bounded by what the chunk can hold (`bounded_decode`): a stored chunk that
+declares or decompresses to more is corrupt data, never allocated.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs.sharding import ShardingCodec
+from zarr.core.buffer import default_buffer_prototype
+from zarr.core.sync import sync
+
+from zfuse.errors import CorruptDataError
+from zfuse.ext import zarr_private
+from zfuse.view import bounded_decode
+
+
+def _decode_bytes_stages(bytes_codecs: Sequence[Any], buf: Any, spec: Any, nbytes: int) -> Any:
+    """A stored chunk through its bytes->bytes codecs, last first, in this thread, each
+    stage's output bounded (bounded_decode): the one feeding the array->bytes codec by
+    the `nbytes` it decodes from, the others by their input and `nbytes`. A codec without
+    a synchronous decode (numcodecs' wrappers) runs on zarr's event loop."""
+    for i, codec in enumerate(reversed(bytes_codecs)):
+        limit = nbytes if i == len(bytes_codecs) - 1 else len(buf) + nbytes + 65536
+        if zarr_private.can_decode_sync(codec):
+            decode = functools.partial(zarr_private.decode_sync, codec, buf, spec)
+        else:
+            decode = functools.partial(_decode_on_loop, codec, buf, spec)
+        out = bounded_decode.bounded(codec, buf.as_numpy_array(), limit, decode)
+        buf = spec.prototype.buffer.from_bytes(out) if isinstance(out, (bytes, bytearray)) else out
+    return buf
+
+
+def _decode_on_loop(codec: Any, buf: Any, spec: Any) -> Any:
+    (out,) = sync(codec.decode([(buf, spec)]))
+    return out
+
+
+class ChunkCodecs:
+    """The codecs between one array's (inner) chunk values and their stored bytes.
+
+    `decode` gives a stored chunk's values (the full chunk shape), `encode` (in the
+    calling thread, when `encodes_in_thread`) and `encode_on_loop` (zarr's pipeline) the
+    stored bytes of a whole chunk. `stored_max` bounds what a stored chunk is read up to.
+    """
+
+    def __init__(self, array: zarr.Array, sharding: ShardingCodec | None, fill_value: Any) -> None:
+        meta = array.metadata
+        self._array = array
+        self._sharding = sharding
+        self._fill_value = fill_value
+        self._zarr_format: int = meta.zarr_format
+        self.chunk_shape = tuple(array.chunks)
+        self.dtype = np.dtype(array.dtype)
+        # [array->bytes codec, bytes->bytes codecs...] when every one of them can
+        # decode synchronously and no array->array codec changes the spec
+        self.in_thread: tuple[Any, list[Any]] | None = None
+        if self._zarr_format == 3:
+            from zarr.abc.codec import ArrayBytesCodec, BytesBytesCodec
+
+            codecs = list(sharding.codecs if sharding is not None else meta.codecs)
+            if (
+                codecs
+                and isinstance(codecs[0], ArrayBytesCodec)
+                and all(isinstance(c, BytesBytesCodec) for c in codecs[1:])
+                and all(zarr_private.can_decode_sync(c) for c in codecs)
+            ):
+                self.in_thread = (codecs[0], codecs[1:])
+        #: whole (unsharded) chunks encode in the calling thread too when every codec can
+        self.encodes_in_thread = self.in_thread is not None and sharding is None and all(
+            zarr_private.can_encode_sync(c) for c in meta.codecs
+        )
+
+    @functools.cached_property
+    def chunk_nbytes(self) -> int:
+        return math.prod(self.chunk_shape) * self.dtype.itemsize
+
+    @functools.cached_property
+    def stored_max(self) -> int:
+        """Bytes a stored (inner) chunk is read up to: twice its values and a MiB, far past
+        what any codec's framing adds; a crafted terabyte-sized file is refused unread."""
+        return 2 * self.chunk_nbytes + (1 << 20)
+
+    @functools.cached_property
+    def spec(self) -> Any:
+        """The spec a (inner) chunk is encoded and decoded with: one for the whole
+        regular grid (zarr gives every chunk the full chunk shape)."""
+        proto = default_buffer_prototype()
+        first = tuple(0 for _ in self._array.shape)
+        spec = self._array.metadata.get_chunk_spec(first, zarr_private.array_config(self._array), proto)
+        return spec if self._sharding is None else zarr_private.inner_chunk_spec(self._sharding, spec)
+
+    # -- decoding -----------------------------------------------------------
+    def decode(self, buf: Any, spec: Any) -> np.ndarray:
+        """A fetched chunk's values, every decompression bounded by the chunk's size."""
+        codecs = self.in_thread
+        if codecs is None:
+            values = self._decode_v2_bounded(buf)
+            if values is not None:
+                return values
+            staged = self._staged
+            if staged is not None:
+                # the bytes->bytes stages one by one, each bounded, then zarr's pipeline for
+                # the rest: numcodecs' wrappers (numcodecs.zlib, .bz2, ...) and a leading
+                # transpose have no synchronous decode, and zarr's pipeline bounds nothing
+                front, bytes_codecs, bytes_spec, bytes_nbytes = staged
+                buf = _decode_bytes_stages(bytes_codecs, buf, bytes_spec, bytes_nbytes)
+                (decoded,) = sync(front.decode([(buf, spec)]))
+            else:  # (nested sharding, v2 filters: zarr's pipeline decodes the whole chunk)
+                pipeline = (self._sharding or self._array.async_array).codec_pipeline
+                (decoded,) = sync(pipeline.decode([(buf, spec)]))
+            if decoded is None:
+                return np.full(self.chunk_shape, self._fill_value, dtype=self.dtype)
+        else:
+            serializer, bytes_codecs = codecs
+            buf = _decode_bytes_stages(bytes_codecs, buf, spec, self.chunk_nbytes)
+            decoded = zarr_private.decode_sync(serializer, buf, spec)
+        values = np.asarray(decoded.as_numpy_array())
+        if values.size != math.prod(self.chunk_shape):
+            raise CorruptDataError(f"the stored chunk decodes to {values.size} values, "
+                                   f"the chunk holds {math.prod(self.chunk_shape)}")
+        return values.reshape(self.chunk_shape)
+
+    @functools.cached_property
+    def _staged(self) -> tuple[Any, list[Any], Any, int] | None:
+        """For v3 codecs `in_thread` cannot decode: (zarr's pipeline of the
+        array->array codecs and the array->bytes one, the bytes->bytes codecs, the spec
+        those see, the bytes they must decode to); None where the array->bytes codec is
+        itself sharding (nested shards) or the codecs are not in that order."""
+        if self._zarr_format != 3:
+            return None
+        from zarr.abc.codec import ArrayArrayCodec, ArrayBytesCodec, BytesBytesCodec
+        from zarr.core.codec_pipeline import BatchedCodecPipeline
+
+        codecs = list(self._sharding.codecs if self._sharding is not None else self._array.metadata.codecs)
+        split = next((i for i, c in enumerate(codecs) if isinstance(c, ArrayBytesCodec)), None)
+        if split is None or isinstance(codecs[split], ShardingCodec):
+            return None
+        if not all(isinstance(c, ArrayArrayCodec) for c in codecs[:split]) or \
+                not all(isinstance(c, BytesBytesCodec) for c in codecs[split + 1:]):
+            return None
+        spec = self.spec
+        for codec in codecs[:split + 1]:  # (as zarr's pipeline resolves them)
+            spec = codec.resolve_metadata(spec)
+        nbytes = math.prod(spec.shape) * spec.dtype.to_native_dtype().itemsize
+        return BatchedCodecPipeline.from_codecs(codecs[:split + 1]), codecs[split + 1:], spec, nbytes
+
+    def _decode_v2_bounded(self, buf: Any) -> np.ndarray | None:
+        """A v2 chunk (C order, no filters) whose compressor zfuse bounds, decoded as
+        zarr's V2Codec does (decompress, view as the dtype, reshape) with the output
+        bounded by the chunk's size; None for anything else (zarr's pipeline decodes it,
+        after a declared size is checked where the framing has one)."""
+        if self._zarr_format != 2 or self._sharding is not None:
+            return None
+        meta = self._array.metadata
+        compressor = getattr(meta, "compressor", None)
+        if compressor is None:
+            return None
+        ident, config = bounded_decode.codec_id(compressor)
+        if ident is None:
+            return None
+        raw = buf.as_numpy_array()
+        stored = np.dtype(meta.dtype.to_native_dtype())
+        filters = getattr(meta, "filters", None)
+        if filters:
+            # the filters come after: check what the framing declares, else leave it to zarr
+            if bounded_decode.declares_size(ident):
+                bounded_decode.decompress_bounded(ident, config, raw, self.chunk_nbytes)
+                return None
+            if ident in bounded_decode.DECODED_INTO:
+                return None
+            # decompressed into what any filter's encoding can be (an AsType of 16-byte
+            # values from 1-byte ones), then the filters as zarr's V2Codec applies them
+            out = bounded_decode.decompress_bounded(ident, config, raw, 16 * self.chunk_nbytes + 65536)
+            if out is None:
+                return None
+            from numcodecs.compat import ensure_ndarray_like
+
+            chunk: Any = out
+            for f in reversed(filters):
+                chunk = f.decode(chunk)
+            values = ensure_ndarray_like(chunk).view(stored)
+            if values.size != math.prod(self.chunk_shape):
+                raise CorruptDataError(f"the stored chunk decodes to {values.size} values, "
+                                       f"the chunk holds {math.prod(self.chunk_shape)}")
+            return values.reshape(self.chunk_shape)
+        out = bounded_decode.decompress_bounded(ident, config, raw, self.chunk_nbytes)
+        if ident in bounded_decode.DECODED_INTO and stored.isnative:
+            # an image codec: decoded into the chunk's own array (as zarr-python 2 does),
+            # which the decoder checks against the image its stream declares first
+            return bounded_decode.decode_into(compressor, raw, np.empty(self.chunk_shape, stored))
+        if out is None:
+            return None  # its declared size was checked: zarr decodes it
+        if len(out) != self.chunk_nbytes:
+            raise CorruptDataError(f"the stored chunk decompresses to {len(out)} bytes, "
+                                   f"the chunk holds {self.chunk_nbytes}")
+        return np.frombuffer(out, dtype=stored).reshape(self.chunk_shape)
+
+    # -- encoding -----------------------------------------------------------
+    def encode(self, full: np.ndarray) -> Any:
+        """A whole chunk's stored bytes, encoded in this thread with the codecs'
+        synchronous methods (the mirror of `decode`); only where `in_thread`."""
+        assert self.in_thread is not None
+        proto = default_buffer_prototype()
+        spec = self.spec
+        serializer, bytes_codecs = self.in_thread
+        values = proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype))
+        encoded = zarr_private.encode_sync(serializer, values, spec)
+        for codec in bytes_codecs:
+            encoded = zarr_private.encode_sync(codec, encoded, spec)
+        return encoded
+
+    async def encode_on_loop(self, full: np.ndarray) -> Any:
+        """A whole (unsharded) chunk's stored bytes, encoded by zarr's codec pipeline."""
+        proto = default_buffer_prototype()
+        values = proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype))
+        (encoded,) = await self._array.async_array.codec_pipeline.encode([(values, self.spec)])
+        return encoded
