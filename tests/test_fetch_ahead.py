@@ -237,7 +237,7 @@ def _remote_source(arr):  # a source whose store counts as remote (what `store_a
     from zfuse.view.source import StoreAccess, ZarrChunkSource
 
     source = ZarrChunkSource(arr, name=arr.path)
-    source.__dict__["_store_access"] = StoreAccess(remote=True)
+    source.__dict__["access"] = StoreAccess(remote=True)
     return source
 
 

@@ -129,9 +129,9 @@ class ListedArray(Protocol):
     shape: tuple[int, ...]
     sharding: Any  # None: not sharded
     chunks_per_shard: tuple[int, ...]  # (sharded arrays only)
-    _standard: tuple[str, str] | None  # (key head, separator) of the default and v2 key encodings
-    _store_access: Any  # `remote`: a store whose requests each wait a round trip
-    _caches_ranges: bool  # a remote store keeping what it fetched on disk (`-o cache=DIR`)
+    standard_keys: tuple[str, str] | None  # (key head, separator) of the default and v2 key encodings
+    access: Any  # `remote`: a store whose requests each wait a round trip
+    caches_ranges: bool  # a remote store keeping what it fetched on disk (`-o cache=DIR`)
 
     @property
     def grid_shape(self) -> tuple[int, ...]: ...
@@ -149,7 +149,7 @@ class ListedArray(Protocol):
 
     def in_grid(self, coords: Coords) -> bool: ...
 
-    def _listing_store(self) -> Any: ...  # the local store listed in this thread, or None
+    def listing_store(self) -> Any: ...  # the local store listed in this thread, or None
 
 
 class ChunkListing:
@@ -189,7 +189,7 @@ class ChunkListing:
         head = "".join(p + "/" for p in store_parts)
         depth = len(parts)
         leaf = depth == len(origin) - 1
-        local = array._listing_store()
+        local = array.listing_store()
         if local is None and not leaf and depth not in axis_at:
             # a component every chunk key has (v3's `c`): shown with no request, as `entry`
             # shows it even before a chunk is stored (a reader's readdir of the array,
@@ -287,7 +287,7 @@ class ChunkListing:
         array, or no flat listing and not `first`: `ls` of one chunk directory stays one
         delimited LIST of that directory)."""
         array = self._array
-        if not array._store_access.remote or math.prod(array.storage_grid) > FLAT_LISTING_OBJECTS:
+        if not array.access.remote or math.prod(array.storage_grid) > FLAT_LISTING_OBJECTS:
             return None
         with self._store_dirs_guard:
             shared = self._store_dirs.get(_FLAT)
@@ -327,7 +327,7 @@ class ChunkListing:
         `-o cache=`: there the listing's versions let the cache answer each index after
         it, with no request at all."""
         array = self._array
-        if array.sharding is None or math.prod(array.storage_grid) > INDEXES_ALONGSIDE or array._caches_ranges:
+        if array.sharding is None or math.prod(array.storage_grid) > INDEXES_ALONGSIDE or array.caches_ranges:
             return
         shards = list(itertools.product(*(range(n) for n in array.storage_grid)))
         future = asyncio.run_coroutine_threadsafe(self._indexes.load(shards), zarr_private.event_loop())
@@ -363,7 +363,7 @@ class ChunkListing:
     def _leaf_names_are_ints(self) -> bool:
         """Whether a chunk file's name in its directory is its last coordinate alone
         (``/``-separated default and v2 keys): listings then decode names with int()."""
-        standard = self._array._standard
+        standard = self._array.standard_keys
         return standard is not None and standard[1] == "/" and len(self._array.grid_shape) > 0  # 0-d: key "c"
 
     def _subdirs(self, depth: int, names: list[str], per_object: tuple[int, ...]) -> DirPage:

@@ -39,16 +39,16 @@ class FetchedArray(Protocol):
     store: Any
     sharding: Any  # None: not sharded
     chunks_per_shard: tuple[int, ...]  # (sharded arrays only)
-    _store_access: Any  # `metered`: zfuse's metered store of the remote source, if any
-    _caches_ranges: bool  # the remote store keeps what it fetched on disk (`-o cache=DIR`)
+    access: Any  # `metered`: zfuse's metered store of the remote source, if any
+    caches_ranges: bool  # the remote store keeps what it fetched on disk (`-o cache=DIR`)
 
     def in_grid(self, coords: Coords) -> bool: ...
 
-    def _storage_coords(self, coords: Coords) -> Coords: ...  # the storage object (shard) holding a chunk
+    def storage_coords(self, coords: Coords) -> Coords: ...  # the storage object (shard) holding a chunk
 
-    def _storage_key(self, coords: Coords) -> str: ...  # that object's key in the store
+    def storage_key(self, coords: Coords) -> str: ...  # that object's key in the store
 
-    def _has_transformers(self) -> bool: ...  # storage transformers between the array and the store
+    def has_transformers(self) -> bool: ...  # storage transformers between the array and the store
 
 
 class RemoteFetcher:
@@ -77,7 +77,7 @@ class RemoteFetcher:
         None (not stored) or MISSED (the read fetches it itself); counted into the
         metered store's `chunks_fetched_ahead` or `chunks_fetched_on_read`."""
         fetched = self._fetches.take(coords)
-        metered = self._array._store_access.metered
+        metered = self._array.access.metered
         if metered is not None:
             metered.stats.count("chunks_fetched_on_read" if fetched is MISSED else "chunks_fetched_ahead")
         return fetched
@@ -99,14 +99,14 @@ class RemoteFetcher:
         per_shard = array.chunks_per_shard
         in_shard: dict[Coords, int] = {}
         for c in coords:
-            shard = array._storage_coords(c)
+            shard = array.storage_coords(c)
             in_shard[shard] = in_shard.get(shard, 0) + 1
         size = math.prod(per_shard)
         out: dict[Coords, None] = {}
         widened: set[Coords] = set()
         for c in coords:
             out.setdefault(c, None)
-            shard = array._storage_coords(c)
+            shard = array.storage_coords(c)
             if shard in widened or 2 * in_shard[shard] < size:
                 continue
             widened.add(shard)
@@ -133,24 +133,24 @@ class RemoteFetcher:
             async def whole(coords: Coords) -> None:
                 async with limit:
                     with chunk_read_limited(array.codecs.stored_max):
-                        out[coords] = await array.store.get(array._storage_key(coords), prototype=proto)
+                        out[coords] = await array.store.get(array.storage_key(coords), prototype=proto)
 
             await asyncio.gather(*(whole(c) for c in wanted), return_exceptions=True)
             return out
         by_shard: dict[Coords, list[Coords]] = {}
         for coords in wanted:
-            by_shard.setdefault(array._storage_coords(coords), []).append(coords)
+            by_shard.setdefault(array.storage_coords(coords), []).append(coords)
 
         # zfuse's metered store right below (no storage transformers between): a span's
         # inner chunks are handed on as the response brings them (`get_pieces`), each
         # its own disk cache entry with `-o cache=`
-        metered = array._store_access.metered
-        if metered is not None and array._has_transformers():  # (answered from the metadata recorded at open)
+        metered = array.access.metered
+        if metered is not None and array.has_transformers():  # (answered from the metadata recorded at open)
             metered = None
         # a disk cache (-o cache=DIR) keeps byte ranges as requested: one per inner chunk,
         # found again after a remount whatever was read together (`get_pieces`; with
         # storage transformers between, one request each)
-        coalesced = metered is not None or not array._caches_ranges
+        coalesced = metered is not None or not array.caches_ranges
         fetches = self._fetches
 
         async def span(key: str, start: int, end: int, members: list[tuple[int, int, Coords]]) -> None:
@@ -176,7 +176,7 @@ class RemoteFetcher:
         wanted_set = set(wanted)
 
         async def shard(shard_coords: Coords, inner: list[Coords]) -> None:
-            key = array._storage_key(shard_coords)
+            key = array.storage_key(shard_coords)
             index = await self._indexes.get(shard_coords)
             ranges = []
             for coords in inner:

@@ -490,7 +490,7 @@ class ZarrChunkSource(ChunkSource):
         self._locks_guard = threading.Lock()
         # shard indexes: read once each, kept in a bounded cache (the view's, once
         # `use_index_cache` is called); a remote store's fetches ahead: `_fetcher`
-        self._indexes = ShardIndexes(self._storage_key, self.store, self.sharding,
+        self._indexes = ShardIndexes(self.storage_key, self.store, self.sharding,
                                      self.chunks_per_shard if self.sharding is not None else None)
         # the chunk-key directories listed from the store, and what those listings keep
         self._listing = ChunkListing(self, self._indexes)
@@ -503,7 +503,7 @@ class ZarrChunkSource(ChunkSource):
             V2ChunkKeyEncoding(separator=meta.dimension_separator) if self.zarr_format == 2 else meta.chunk_key_encoding
         )
         # (key head, separator) for the default and v2 encodings: fast key encoding
-        self._standard: tuple[str, str] | None = standard_layout(encoding)
+        self.standard_keys: tuple[str, str] | None = standard_layout(encoding)
         self._key_decoder = ChunkKeyDecoder(len(self.shape), encoding=encoding, encode=self.chunk_key)
 
     @property
@@ -524,14 +524,14 @@ class ZarrChunkSource(ChunkSource):
     def _encode_storage_key(self, coords: Coords) -> str:
         return self.array.metadata.encode_chunk_key(coords)
 
-    def _storage_key(self, coords: Coords) -> str:
+    def storage_key(self, coords: Coords) -> str:
         """The store key of the storage object at `coords` in `storage_grid` (a shard's, if
         sharded), the array's prefix included."""
         return self.prefix + self._encode_storage_key(coords)
 
     def chunk_key(self, coords: Coords) -> str:
-        if self._standard is not None and coords:
-            head, sep = self._standard
+        if self.standard_keys is not None and coords:
+            head, sep = self.standard_keys
             return head + sep.join(map(str, coords))
         return self._encode_storage_key(coords)
 
@@ -651,7 +651,7 @@ class ZarrChunkSource(ChunkSource):
         if not self.in_grid(coords):
             return False
         if self.sharding is None:
-            key = self._storage_key(coords)
+            key = self.storage_key(coords)
             local = self._local_store
             if local is not None:  # in this worker thread, as `_fetch_local` reads
                 return local.exists_local(key)
@@ -661,7 +661,7 @@ class ZarrChunkSource(ChunkSource):
                 if fetched is not MISSED:
                     return fetched is not None
             return bool(sync(self.store.exists(key)))
-        shard = self._storage_coords(coords)
+        shard = self.storage_coords(coords)
         index = self._indexes.cached(shard)
         if index is None:  # not cached: read (and cache) it on zarr's event loop
             index = sync(self._indexes.get(shard))
@@ -669,14 +669,14 @@ class ZarrChunkSource(ChunkSource):
 
     @property
     def lists_locally(self) -> bool:
-        return self._listing_store() is not None
+        return self.listing_store() is not None
 
     def exists_is_local(self, coords: Coords) -> bool:
         if self._local_store is None or not self.in_grid(coords):
             return False
         if self.sharding is None:
             return True
-        return self._indexes.cached(self._storage_coords(coords)) is not None
+        return self._indexes.cached(self.storage_coords(coords)) is not None
 
     # -- reading ----------------------------------------------------------
     def read_chunk(self, coords: Coords, must_exist: bool = False) -> np.ndarray:
@@ -689,7 +689,7 @@ class ZarrChunkSource(ChunkSource):
             # (forgotten: read again). Wait for a write in flight on this storage
             # object and read once more; real corruption fails again and is reported.
             # Any other chunk is not read twice (a bomb would cost its decoding twice).
-            if self.sharding is None and not self._has_transformers():
+            if self.sharding is None and not self.has_transformers():
                 raise
             with self._lock_for(coords):
                 pass
@@ -725,7 +725,7 @@ class ZarrChunkSource(ChunkSource):
         if self.sharding is not None:
             inner = math.prod(self.chunks_per_shard)
             return inner * self.codecs.stored_max + 16 * inner + 4 + (1 << 20)
-        return None if self._has_transformers() else self.codecs.stored_max
+        return None if self.has_transformers() else self.codecs.stored_max
 
     # -- stored bytes (whole-image passthrough) -------------------------------
     def stored_codecs(self) -> list[dict[str, Any]] | None:
@@ -746,7 +746,7 @@ class ZarrChunkSource(ChunkSource):
         codecs = self.sharding.codecs if self.sharding is not None else meta.codecs
         return [c.to_dict() for c in codecs]
 
-    def _listing_store(self) -> Any:
+    def listing_store(self) -> Any:
         """`_local_store` for listings, decided from memory only (`ls` reads nothing
         but the listing: not even ``zarr.json`` again); None when that is not known."""
         if (self.zarr_format != 2 and getattr(self, "_transformers", None) is None
@@ -767,7 +767,9 @@ class ZarrChunkSource(ChunkSource):
             store = zarr_private.wrapped_store(store)
         return None
 
-    def _has_transformers(self) -> bool:
+    def has_transformers(self) -> bool:
+        """Whether the stored ``zarr.json`` names storage transformers (which map chunk
+        keys to keys of their own): from the copy recorded at open where there is one."""
         if self.zarr_format == 2:
             return False
         found = getattr(self, "_transformers", None)
@@ -784,25 +786,25 @@ class ZarrChunkSource(ChunkSource):
         return found
 
     @functools.cached_property
-    def _store_access(self) -> StoreAccess:
+    def access(self) -> StoreAccess:
         """What the store stack offers beyond zarr's Store API, found once."""
         return store_access(self.store)
 
     def _local_root(self) -> str | None:
         """The directory of a local store (under zfuse's metering wrapper), else None.
         Other wrappers may map keys (pre-release layouts): no file sizes through them."""
-        return self._store_access.root
+        return self.access.root
 
     def _local_files(self) -> Any:
         """The `AtomicLocalStore` under `_local_root`'s wrappers, or None: its `open_key`
         and `stat_key` open stored files inside the store only."""
-        return self._store_access.files
+        return self.access.files
 
     def stored_sizes(self) -> StoredSizes | None:
         """Stored byte size of every stored chunk (inner chunks of shards), when that is
         cheap: shard indexes (read SHARDS_AT_ONCE at a time), or a local store's file
         sizes; at most STORED_SIZES_MAX of them. None otherwise (blocking)."""
-        if self.stored_codecs() is None or self._has_transformers():
+        if self.stored_codecs() is None or self.has_transformers():
             return None
         ndim = len(self.shape)
         coords_parts: list[np.ndarray] = []
@@ -853,7 +855,7 @@ class ZarrChunkSource(ChunkSource):
         root = self._chunk_root
         if root is None:
             return None
-        key = self._storage_key(coords)
+        key = self.storage_key(coords)
         if not self._stored_path_stays_inside(key):
             return None  # read through the store instead, which refuses it (EIO, naming the key)
         return os.path.join(root, key)
@@ -886,7 +888,7 @@ class ZarrChunkSource(ChunkSource):
         files = self._local_files()
         if files is None:
             raise OutsideStoreError(f"{self.name}: chunk {coords} is not in a local store")
-        key = self._storage_key(coords)
+        key = self.storage_key(coords)
         try:
             fd, _ = files.open_file_key(key)  # (never waiting on a FIFO)
         except IsADirectoryError as e:
@@ -903,7 +905,7 @@ class ZarrChunkSource(ChunkSource):
         if not self._raw_stored or self._chunk_root is None:
             return None
         # unchecked: its readers open it with `open_raw_chunk`, inside the store only
-        return os.path.join(self._chunk_root, self._storage_key(coords))
+        return os.path.join(self._chunk_root, self.storage_key(coords))
 
     def may_store_raw(self) -> bool:
         return self._raw_stored
@@ -941,7 +943,7 @@ class ZarrChunkSource(ChunkSource):
     @functools.cached_property
     def _chunk_root(self) -> str | None:
         """`stored_chunk_path`'s directory: the local root when a chunk is one object."""
-        direct = self.sharding is None and not self._has_transformers()
+        direct = self.sharding is None and not self.has_transformers()
         files = self._local_files() if direct else None  # (zfuse's own local store: it opens inside only)
         return str(files.root) if files is not None else None
 
@@ -975,7 +977,7 @@ class ZarrChunkSource(ChunkSource):
     def _fetcher(self) -> RemoteFetcher | None:
         """Remote stores: chunks fetched ahead of readers (`fetch_ahead`), on zarr's
         event loop, taken by `_fetch`."""
-        if not self._direct or not self._store_access.remote:
+        if not self._direct or not self.access.remote:
             return None
         return RemoteFetcher(self, self._indexes)
 
@@ -984,9 +986,9 @@ class ZarrChunkSource(ChunkSource):
         return self._fetcher is not None
 
     @functools.cached_property
-    def _caches_ranges(self) -> bool:
+    def caches_ranges(self) -> bool:
         """Whether the remote store keeps what it fetched on disk (`-o cache=DIR`)."""
-        metered = self._store_access.metered
+        metered = self.access.metered
         return metered is not None and metered.cache is not None
 
     def fetch_ahead(self, coords: Sequence[Coords], skip: Callable[[Coords], bool] | None = None) -> None:
@@ -1002,23 +1004,23 @@ class ZarrChunkSource(ChunkSource):
         """zfuse's metered store when it wraps a local directory directly (no storage
         transformers or key mapping in between), else None: its synchronous methods
         (`get_local`, `exists_local`, `list_dir_local`, `set_local`) are the fast path."""
-        local = self._store_access.local
-        return local if local is not None and not self._has_transformers() else None
+        local = self.access.local
+        return local if local is not None and not self.has_transformers() else None
 
     def _fetch_local(self, local: Any, coords: Coords, must_exist: bool) -> Any:
         """`_fetch_stored_chunk`/`_fetch_inner_chunk` without the event loop; _NOT_LOCAL
         when a shard's index is not cached yet (the async path reads and caches it)."""
         proto = default_buffer_prototype()
         if self.sharding is None:
-            key = self._storage_key(coords)
+            key = self.storage_key(coords)
             data = local.get_local(key, max_bytes=self.codecs.stored_max)
             if data is None:
                 if must_exist:
                     raise self._vanished(key)
                 return None
             return proto.buffer.from_bytes(data), self.codecs.spec
-        shard = self._storage_coords(coords)
-        key = self._storage_key(shard)
+        shard = self.storage_coords(coords)
+        key = self.storage_key(shard)
         index = self._indexes.cached(shard)
         if index is None:
             return _NOT_LOCAL
@@ -1051,7 +1053,7 @@ class ZarrChunkSource(ChunkSource):
         which costs more than decoding a raw chunk). Zarr stores edge chunks at full
         shape, so decoding gives the full chunk as is. None: nothing stored."""
         proto = default_buffer_prototype()
-        key = self._storage_key(coords)
+        key = self.storage_key(coords)
         with chunk_read_limited(self.codecs.stored_max):  # (an endless body is not held)
             buf = await self.store.get(key, prototype=proto)
         if buf is None:
@@ -1070,18 +1072,18 @@ class ZarrChunkSource(ChunkSource):
         try:
             return await self._fetch_inner_chunk_once(coords, must_exist)
         except ObjectChangedError:
-            metered = self._store_access.metered
+            metered = self.access.metered
             if metered is None:
                 raise
-            shard = self._storage_coords(coords)
+            shard = self.storage_coords(coords)
             self._indexes.forget(shard)
-            metered.forget_version(self._storage_key(shard))
+            metered.forget_version(self.storage_key(shard))
             return await self._fetch_inner_chunk_once(coords, must_exist)
 
     async def _fetch_inner_chunk_once(self, coords: Coords, must_exist: bool) -> tuple[Any, Any] | None:
         assert self.sharding is not None
-        shard = self._storage_coords(coords)
-        key = self._storage_key(shard)
+        shard = self.storage_coords(coords)
+        key = self.storage_key(shard)
         index = await self._indexes.get(shard)
         byte_slice = index.get_chunk_slice(coords) if index is not None else None
         if byte_slice is None:
@@ -1098,23 +1100,23 @@ class ZarrChunkSource(ChunkSource):
         return buf, self.codecs.spec
 
     # -- writing ----------------------------------------------------------
-    def _storage_coords(self, coords: Coords) -> Coords:
+    def storage_coords(self, coords: Coords) -> Coords:
         """The grid position of the storage object holding chunk `coords` (its shard, if sharded)."""
         if self.sharding is None:
             return coords
         return tuple(c // n for c, n in zip(coords, self.chunks_per_shard, strict=True))
 
     def _lock_for(self, coords: Coords) -> threading.Lock:
-        key = self._encode_storage_key(self._storage_coords(coords))
+        key = self._encode_storage_key(self.storage_coords(coords))
         with self._locks_guard:
             return self._locks.setdefault(key, threading.Lock())
 
     def retry_failed(self, coords: Coords) -> None:
-        failures = self._store_access.bounded.failures if self._store_access.bounded is not None else None
+        failures = self.access.bounded.failures if self.access.bounded is not None else None
         if failures is None or not failures.pending():
             return
         if self.zarr_format == 2 or self._recorded_transformers() is False:
-            failures.forget(self._storage_key(self._storage_coords(coords)))  # (its shard's, if sharded)
+            failures.forget(self.storage_key(self.storage_coords(coords)))  # (its shard's, if sharded)
         else:  # (storage transformers may map the chunk to keys of their own)
             failures.forget_under(self.prefix)
 
@@ -1124,7 +1126,7 @@ class ZarrChunkSource(ChunkSource):
         if fetcher is not None:
             fetcher.forget()
         if self.sharding is not None:
-            self._indexes.forget(self._storage_coords(coords))
+            self._indexes.forget(self.storage_coords(coords))
 
     def write_chunk(self, coords: Coords, data: np.ndarray) -> None:
         # another host's write between this one's read and write: redone (zfuse/conditional.py)
@@ -1137,7 +1139,7 @@ class ZarrChunkSource(ChunkSource):
             new_index = None
             try:
                 if self.sharding is not None and self._direct and self._shard_writes.available:
-                    shard_key = self._storage_key(self._storage_coords(coords))
+                    shard_key = self.storage_key(self.storage_coords(coords))
                     new_index = self._shard_writes.write(shard_key, coords, self.full_chunk(clipped))
                 elif self.sharding is None and self._direct and self.codecs.encodes_in_thread:
                     encoded = self.codecs.encode(self.full_chunk(clipped))
@@ -1154,7 +1156,7 @@ class ZarrChunkSource(ChunkSource):
             finally:
                 self._forget_index(coords)
                 if new_index is not None:  # the shard just written: no need to read it back
-                    self._indexes.keep(self._storage_coords(coords), new_index)
+                    self._indexes.keep(self.storage_coords(coords), new_index)
 
     async def _write_stored_chunk(self, coords: Coords, full: np.ndarray) -> None:
         """Encode one whole chunk with the codec pipeline and store it (one set)."""
@@ -1168,14 +1170,14 @@ class ZarrChunkSource(ChunkSource):
                                 self._local_store, self._storage_object_max)
 
     async def _set_chunk(self, coords: Coords, encoded: Any) -> None:
-        key = self._storage_key(coords)
+        key = self.storage_key(coords)
         if encoded is None:  # cannot happen with write_empty_chunks semantics; be safe
             raise CorruptDataError(f"{key}: the codecs produced no bytes")
         await self.store.set(key, encoded)
 
     def _set_chunk_local(self, local: Any, coords: Coords, encoded: Any) -> None:
         """`_set_chunk` on a local store, without zarr's event loop (the mirror of `_fetch_local`)."""
-        key = self._storage_key(coords)
+        key = self.storage_key(coords)
         if encoded is None:
             raise CorruptDataError(f"{key}: the codecs produced no bytes")
         local.set_local(key, encoded)
@@ -1190,8 +1192,8 @@ class ZarrChunkSource(ChunkSource):
         retry_lost_races(lambda: self._write_region_once(region, values), f"{self.name} region {region}")
 
     def _write_region_once(self, region: tuple[slice, ...], values: Any) -> None:
-        first = self._storage_coords(tuple(r.start // c for r, c in zip(region, self.chunk_shape, strict=True)))
-        last = self._storage_coords(tuple((r.stop - 1) // c for r, c in zip(region, self.chunk_shape, strict=True)))
+        first = self.storage_coords(tuple(r.start // c for r, c in zip(region, self.chunk_shape, strict=True)))
+        last = self.storage_coords(tuple((r.stop - 1) // c for r, c in zip(region, self.chunk_shape, strict=True)))
         objects = list(itertools.product(*(range(a, b + 1) for a, b in zip(first, last, strict=True))))
         erase = np.ndim(values) == 0 and np.array_equal(values, self.fill_value, equal_nan=True)
         with contextlib.ExitStack() as held:
@@ -1205,7 +1207,7 @@ class ZarrChunkSource(ChunkSource):
                     self._forget_index(self._first_chunk_of(obj))
 
     def _first_chunk_of(self, storage: Coords) -> Coords:
-        """The first chunk (inner chunk) of the storage object at `storage` (`_storage_coords`'s inverse)."""
+        """The first chunk (inner chunk) of the storage object at `storage` (`storage_coords`'s inverse)."""
         if self.sharding is None:
             return storage
         return tuple(s * n for s, n in zip(storage, self.chunks_per_shard, strict=True))
@@ -1214,7 +1216,7 @@ class ZarrChunkSource(ChunkSource):
         with self._lock_for(coords):
             try:
                 if self.sharding is None:
-                    key = self._storage_key(coords)
+                    key = self.storage_key(coords)
                     sync(self.store.delete(key))
                 else:
                     region = self.chunk_region(coords)
