@@ -523,7 +523,7 @@ def test_umount_names_the_incomplete_files_it_drops(tmp_path: Path) -> None:
 
 
 def test_mounting_one_level_of_an_ome_zarr_image_says_where_its_metadata_is(tmp_path: Path) -> None:
-    """A mount of one level (`img.zarr/0`) shows it without the image's axes, scales and
+    """A mount of one level (`img.zarr/0`, ngff-zarr's `img.zarr/scale0/image`) shows it without the image's axes, scales and
     channel names (they are the parent group's, outside the level's store): a warning at
     mount, and a note of `zfuse info`, say so and name the image to mount (it was
     silent). Not for other arrays."""
@@ -544,3 +544,11 @@ def test_mounting_one_level_of_an_ome_zarr_image_says_where_its_metadata_is(tmp_
     v2.create_array("s0", shape=(4, 8), chunks=(4, 8), dtype="u1")
     v2.attrs["multiscales"] = [{"version": "0.4", "datasets": [{"path": "s0"}]}]
     assert "is level 's0'" in (level_hint([str(tmp_path / "v2.zarr" / "s0")]) or "")
+    # ngff-zarr's levels are two groups down (`scale0/image`): the level, or its group
+    nested = zarr.open_group(str(tmp_path / "ngff.zarr"), mode="w")
+    nested.create_group("scale0").create_array("image", shape=(4, 8), chunks=(4, 8), dtype="u1")
+    nested.attrs["ome"] = {"version": "0.5", "multiscales": [{"axes": [{"name": "y"}, {"name": "x"}],
+                                                              "datasets": [{"path": "scale0/image"}]}]}
+    for level in ("scale0/image", "scale0"):
+        hint = level_hint([str(tmp_path / "ngff.zarr" / level)]) or ""
+        assert f"is level '{level}' of the OME-Zarr image {tmp_path / 'ngff.zarr'}" in hint, (level, hint)

@@ -231,6 +231,29 @@ def test_a_legacy_ome_rgb_image_is_labelled_by_its_guessed_axes(tmp_path: Path) 
             np.testing.assert_array_equal(tif.asarray(), RGB.transpose(2, 0, 1))
 
 
+@pytest.mark.skipif(not (THIRDPARTY / "ome-zarr-py").is_dir(), reason="no third-party stores")
+@pytest.mark.parametrize("version", ["v1", "v2"])
+def test_ome_zarr_0_1_and_0_2_channels_are_channels(version: str) -> None:
+    """[read-13] ome-zarr-py's OME-Zarr 0.1 and 0.2 samples, (1, 2, 1, 16, 16) with no axes
+    named (those versions imply t, c, z, y, x): a chunk file has 2 ImageJ channels, and
+    image.ome.tif and pyramid.ome.tif SizeC 2 (they were 2 z slices)."""
+    from zfuse.daemon import MountConfig
+    from zfuse.open_view import make_view
+    from zfuse.stats import Stats
+
+    view = make_view(MountConfig([str(THIRDPARTY / "ome-zarr-py" / version)], "/unused", read_only=True), Stats())
+    arr, coords = view.chunk_at(("0", "0.0.0.0.0.tiff"))
+    if coords is None:  # ("/"-separated keys)
+        arr, coords = view.chunk_at(("0", "0", "0", "0", "0", "0.tiff"))
+    assert arr is not None and coords is not None
+    with tifffile.TiffFile(io.BytesIO(bytes(arr.read(coords, 0, arr.file_size(coords))))) as tif:
+        assert tif.imagej_metadata["channels"] == 2 and "slices" not in tif.imagej_metadata
+    for rel, name in ((("0",), "image.ome.tif"), ((), "pyramid.ome.tif")):
+        image = view.whole_images(rel)[name]
+        with tifffile.TiffFile(io.BytesIO(bytes(image.read(0, image.size)))) as tif:
+            assert tif.series[0].axes.endswith("CYX") and tif.series[0].shape[-3] == 2, name
+
+
 def test_a_file_written_in_zarr_order_is_read_so_where_it_says_it() -> None:
     """[read-13] [read-1] `tifffile.imwrite(path, chunk)` of a chunk whose y and x are not
     its last two axes ((x, y), (y, x, 5 bands), (y, c, x)): the file's shape description

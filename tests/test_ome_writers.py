@@ -10,6 +10,7 @@ file's ImageJ metadata, `image.ome.tif`'s and `pyramid.ome.tif`'s OME-XML must s
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import textwrap
 import xml.etree.ElementTree as ET
@@ -117,3 +118,57 @@ def test_iohub_hcs_plate(tmp_path: Path, mount) -> None:
         check_chunk_file(first_chunk(m.path / well / "0"), DATA[:, :, :32, :32])
         check_ome(m.path / well / "0" / "image.ome.tif", 64, 0.5)
         check_ome(m.path / well / "pyramid.ome.tif", 64, 0.5)
+
+
+def _bf_physical(path: Path) -> dict[str, str]:
+    """Bio-Formats' (Fiji's importer's) reading of a file's calibration, from its OME-XML."""
+    from tools import bftool
+
+    xml = bftool("ImageInfo", "-nopix", "-omexml", path).stdout
+    pixels = re.search(r"<Pixels [^>]*>", xml)
+    assert pixels is not None, xml[-2000:]
+    return dict(re.findall(r'(PhysicalSize[XZ](?:Unit)?|TimeIncrement(?:Unit)?)="([^"]*)"', pixels.group(0)))
+
+
+def test_ngff_zarr_in_nanometres_and_milliseconds_reads_right_in_every_reader(tmp_path: Path, mount) -> None:
+    """[image-1] [read-14] ngff-zarr 0.50 with nanometre pixels, a micrometre z step and millisecond
+    frames: Bio-Formats (Fiji's importer), ImageJ and tifffile read the same calibration
+    from a chunk file, `image.tif` and `image.ome.tif`. Bio-Formats had read 325 nm as
+    325 µm from the chunk files and `image.tif` (it takes an ImageJ TIFF's calibration
+    as micrometres), and 30 ms as 30 s. `image.ome.tif` of ngff-zarr's `scale0/cells`
+    names its channels (the multiscale and its `omero` are two groups up)."""
+    nz = pytest.importorskip("ngff_zarr", reason="ngff-zarr is in zfuse's test extra")
+    data = DATA[None]  # t=1, c=2, z=3, y, x
+    image = nz.to_ngff_image(data, dims=["t", "c", "z", "y", "x"],
+                             scale={"t": 30.0, "c": 1.0, "z": 2.0, "y": 325.0, "x": 325.0},
+                             axes_units={"t": "millisecond", "z": "micrometer", "y": "nanometer", "x": "nanometer"},
+                             name="cells")
+    multiscales = nz.to_multiscales(image, scale_factors=[2], chunks=(1, 2, 3, 32, 32))
+    multiscales.metadata.omero = nz.Omero(channels=[
+        nz.OmeroChannel(color=color, label=label, window=nz.OmeroWindow(min=0, max=1000, start=0, end=1000))
+        for color, label in (("0000FF", "DAPI"), ("00FF00", "GFP"))])
+    nz.to_ngff_zarr(tmp_path / "nm.zarr", multiscales, version="0.5")
+    m = mount(tmp_path / "nm.zarr", "-o", "ro")
+    level = m.path / "scale0" / "cells"
+    chunk = first_chunk(level)
+    for path in (chunk, level / "image.tif"):
+        with tifffile.TiffFile(path) as tf:
+            ij = tf.imagej_metadata
+            num, den = tf.pages[0].tags["XResolution"].value
+        assert (ij["unit"], ij["spacing"], ij["finterval"], ij["tunit"]) == ("micron", 2.0, 0.03, "sec"), ij
+        assert den / num == pytest.approx(0.325)
+        bf = _bf_physical(path)
+        assert float(bf["PhysicalSizeX"]) == pytest.approx(0.325) and bf["PhysicalSizeXUnit"] == "µm", bf
+        assert float(bf["TimeIncrement"]) == pytest.approx(0.03) and bf["TimeIncrementUnit"] == "s", bf
+    with tifffile.TiffFile(level / "image.ome.tif") as tf:
+        image_el = ET.fromstring(tf.pages[0].description).find(f"{OME}Image")
+    assert image_el is not None and image_el.get("Name") == "cells, level scale0"
+    pixels = image_el.find(f"{OME}Pixels")
+    assert pixels is not None
+    assert [c.get("Name") for c in pixels.findall(f"{OME}Channel")] == ["DAPI", "GFP"]
+    assert {k: pixels.get(k) for k in ("PhysicalSizeX", "PhysicalSizeXUnit", "TimeIncrement",
+                                       "TimeIncrementUnit")} == {
+        "PhysicalSizeX": "325.0", "PhysicalSizeXUnit": "nm", "TimeIncrement": "30.0", "TimeIncrementUnit": "ms"}
+    bf = _bf_physical(level / "image.ome.tif")
+    assert (bf["PhysicalSizeX"], bf["PhysicalSizeXUnit"], bf["PhysicalSizeZ"], bf["PhysicalSizeZUnit"]) == (
+        "325.0", "nm", "2.0", "µm"), bf

@@ -183,21 +183,46 @@ def _zipped(path: str) -> bool:
         return False
 
 
+#: parent directories a mounted level's OME-Zarr image is looked for in (ngff-zarr's
+#: levels are `img.zarr/scale0/image`: two up)
+LEVEL_ANCESTORS = 3
+
+
 def level_hint(sources: list[str]) -> str | None:
-    """A hint when the one local source is a level of an OME-Zarr image (`img.zarr/0`):
-    its axes, scales and channel names are its parent group's, which zfuse does not read
-    for a mount of the level (the store is the level's directory). Read from the parent's
-    metadata document alone (to the metadata bound); None when it is no such level."""
+    """A hint when the one local source is a level of an OME-Zarr image (`img.zarr/0`,
+    ngff-zarr's `img.zarr/scale0/image`, or its `scale0`): its axes, scales and channel
+    names are the image group's, which zfuse does not read for a mount of the level (the
+    store is the level's directory). Read from the metadata documents of at most
+    LEVEL_ANCESTORS parent directories alone (each to the metadata bound); None when it
+    is no such level."""
     if len(sources) != 1 or "://" in sources[0] and not sources[0].startswith("file://"):
         return None
     path = os.path.abspath(sources[0].removeprefix("file://")).rstrip("/")
-    parent, name = os.path.split(path)
-    if not name or not any(os.path.isfile(os.path.join(path, n)) for n in ("zarr.json", ".zarray")):
+    if not any(os.path.isfile(os.path.join(path, n)) for n in ("zarr.json", ".zarray", ".zgroup")):
         return None
-    from zfuse.ext.metadata_json import MAX_METADATA_BYTES, load_metadata
+    ancestor, rel = path, ""
+    for _ in range(LEVEL_ANCESTORS):
+        ancestor, name = os.path.split(ancestor)
+        if not name:
+            return None
+        rel = f"{name}/{rel}" if rel else name
+        for paths in _multiscale_dataset_paths(ancestor):
+            if rel in paths or any(p.startswith(rel + "/") for p in paths):
+                return (f"{sources[0]} is level {rel!r} of the OME-Zarr image {ancestor}: its axes, scales and "
+                        "channel names are the image's, not shown for the level alone; mount the image "
+                        f"({ancestor}) to have them")
+    return None
 
+
+def _multiscale_dataset_paths(directory: str) -> list[list[str]]:
+    """The dataset paths of each OME-Zarr multiscale in the group metadata of `directory`
+    (zarr.json, or v2's .zattrs), read to the metadata bound; [] if none."""
+    from zfuse.ext.metadata_json import MAX_METADATA_BYTES, load_metadata
+    from zfuse.view.tiff_meta import MULTISCALE_LEVELS_MAX, MULTISCALES_MAX
+
+    found: list[list[str]] = []
     for doc_name in ("zarr.json", ".zattrs"):
-        doc_path = os.path.join(parent, doc_name)
+        doc_path = os.path.join(directory, doc_name)
         try:
             if not os.path.isfile(doc_path) or os.path.getsize(doc_path) > MAX_METADATA_BYTES:
                 continue
@@ -208,14 +233,11 @@ def level_hint(sources: list[str]) -> str | None:
         attrs = doc.get("attributes", {}) if doc_name == "zarr.json" else doc
         attrs = attrs.get("ome", attrs) if isinstance(attrs, dict) else {}
         multiscales = attrs.get("multiscales") if isinstance(attrs, dict) else None
-        for ms in multiscales if isinstance(multiscales, list) else []:
+        for ms in multiscales[:MULTISCALES_MAX] if isinstance(multiscales, list) else []:
             datasets = ms.get("datasets") if isinstance(ms, dict) else None
-            paths = [d.get("path") for d in datasets if isinstance(d, dict)] if isinstance(datasets, list) else []
-            if name in paths:
-                return (f"{sources[0]} is level {name!r} of the OME-Zarr image {parent}: its axes, scales and "
-                        "channel names are the image's, not shown for the level alone; mount the image "
-                        f"({parent}) to have them")
-    return None
+            paths = [d.get("path") for d in datasets[:MULTISCALE_LEVELS_MAX] if isinstance(d, dict)] if isinstance(datasets, list) else []
+            found.append([p.strip("/") for p in paths if isinstance(p, str)])
+    return found
 
 
 def check_sources(sources: list[str]) -> None:

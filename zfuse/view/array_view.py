@@ -60,7 +60,7 @@ from zfuse.view.tiff import (
     plan_layout,
     tiff_unsupported_reason,
 )
-from zfuse.view.tiff_meta import array_axis_names, image_axes
+from zfuse.view.tiff_meta import array_axis_names, fitted_ome, image_axes
 
 CHUNK_SUFFIX = ".tiff"
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)
@@ -338,6 +338,7 @@ class ArrayView:
         self.ident = owner_ident()
         self.options = options
         self.cache = cache
+        ome = fitted_ome(ome, len(source.shape))
         self.ome = ome  # OME-Zarr axes, units and scales, from the multiscale that names it
         self.stats = stats or Stats()
         self.caches = caches or ViewCaches(options.listing_cache_names, options.shard_index_cache_bytes, stats)

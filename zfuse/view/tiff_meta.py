@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
+from zfuse.view import units
+
 #: ASCII tag holding the chunk position as JSON (first IFD), besides DocumentName.
 #: PageName (285), a standard tag: a private tag (65000+) makes libtiff, and so
 #: tiffinfo/ImageMagick, print "Unknown field with tag" for every file opened.
@@ -42,23 +44,6 @@ IMAGE_DESCRIPTION = 270
 _UINT32_MAX = 2**32 - 1  # a TIFF RATIONAL is two uint32
 _FREE_DIGITS = 20  # width per coordinate when the grid size is unknown (uint64)
 
-# OME-Zarr unit names -> ImageJ's (ImageJ knows "micron" and shows it as µm).
-_IJ_UNITS = {
-    "micrometer": "micron",
-    "micron": "micron",
-    "um": "micron",
-    "\u00b5m": "micron",
-    "nanometer": "nm",
-    "millimeter": "mm",
-    "centimeter": "cm",
-    "meter": "m",
-    "angstrom": "angstrom",
-    "second": "sec",
-    "millisecond": "ms",
-    "microsecond": "us",
-    "minute": "min",
-    "hour": "hour",
-}
 _SAFE_UNIT = re.compile(r"^[A-Za-z][A-Za-z0-9_.-]{0,31}$")
 
 
@@ -75,10 +60,12 @@ class HeaderMeta:
     file_axes: tuple[int, ...]
     image_axes: tuple[int, ...]  # the chunk axes that are rows and columns (`image_axes`)
     xres: tuple[int, int, int, int] | None  # XResolution num/den, YResolution num/den
-    unit: str | None
+    unit: str | None  # of the columns (x), and of the rows and z where no unit of their own
     zspacing: float | None
     tinterval: float | None
     tunit: str | None
+    yunit: str | None  # the rows' unit where it is not `unit`
+    zunit: str | None  # z's unit where it is not `unit`
     coord_digits: tuple[int, ...]
     origin_digits: tuple[int, ...]
     pos_width: int  # bytes reserved for the position JSON (without NUL)
@@ -92,11 +79,17 @@ def _digits(n: int) -> int:
 _CHANNEL_NAMES = ("c", "ch", "channel", "channels", "band", "bands", "rgb", "rgba", "color", "colour")
 
 
-def _axis_role(name: str | None, kind: str | None) -> str | None:
-    if isinstance(kind, str) and kind:
-        return {"channel": "c", "time": "t", "space": "z"}.get(kind.lower())
+_ROLE_OF_KIND = {"channel": "c", "time": "t", "space": "z"}
+_ROLE_OF_NAME = {**dict.fromkeys(_CHANNEL_NAMES, "c"), "t": "t", "time": "t", "z": "z"}
+
+
+def axis_role(name: object, kind: object) -> str | None:
+    """The role ("c", "z" or "t") of an axis that is not a row or column axis: its OME-Zarr
+    type, else its name (one table for the chunk files' ImageJ roles and OME-XML's Z/C/T)."""
+    if isinstance(kind, str) and kind.lower() in _ROLE_OF_KIND:
+        return _ROLE_OF_KIND[kind.lower()]
     if isinstance(name, str) and name:
-        return {**dict.fromkeys(_CHANNEL_NAMES, "c"), "t": "t", "time": "t", "z": "z"}.get(name.lower())
+        return _ROLE_OF_NAME.get(name.lower())
     return None
 
 
@@ -153,7 +146,7 @@ def _roles(
         return (None,) * ndim, ()
     names = list(axes) if axes is not None else [None] * ndim
     kinds = list(axis_types) if axis_types is not None else [None] * ndim
-    named = {i: _axis_role(names[i], kinds[i]) for i in lead}
+    named = {i: axis_role(names[i], kinds[i]) for i in lead}
     big = [i for i in lead if shape[i] > 1]
     if len(big) <= 1:
         # one axis carries the pages: unnamed means slices, as ImageJ assumes
@@ -168,11 +161,26 @@ def _roles(
     return tuple(named[i] if i in big else None for i in range(ndim)), pages
 
 
-def _ij_unit(unit: str | None) -> str | None:
-    if not unit:
-        return None
-    mapped = _IJ_UNITS.get(unit.lower(), unit)
-    return mapped if _SAFE_UNIT.match(mapped) else None
+# a length ImageJ states in micrometres when a TIFF resolution (its inverse, a rational
+# of uint32s) holds it
+_MICRONS_STATED = (1.0 / _UINT32_MAX, float(_UINT32_MAX))
+
+
+def _ij_calibration(scale: float | None, unit: object, kind: str) -> tuple[float | None, str | None]:
+    """A scale and its unit as an ImageJ description states them: in micrometres
+    ("micron") or seconds ("sec") when the unit is known (`units`: Bio-Formats reads an
+    ImageJ TIFF's calibration so, whatever unit it names); else as the store names it
+    (ImageJ shows that; other readers assume micrometres), or with no unit."""
+    if scale is None:
+        return None, None
+    converted = units.in_unit_size(scale, unit, kind)
+    if converted is not None:
+        if kind == "time":
+            return converted, "sec"
+        if _MICRONS_STATED[0] <= converted <= _MICRONS_STATED[1]:
+            return converted, "micron"
+    named = unit if isinstance(unit, str) and _SAFE_UNIT.match(unit) else None
+    return scale, named
 
 
 def _rational(value: float) -> tuple[int, int]:
@@ -227,12 +235,11 @@ def plan_meta(
     file_axes = (*pages, *image)
     sc = [_good_scale(s) for s in scales] if scales is not None else [None] * ndim
     un = list(units) if units is not None else [None] * ndim
-    xres = unit = zspacing = tinterval = tunit = None
+    xres = unit = yunit = zspacing = zunit = tinterval = tunit = None
     if scales is not None and ndim >= 1:
-        xs = sc[image[-1]] or 1.0
-        ys = sc[image[0]] or 1.0
-        xres = (*_rational(1.0 / xs), *_rational(1.0 / ys))
-        unit = _ij_unit(un[image[-1]])
+        xs, unit = _ij_calibration(sc[image[-1]], un[image[-1]], "length")
+        ys, yunit = _ij_calibration(sc[image[0]], un[image[0]], "length")
+        xres = (*_rational(1.0 / (xs or 1.0)), *_rational(1.0 / (ys or 1.0)))
         if roles is not None:
             names = list(axes) if axes is not None else [None] * ndim
             kinds = list(axis_types) if axis_types is not None else [None] * ndim
@@ -240,11 +247,11 @@ def plan_meta(
                 if i in image:
                     continue
                 # a size-1 axis has no ImageJ role but its scale still calibrates
-                r = r or _axis_role(names[i], kinds[i])
+                r = r or axis_role(names[i], kinds[i])
                 if r == "z" and sc[i] is not None:
-                    zspacing = sc[i]
+                    zspacing, zunit = _ij_calibration(sc[i], un[i], "length")
                 elif r == "t" and sc[i] is not None:
-                    tinterval, tunit = sc[i], _ij_unit(un[i])
+                    tinterval, tunit = _ij_calibration(sc[i], un[i], "time")
     meta = HeaderMeta(
         ndim=ndim,
         roles=roles,
@@ -255,6 +262,8 @@ def plan_meta(
         zspacing=zspacing,
         tinterval=tinterval,
         tunit=tunit,
+        yunit=yunit if yunit != unit else None,
+        zunit=zunit if zunit != unit else None,
         coord_digits=coord_digits,
         origin_digits=origin_digits,
         pos_width=len(widest),
@@ -313,8 +322,12 @@ def imagej_description(meta: HeaderMeta, shape: Sequence[int]) -> tuple[str, lis
                 lines.append("mode=grayscale")
     if meta.unit:
         lines.append(f"unit={meta.unit}")
+    if meta.yunit:
+        lines.append(f"yunit={meta.yunit}")
     if meta.zspacing is not None:
         lines.append(f"spacing={meta.zspacing!r}")
+        if meta.zunit:
+            lines.append(f"zunit={meta.zunit}")
     if meta.tinterval is not None:
         lines.append(f"finterval={meta.tinterval!r}")
         if meta.tunit:
@@ -338,26 +351,65 @@ def ome_axes(group_attrs: dict[str, Any], array_name: str) -> dict[str, Any] | N
 MULTISCALE_LEVELS_MAX = 64
 
 
+#: multiscales of one group read (OME-Zarr lists one image's, bioformats2raw-like
+#: groups several): a crafted list of a million is not a million passes
+MULTISCALES_MAX = 64
+
+#: OME-Zarr 0.1 and 0.2 name no axes: every array is (t, c, z, y, x)
+_IMPLICIT_AXES = (["t", "c", "z", "y", "x"], ["time", "channel", "space", "space", "space"])
+
+
 def ome_datasets(group_attrs: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
-    """{dataset path: axis names/types/units and scales} of the first OME-Zarr multiscale
-    in a group's attributes (OME-Zarr 0.4 attributes, or 0.5's under "ome"), with the
-    key "" for the axes alone; None if the group has none.
+    """{dataset path: axis names/types/units and scales} of the OME-Zarr multiscales in
+    a group's attributes (OME-Zarr 0.4 attributes, or 0.5's under "ome"), with the key
+    "" for the first multiscale's axes alone; None if the group has none. A dataset two
+    multiscales list takes the first's.
 
     Dataset paths may be nested (ngff-zarr writes `scale0/image`): callers match them
     against an array's path relative to the group. A scale is the dataset's scale
-    times the multiscale's own (OME-Zarr 0.4's multiscale-level transformations)."""
+    times the multiscale's own (OME-Zarr 0.4's multiscale-level transformations).
+    Each entry's "image" says which image it is a level of, for files of an array
+    below the group: the multiscale's name, the dataset's path and the group's
+    `omero` (channel names and colours)."""
     attrs = group_attrs.get("ome", group_attrs)
     multiscales = attrs.get("multiscales") if isinstance(attrs, dict) else None
     if not multiscales or not isinstance(multiscales, list) or not isinstance(multiscales[0], dict):
         return None
-    ms = multiscales[0]
-    axes = ms.get("axes") if isinstance(ms.get("axes"), list) else []  # (crafted: any JSON)
+    out: dict[str, dict[str, Any]] = {}
+    for ms in multiscales[:MULTISCALES_MAX]:
+        if isinstance(ms, dict):
+            for path, ome in _multiscale_datasets(ms, attrs.get("omero")).items():
+                out.setdefault(path, ome)
+    return out
+
+
+def _multiscale_axes(ms: dict[str, Any]) -> list[Any]:
+    """A multiscale's axes: its own (OME-Zarr 0.3-0.5), else those of the coordinate system
+    its datasets' scales lead to (0.6's `coordinateSystems`: the first)."""
+    axes = ms.get("axes")
+    if isinstance(axes, list):
+        return axes
+    systems = ms.get("coordinateSystems")
+    if isinstance(systems, list) and systems and isinstance(systems[0], dict):
+        axes = systems[0].get("axes")
+        if isinstance(axes, list):
+            return axes
+    return []  # (crafted: any JSON)
+
+
+def _multiscale_datasets(ms: dict[str, Any], omero: Any) -> dict[str, dict[str, Any]]:
+    axes = _multiscale_axes(ms)
     names = [a.get("name") if isinstance(a, dict) else str(a) for a in axes]
     types = [a.get("type") if isinstance(a, dict) else None for a in axes]
     units = [a.get("unit") if isinstance(a, dict) else None for a in axes]
+    implied = not axes and ms.get("version") in ("0.1", "0.2")
+    if implied:
+        names, types = (list(v) for v in _IMPLICIT_AXES)
     common = _scale_of(ms.get("coordinateTransformations"))
-    base = {"axes": names or None, "axis_types": types or None, "units": units or None, "scales": None}
+    base = {"axes": names or None, "axis_types": types or None, "units": units or None, "scales": None,
+            "implied": implied}
     out = {"": base}
+    name = ms.get("name") if isinstance(ms.get("name"), str) and ms["name"].strip() else None
     datasets = ms.get("datasets")
     for ds in datasets[:MULTISCALE_LEVELS_MAX] if isinstance(datasets, list) else []:
         if not isinstance(ds, dict) or not isinstance(ds.get("path"), str):
@@ -365,8 +417,18 @@ def ome_datasets(group_attrs: dict[str, Any]) -> dict[str, dict[str, Any]] | Non
         scales = _scale_of(ds.get("coordinateTransformations"))
         if scales is not None and common is not None and len(common) == len(scales):
             scales = [a * b for a, b in zip(scales, common, strict=True)]
-        out[ds["path"].strip("/")] = {**base, "scales": scales}
+        path = ds["path"].strip("/")
+        out.setdefault(path, {**base, "scales": scales, "image": {"name": name, "path": path, "omero": omero}})
     return out
+
+
+def fitted_ome(ome: dict[str, Any] | None, ndim: int) -> dict[str, Any] | None:
+    """`ome` for an array of `ndim` axes: axes OME-Zarr 0.1/0.2 imply (t, c, z, y, x) are
+    left out of an array that is not 5-d (a writer's slip: shown plain, as before,
+    where axes a store names wrongly are refused with the reason)."""
+    if ome is not None and ome.get("implied") and len(ome.get("axes") or ()) != ndim:
+        return {**ome, "axes": None, "axis_types": None, "implied": False}
+    return ome
 
 
 def _scale_of(transformations: Any) -> list[float] | None:

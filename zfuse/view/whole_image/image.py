@@ -41,7 +41,13 @@ from zfuse.view.whole_image.layout import (
     plan_level,
     pyramid_levels,
 )
-from zfuse.view.whole_image.ome import multiscale_name, multiscale_paths, ome_xml, omero_channels
+from zfuse.view.whole_image.ome import (
+    multiscale_count,
+    multiscale_name,
+    multiscale_paths,
+    ome_xml,
+    omero_channels,
+)
 from zfuse.view.whole_image.push import Pusher, ReadAheadAdvisor
 from zfuse.view.whole_image.slide import SLIDE_NAME, SlideLayout, fit_tiles, plan_slide
 from zfuse.view.whole_image.strips import STRIPPED_NAME, StrippedImage
@@ -479,15 +485,14 @@ class WholeImage(ImageFile):
 # -- which files a directory shows --------------------------------------------------
 
 
-def _image_title(path: tuple[str, ...], parent_attrs: dict[str, Any]) -> str:
+def _image_title(path: tuple[str, ...], image: dict[str, Any] | None) -> str:
     """The OME Image Name of an array's image.ome.tif: a level of a named multiscale is
-    the multiscale's name and the level ("cells, level 0"), else the array's name."""
+    the multiscale's name and the level ("cells, level 0"; ngff-zarr's `scale0/cells`:
+    "cells, level scale0"), else the array's name."""
     if not path:
         return "image"
-    name = multiscale_name(parent_attrs)
-    paths = multiscale_paths(parent_attrs) or []
-    if name and path[-1] in paths:
-        return f"{name}, level {path[-1]}"
+    if image and image.get("name"):
+        return f"{image['name']}, level {image['path'].split('/')[0]}"
     return path[-1]
 
 
@@ -522,13 +527,14 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
         elif node.array is not None and node.array.layout is not None:
             attrs = _node_attrs(parent) if parent is not None and path else {}
             # the array's own OME axes: the multiscale naming it may be further up
-            # (ngff-zarr's scale0/image)
+            # (ngff-zarr's scale0/image), and so may its channels' names and colours
             ome = _with_axes(node.array.ome or (ome_axes(attrs, path[-1]) if path else None), node.array)
-            out[IMAGE_NAME] = WholeImage(IMAGE_NAME, [node.array], ome, omero_channels(attrs), label=label,
-                                         title=_image_title(path, attrs), workers=workers)
+            image = (ome or {}).get("image")
+            channels = omero_channels({"omero": image["omero"]}) if image else omero_channels(attrs)
+            out[IMAGE_NAME] = WholeImage(IMAGE_NAME, [node.array], ome, channels, label=label,
+                                         title=_image_title(path, image), workers=workers)
             try:
-                out[STRIPPED_NAME] = StrippedImage(STRIPPED_NAME, node.array, ome, omero_channels(attrs),
-                                                   label=label)
+                out[STRIPPED_NAME] = StrippedImage(STRIPPED_NAME, node.array, ome, channels, label=label)
             except ValueError as e:  # too big for ImageJ 1.x, or no ImageJ type: image.ome.tif only
                 log.debug("%s: no %s: %s", label, STRIPPED_NAME, e)
                 if not_shown is not None:  # (`zfuse info` says why)
@@ -538,6 +544,9 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
         elif node.kind == "group" and not node.has_member(PYRAMID_NAME):
             attrs = _node_attrs(node)
             paths = pyramid_dataset_paths(node)  # (at most MULTISCALE_LEVELS_MAX: a crafted list of thousands)
+            if paths and multiscale_count(attrs) > 1:
+                log.info("%s: %s shows the first of the group's %d multiscales; the others' levels have "
+                         "their own %s", label, PYRAMID_NAME, multiscale_count(attrs), IMAGE_NAME)
             arrays = [_descend(node, p) for p in paths]
             missing = [p for p, a in zip(paths, arrays, strict=True)
                        if a is None or a.layout is None or 0 in a.source.shape]
@@ -549,7 +558,7 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
             if arrays and not missing:
                 levels, stopped = pyramid_levels(arrays, label)  # type: ignore[arg-type]
                 out[PYRAMID_NAME] = WholeImage(PYRAMID_NAME, levels,
-                                               _with_axes(ome_axes(attrs, paths[0]), levels[0]),  # type: ignore[index]
+                                               _with_axes(levels[0].ome, levels[0]),  # type: ignore[index]
                                                omero_channels(attrs), label=label,
                                                title=multiscale_name(attrs) or (path[-1] if path else "image"),
                                                workers=workers)

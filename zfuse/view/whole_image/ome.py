@@ -16,6 +16,8 @@ from xml.sax.saxutils import quoteattr
 
 import numpy as np
 
+from zfuse.view.tiff_meta import axis_role
+from zfuse.view.units import unit_of
 from zfuse.view.whole_image.layout import image_dims
 
 _OME_TYPES = {
@@ -24,24 +26,10 @@ _OME_TYPES = {
     "c8": "complex", "c16": "double-complex",
 }  # fmt: skip
 
-_OME_UNITS = {
-    "angstrom": "\u00c5", "nanometer": "nm", "micrometer": "\u00b5m", "micron": "\u00b5m",
-    "millimeter": "mm", "centimeter": "cm", "meter": "m", "kilometer": "km",
-    "picometer": "pm", "inch": "in", "foot": "ft",
-    "second": "s", "millisecond": "ms", "microsecond": "\u00b5s", "nanosecond": "ns",
-    "minute": "min", "hour": "h",
-}  # fmt: skip
-
 def _role(name: str | None, kind: str | None) -> str | None:
-    if kind:
-        role = {"channel": "C", "time": "T", "space": "Z"}.get(str(kind).lower())
-        if role:
-            return role
-    if name:
-        return {"c": "C", "ch": "C", "channel": "C", "t": "T", "time": "T", "z": "Z"}.get(
-            str(name).lower()
-        )
-    return None
+    """OME's Z, C or T for a leading axis, as the chunk files name its ImageJ role."""
+    role = axis_role(name, kind)
+    return role.upper() if role is not None else None
 
 
 @dataclass(frozen=True)
@@ -148,11 +136,15 @@ def ome_xml(
         value = float(scales[axis])
         if not math.isfinite(value) or value <= 0:
             return
+        named = units[axis] if units and axis < len(units) else None
+        if named is None:  # (no unit said: OME's default, micrometres or seconds, as before)
+            attrs.append((key, repr(value)))
+            return
+        unit = unit_of(named)
+        if unit is None or unit.kind != ("time" if time_axis else "length"):
+            return  # a size without its unit would be read as micrometres or seconds
         attrs.append((key, repr(value)))
-        unit = (units or [None] * nd)[axis] if units else None
-        symbol = _OME_UNITS.get(str(unit).lower()) if unit else None
-        if symbol and (time_axis == (symbol in ("s", "ms", "\u00b5s", "ns", "min", "h"))):
-            attrs.append((unit_key, symbol))
+        attrs.append((unit_key, unit.ome))
 
     if nd >= 1:
         physical(nd - 1, "PhysicalSizeX", "PhysicalSizeXUnit")
@@ -209,6 +201,13 @@ def multiscale_name(attrs: dict[str, Any]) -> str | None:
         return None
     name = ms[0].get("name")
     return str(name) if isinstance(name, str) and name.strip() else None
+
+
+def multiscale_count(attrs: dict[str, Any]) -> int:
+    """How many OME-Zarr multiscales group attributes list."""
+    attrs = attrs.get("ome", attrs) if isinstance(attrs, dict) else {}
+    ms = attrs.get("multiscales") if isinstance(attrs, dict) else None
+    return len(ms) if isinstance(ms, list) else 0
 
 
 def multiscale_paths(attrs: dict[str, Any]) -> list[str] | None:

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zfuse.view.tiff_meta import _rational, ome_datasets
+from zfuse.view.tiff_meta import _rational, axis_role, ome_datasets
+from zfuse.view.units import micrometres
 from zfuse.view.whole_image.layout import ImageAxes, Level
 
 if TYPE_CHECKING:
@@ -39,12 +40,6 @@ log = logging.getLogger("zfuse.view.image")
 SLIDE_NAME = "slide.tif"  # in OME-Zarr multiscale groups of uint8 grayscale or RGB
 
 # OME-Zarr length units -> micrometres
-_MICRONS = {
-    "angstrom": 1e-4, "picometer": 1e-6, "nanometer": 1e-3, "micrometer": 1.0, "micron": 1.0,
-    "millimeter": 1e3, "centimeter": 1e4, "meter": 1e6,
-}  # fmt: skip
-
-
 @dataclass(frozen=True)
 class SlideLayout:
     """What an OpenSlide file's IFDs say beyond the levels: samples per pixel (1 or 3)
@@ -86,7 +81,7 @@ def _channel_axis(ome: dict[str, Any] | None, ndim: int) -> int | None:
     if len(names) != ndim or len(kinds) != ndim:
         return None
     for i in range(max(ndim - 2, 0)):
-        if (kinds[i] or "").lower() == "channel" or str(names[i] or "").lower() in ("c", "channel"):
+        if axis_role(names[i], kinds[i]) == "c":
             return i
     return None
 
@@ -98,17 +93,8 @@ def microns_per_pixel(ome: dict[str, Any] | None, ndim: int) -> tuple[float, flo
     scales, units = ome.get("scales"), ome.get("units")
     if not isinstance(scales, list) or not isinstance(units, list) or len(scales) != ndim or len(units) != ndim:
         return None
-    out = []
-    for axis in (ndim - 1, ndim - 2):
-        factor = _MICRONS.get(str(units[axis] or "").lower())
-        try:
-            value = float(scales[axis]) * factor if factor is not None else math.nan
-        except (TypeError, ValueError):
-            return None
-        if not math.isfinite(value) or value <= 0:
-            return None
-        out.append(value)
-    return out[0], out[1]
+    x, y = micrometres(scales[ndim - 1], units[ndim - 1]), micrometres(scales[ndim - 2], units[ndim - 2])
+    return None if x is None or y is None else (x, y)
 
 
 def plan_slide(levels: Sequence[ArrayView], paths: Sequence[str], attrs: dict[str, Any],

@@ -53,7 +53,7 @@ from zfuse.view.tiff_ifd import (
     ifd_format,
     sample_format,
 )
-from zfuse.view.tiff_meta import imagej_description, plan_meta
+from zfuse.view.tiff_meta import HeaderMeta, imagej_description, plan_meta
 from zfuse.view.whole_image.file import ImageFile
 from zfuse.view.whole_image.header import Values, ifd_block, ifd_block_size
 from zfuse.view.whole_image.layout import ImageAxes, image_dims, unravel
@@ -197,8 +197,12 @@ class StrippedImage(ImageFile):
         self.itemsize = self.dtype.itemsize
         self.row_bytes = self.width * self.itemsize
         self.plane_bytes = self.height * self.row_bytes
-        self._description, self._meta_bytes, self._meta_counts, self._file_lead = self._imagej(ome, channels)
-        self._xres = self._resolution(ome)
+        meta, file_axes = self._plan_meta(ome)
+        self._description, self._meta_bytes, self._meta_counts, self._file_lead = self._imagej(
+            meta, file_axes, channels)
+        # (the calibration the description states: the rows' and columns' axes, in
+        # micrometres where the unit is known; raw scales had read 325 nm as 325 µm)
+        self._xres = meta.xres
         self._fmt = ifd_format(False)
         self.data_start = 0  # (block sizes do not depend on it; set below)
         self._first_block = ifd_block_size(self._fmt, self._values(0), self._tags(0))
@@ -214,16 +218,18 @@ class StrippedImage(ImageFile):
         self._failed: str | None = None
 
     # -- what the header says -----------------------------------------------------------
-    def _imagej(self, ome: dict[str, Any] | None,
+    def _plan_meta(self, ome: dict[str, Any] | None) -> tuple[HeaderMeta, tuple[int, ...]]:
+        """What the header says, as the chunk files' headers say it (`plan_meta`)."""
+        ome = ome or {}
+        ndim = len(self.shape)
+        return plan_meta(self.shape, axes=_fit(ome.get("axes"), ndim), axis_types=_fit(ome.get("axis_types"), ndim),
+                         scales=_fit(ome.get("scales"), ndim), units=_fit(ome.get("units"), ndim),
+                         grid_shape=[1] * ndim, array_shape=None)
+
+    def _imagej(self, meta: HeaderMeta, file_axes: tuple[int, ...],
                 channels: list[dict[str, Any]] | None) -> tuple[bytes, bytes, list[int], tuple[int, ...]]:
         """(description with NUL, IJ metadata bytes, their counts, the leading axes in
         the file's plane order: a permutation of the array's)."""
-        ome = ome or {}
-        ndim = len(self.shape)
-        meta, file_axes = plan_meta(self.shape, axes=_fit(ome.get("axes"), ndim),
-                                    axis_types=_fit(ome.get("axis_types"), ndim),
-                                    scales=_fit(ome.get("scales"), ndim), units=_fit(ome.get("units"), ndim),
-                                    grid_shape=[1] * ndim, array_shape=None)
         text, _ = imagej_description(meta, self.shape)
         lines = [line for line in text.splitlines() if not line.split("=")[0].endswith("origin")]
         size_c = 1
@@ -237,13 +243,6 @@ class StrippedImage(ImageFile):
         lines[at:at] = extra
         description = ("\n".join(lines) + "\n").encode("ascii", "replace") + b"\0"
         return description, blob, counts, tuple(file_axes[: len(self.lead)])
-
-    def _resolution(self, ome: dict[str, Any] | None) -> tuple[int, int, int, int] | None:
-        ndim = len(self.shape)
-        ome = ome or {}
-        meta, _ = plan_meta(self.shape, axes=None, axis_types=None, scales=_fit(ome.get("scales"), ndim),
-                            units=None, grid_shape=[1] * ndim, array_shape=None)
-        return meta.xres
 
     def _tags(self, plane: int) -> list[int]:
         tags = [254, 256, 257, 258, 259, 262]
