@@ -552,3 +552,21 @@ def test_mounting_one_level_of_an_ome_zarr_image_says_where_its_metadata_is(tmp_
     for level in ("scale0/image", "scale0"):
         hint = level_hint([str(tmp_path / "ngff.zarr" / level)]) or ""
         assert f"is level '{level}' of the OME-Zarr image {tmp_path / 'ngff.zarr'}" in hint, (level, hint)
+
+
+def test_info_says_each_arrays_axes_and_what_its_chunk_files_tell_imagej(tmp_path: Path) -> None:
+    """`zfuse info` gives each array's axes as the store names them (OME-Zarr scale and
+    unit) and the calibration its chunk files state ([read-14]), so a newcomer checks it
+    before mounting; a crafted name prints escaped, no terminal control."""
+    root = zarr.open_group(str(tmp_path / "img.zarr"), mode="w")
+    root.create_array("0", shape=(2, 3, 4, 8), chunks=(2, 3, 4, 8), dtype="u2")
+    root.attrs["multiscales"] = [{"version": "0.4", "axes": [
+        {"name": "c\x1b[2J", "type": "channel"}, {"name": "z", "type": "space", "unit": "micrometer"},
+        {"name": "y", "type": "space", "unit": "nanometer"}, {"name": "x", "type": "space", "unit": "nm"}],
+        "datasets": [{"path": "0", "coordinateTransformations": [{"type": "scale", "scale": [1, 2.0, 325.0, 325.0]}]}]}]
+    r = run("info", str(tmp_path / "img.zarr"))
+    assert r.returncode == 0, r.stderr
+    assert "axes: c\\x1b[2J 1, z 2 micrometer, y 325 nanometer, x 325 nm" in r.stdout, r.stdout
+    assert "\x1b" not in r.stdout
+    assert "chunk files say (ImageJ): images=6 channels=2 slices=3 hyperstack=true mode=grayscale unit=micron " \
+           "spacing=2.0" in r.stdout, r.stdout

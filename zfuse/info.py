@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from zfuse.errors import ZfuseError
+from zfuse.errors import ZfuseError, printable
 from zfuse.open_view import make_view
 
 if TYPE_CHECKING:
@@ -26,6 +26,8 @@ def describe_source(config: MountConfig) -> dict[str, Any]:
             "grid_shape": list(src.grid_shape),
             "extensions": src.extensions(),
         }
+        if arr.axes is not None:
+            item["axes"] = _axes_said(arr.axes, arr.ome)
         shard_shape = getattr(src, "shard_shape", None)
         if getattr(src, "sharding", None) is not None:
             item["shard_shape"] = list(shard_shape)
@@ -37,6 +39,9 @@ def describe_source(config: MountConfig) -> dict[str, Any]:
             item["tiff_header_bytes"] = arr.layout.header_size
             item["tiff_file_bytes"] = arr.layout.file_size
             item["bigtiff"] = arr.layout.bigtiff
+            # what ImageJ and Bio-Formats are told: roles and calibration (not the origins)
+            item["imagej"] = [line for line in arr.layout.description.splitlines()[1:]
+                              if not line.split("=")[0].endswith("origin") and not line.startswith("loop=")]
             try:
                 item["files"] = arr.count_files()
             except (ZfuseError, OSError) as e:  # (one corrupt shard index: that array's count, not the report)
@@ -66,6 +71,24 @@ def describe_source(config: MountConfig) -> dict[str, Any]:
     }
 
 
+def _axes_said(axes: list[str], ome: dict[str, Any] | None) -> list[str]:
+    """Each axis as the store says it: its name, and its OME-Zarr scale and unit (what a
+    store names, printable and cut short: a crafted name is no terminal escape)."""
+    ome = ome or {}
+    scales, units = ome.get("scales") or [], ome.get("units") or []
+
+    def shown(value: object) -> str:
+        return printable(str(value))[:40]
+
+    out = []
+    for i, name in enumerate(axes):
+        said = shown(name)
+        if i < len(scales) and scales[i] is not None:
+            said += f" {scales[i]:g}" + (f" {shown(units[i])}" if i < len(units) and units[i] else "")
+        out.append(said)
+    return out
+
+
 def format_report(report: dict[str, Any]) -> str:
     lines = [f"source: {' '.join(report['sources'])}"]
     for a in report["arrays"]:
@@ -80,6 +103,8 @@ def format_report(report: dict[str, Any]) -> str:
         lines.append(grid)
         ext = list(a["extensions"])
         lines.append(f"  codecs/extensions: {', '.join(map(str, ext)) or '-'}")
+        if a.get("axes"):
+            lines.append(f"  axes: {', '.join(a['axes'])}")
         if a["shown"]:
             lines.append(
                 f"  TIFF: header {a['tiff_header_bytes']} B, file {a['tiff_file_bytes']} B"
@@ -87,6 +112,8 @@ def format_report(report: dict[str, Any]) -> str:
                 + (f"{a['files']} chunk files" if a["files"] is not None
                    else f"chunk files not counted: {a['files_error']}")
             )
+            if a.get("imagej"):
+                lines.append(f"  chunk files say (ImageJ): {' '.join(a['imagej'])}")
         else:
             lines.append(f"  not shown as TIFF: {a['why_not']}")
         if "concat" in a:
