@@ -131,3 +131,12 @@ def test_ome_zarr_0_1_and_0_2_imply_tczyx() -> None:
     assert fitted_ome(ome, 5)["axes"] == ome["axes"] and fitted_ome(ome, 3)["axes"] is None
     named = {"axes": ["c", "y", "x"], "implied": False}
     assert fitted_ome(named, 2) is named  # axes a store names are its own (refused where wrong)
+
+
+def test_an_image_named_by_omero_where_its_multiscale_names_none() -> None:
+    """[image-2] aicsimageio names its multiscale "/": the image's name is omero's."""
+    from zfuse.view.whole_image.ome import multiscale_name
+
+    attrs = {"multiscales": [{"name": "/", "datasets": [{"path": "0"}]}], "omero": {"name": "cells"}}
+    assert multiscale_name(attrs) == "cells" and ome_datasets(attrs)["0"]["image"]["name"] == "cells"
+    assert multiscale_name({"multiscales": [{"name": " ", "datasets": []}]}) is None

@@ -409,7 +409,7 @@ def _multiscale_datasets(ms: dict[str, Any], omero: Any) -> dict[str, dict[str, 
     base = {"axes": names or None, "axis_types": types or None, "units": units or None, "scales": None,
             "implied": implied}
     out = {"": base}
-    name = ms.get("name") if isinstance(ms.get("name"), str) and ms["name"].strip() else None
+    name = image_name(ms, omero)
     datasets = ms.get("datasets")
     for ds in datasets[:MULTISCALE_LEVELS_MAX] if isinstance(datasets, list) else []:
         if not isinstance(ds, dict) or not isinstance(ds.get("path"), str):
@@ -420,6 +420,15 @@ def _multiscale_datasets(ms: dict[str, Any], omero: Any) -> dict[str, dict[str, 
         path = ds["path"].strip("/")
         out.setdefault(path, {**base, "scales": scales, "image": {"name": name, "path": path, "omero": omero}})
     return out
+
+
+def image_name(multiscale: dict[str, Any], omero: Any) -> str | None:
+    """An OME-Zarr image's name: its multiscale's `name`, else `omero`'s (aicsimageio names
+    its multiscale "/"); None if neither names it."""
+    for name in (multiscale.get("name"), omero.get("name") if isinstance(omero, dict) else None):
+        if isinstance(name, str) and name.strip(" /"):
+            return name
+    return None
 
 
 def fitted_ome(ome: dict[str, Any] | None, ndim: int) -> dict[str, Any] | None:

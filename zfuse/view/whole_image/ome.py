@@ -16,7 +16,7 @@ from xml.sax.saxutils import quoteattr
 
 import numpy as np
 
-from zfuse.view.tiff_meta import axis_role
+from zfuse.view.tiff_meta import axis_role, image_name
 from zfuse.view.units import unit_of
 from zfuse.view.whole_image.layout import image_dims
 
@@ -194,13 +194,12 @@ def _ome_color(value: Any) -> int | None:
 
 
 def multiscale_name(attrs: dict[str, Any]) -> str | None:
-    """The `name` of the first OME-Zarr multiscale in group attributes, if it has one."""
+    """The name of the first OME-Zarr multiscale in group attributes (`image_name`), if any."""
     attrs = attrs.get("ome", attrs) if isinstance(attrs, dict) else {}
     ms = attrs.get("multiscales") if isinstance(attrs, dict) else None
     if not isinstance(ms, list) or not ms or not isinstance(ms[0], dict):
         return None
-    name = ms[0].get("name")
-    return str(name) if isinstance(name, str) and name.strip() else None
+    return image_name(ms[0], attrs.get("omero"))
 
 
 def multiscale_count(attrs: dict[str, Any]) -> int:
