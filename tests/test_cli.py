@@ -570,3 +570,23 @@ def test_info_says_each_arrays_axes_and_what_its_chunk_files_tell_imagej(tmp_pat
     assert "\x1b" not in r.stdout
     assert "chunk files say (ImageJ): images=6 channels=2 slices=3 hyperstack=true mode=grayscale unit=micron " \
            "spacing=2.0" in r.stdout, r.stdout
+
+
+def test_remote_sources_say_what_to_install_and_refuse_writes_without_conditions(tmp_path: Path) -> None:
+    """[remote-3] An object store other than S3 is written without conditions (zfuse's are
+    S3's If-Match): mounted read-write it is refused, naming `-o ro` and `-o
+    last_writer_wins`, as an S3 store that ignores conditions is (az:// and gs:// had been
+    written silently, last writer winning). A protocol whose package is missing names the
+    extra to install; credentials in a URL are never repeated in the message."""
+    import importlib.util
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    az = run("mount", "az://bucket/a.zarr", str(mnt))
+    assert az.returncode == 1 and "without conditions" in az.stderr and "-o last_writer_wins" in az.stderr, az.stderr
+    if importlib.util.find_spec("gcsfs") is None:
+        gs = run("mount", "gs://bucket/a.zarr", str(mnt), "-o", "ro")
+        assert gs.returncode == 1 and "pip install 'zfuse[gcs]'" in gs.stderr, gs.stderr
+    secret = run("mount", "https://someone:s3cr3t@127.0.0.1:1/a.zarr", str(mnt))
+    assert secret.returncode == 1 and "s3cr3t" not in secret.stderr and "https://127.0.0.1:1/a.zarr" in secret.stderr
+    assert not os.path.ismount(mnt)

@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from zfuse.daemon import MountConfig
-from zfuse.errors import printable
+from zfuse.errors import printable, source_label
 
 __all__ = ["configure_logging", "describe_open_error", "run_foreground", "spawn_daemon"]
 
@@ -70,7 +70,7 @@ def describe_open_error(sources: list[str], exc: BaseException,
     (`storage_options`: the mount's, to ask whether an S3 source's bucket exists.)"""
     from zfuse.view.codec_packages import import_failure
 
-    shown = " ".join(sources)
+    shown = " ".join(source_label(s) for s in sources)  # (no credentials a URL holds: it is logged too)
     # before importing zarr: a broken codec package makes that fail too
     broken = import_failure(exc)
     if broken is not None:
@@ -84,6 +84,12 @@ def describe_open_error(sources: list[str], exc: BaseException,
         return f"no Zarr metadata (zarr.json, .zarray or .zgroup) found at {shown}"
     if isinstance(exc, OSError) and exc.strerror:
         return f"cannot open {shown}: {exc.strerror}"
+    from zfuse.errors import ZfuseError
+    from zfuse.remote_objects import ConditionsIgnoredError
+
+    if isinstance(exc, (ZfuseError, ConditionsIgnoredError)) and str(exc):
+        # zfuse's own words (its class name says nothing more), which may name the source too
+        return f"cannot open {shown}: {str(exc).removeprefix(shown + ': ')}"
     return f"cannot open {shown}: {type(exc).__name__}: {exc}"
 
 

@@ -7,6 +7,7 @@ FUSE adapter can map them to errno values in one table (`errno_for` below).
 from __future__ import annotations
 
 import re
+import urllib.parse
 
 
 class ZfuseError(Exception):
@@ -130,3 +131,16 @@ def printable(text: str) -> str:
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
                         text)
+
+
+def source_label(source: str) -> str:
+    """A source as messages and log lines show it: a URL without the credentials it may
+    hold (the conditional-writes probe's lines, the metered store's timeouts, a refused
+    mount's message)."""
+    if "://" not in source:
+        return source
+    parts = urllib.parse.urlsplit(source)
+    if parts.username or parts.password:
+        host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
+        return parts._replace(netloc=host).geturl()
+    return source

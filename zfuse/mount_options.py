@@ -170,8 +170,9 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
                 _cache_option("cache_dir")),
     MountOption("cache_limit", "SIZE", "bound the cache= directory on disk, least recently used "
                 f"evicted first (default {defaults.DISK_CACHE_BYTES // 2**30}G)", _cache_option("cache_limit")),
-    MountOption("last_writer_wins", "", "write to an object store that ignores conditional writes "
-                "(If-Match): another host's concurrent update of a shard can be lost",
+    MountOption("last_writer_wins", "", "write to an object store without conditional writes (If-Match: "
+                "an S3 store that ignores them, gs://, az://): another host's concurrent update of a "
+                "shard can be lost",
                 _cache_option("last_writer_wins")),
     MountOption("all_chunks", "", "list every grid position; missing chunks read as the fill value",
                 _flag("all_chunks")),

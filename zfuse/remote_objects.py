@@ -32,7 +32,7 @@ from zarr.abc.store import (
 )
 
 from zfuse import defaults
-from zfuse.errors import CorruptDataError
+from zfuse.errors import CorruptDataError, source_label
 
 log = logging.getLogger("zfuse.store")  # the name its lines always had
 
@@ -409,18 +409,6 @@ async def get_http_range(fs: Any, url: str, byte_range: ByteRequest) -> bytes | 
         parts = urllib.parse.urlsplit(url)
         note_range_ignored(f"{parts.scheme}://{parts.hostname}:{parts.port}", url)
         return await _range_of_whole_object(response.content, byte_range)
-
-
-def source_label(source: str) -> str:
-    """A source as log lines show it: a URL without credentials (the probe's lines here,
-    and the metered store's timeouts)."""
-    if "://" not in source:
-        return source
-    parts = urllib.parse.urlsplit(source)
-    if parts.username or parts.password:
-        host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
-        return parts._replace(netloc=host).geturl()
-    return source
 
 
 def _http_range(byte_range: ByteRequest | None) -> str | None:

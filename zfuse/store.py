@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import logging
 import os
+import sys
 import time
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, NamedTuple, NoReturn
@@ -25,7 +27,13 @@ from zarr.core.buffer import Buffer, BufferPrototype
 from zarr.storage import WrapperStore
 
 from zfuse import defaults
-from zfuse.errors import StoreServerError, StoreTimeoutError, ZfuseError
+from zfuse.errors import (
+    MetadataError,
+    StoreServerError,
+    StoreTimeoutError,
+    ZfuseError,
+    source_label,
+)
 from zfuse.ext.metadata_json import MAX_METADATA_BYTES
 from zfuse.ext.read_limits import chunk_read_limit
 from zfuse.local_store import AtomicLocalStore, key_kind, next_names
@@ -41,9 +49,10 @@ from zfuse.remote_objects import (
     get_http_range,
     http_status,
     request_answers,
-    source_label,
 )
 from zfuse.stats import Stats
+
+log = logging.getLogger("zfuse.store")
 
 # Remote stores (anything but a local directory) bound each request by this many seconds
 # unless `-o timeout=S` says otherwise: aiohttp's own bound is 5 minutes, during which the
@@ -862,6 +871,9 @@ def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] 
         cache_dir = options.pop(CACHE_OPTION, None)
         cache_limit = options.pop(CACHE_LIMIT_OPTION, defaults.DISK_CACHE_BYTES)
         last_writer_wins = options.pop(LAST_WRITER_WINS_OPTION, False)
+        _check_package(protocol, source)
+        if not read_only and protocol not in S3_PROTOCOLS:
+            _unconditional_writes(source, bool(last_writer_wins))
         options = fsspec_options(protocol, options)
         store = FsspecStore.from_url(source, storage_options=options, read_only=read_only)
         if protocol in ("http", "https"):
@@ -878,6 +890,42 @@ def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] 
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such file or directory: {path}")
     return AtomicLocalStore(path, read_only=read_only, durable=durable)
+
+
+#: the package each remote protocol's fsspec filesystem comes from, and zfuse's extra
+#: that installs it (`pip install 'zfuse[remote]'`; `make setup` installs them)
+_PACKAGES = {"s3": ("s3fs", "remote"), "s3a": ("s3fs", "remote"), "http": ("aiohttp", "remote"),
+             "https": ("aiohttp", "remote"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs")}
+
+
+def _check_package(protocol: str, source: str) -> None:
+    """A MetadataError naming what to install when the protocol's package is missing
+    (fsspec's own ImportError names no way to get it into zfuse's environment)."""
+    package, extra = _PACKAGES.get(protocol, (None, None))
+    if package is None:
+        return
+    import importlib.util
+
+    if importlib.util.find_spec(package) is None:
+        raise MetadataError(f"{protocol}:// sources need the Python package {package}, not installed in "
+                            f"zfuse's environment ({sys.executable}): pip install 'zfuse[{extra}]' "
+                            f"(or {package} itself)")
+
+
+def _unconditional_writes(source: str, last_writer_wins: bool) -> None:
+    """Object stores other than S3 are written without conditions (zfuse's conditional
+    writes are S3's If-Match): refused read-write unless `-o last_writer_wins` accepts
+    that, as an S3 store that ignores conditions is (SEMANTICS [remote-3])."""
+    from zfuse.remote_objects import ConditionsIgnoredError
+
+    if not last_writer_wins:
+        raise ConditionsIgnoredError(
+            f"{source_label(source)}: zfuse writes this kind of store without conditions (its "
+            "conditional writes are S3's If-Match): two hosts writing one shard or part could "
+            "silently lose an update. Mount it with -o ro, or with -o last_writer_wins to accept "
+            "that (SEMANTICS [remote-3])")
+    log.warning("%s: written without conditions (mounted with last_writer_wins): two hosts writing one "
+                "shard or part can lose an update", source_label(source))
 
 
 def whole_object_limit(kind: str) -> int:
