@@ -274,7 +274,7 @@ def test_findmnt_shows_the_source_and_fuse_zfuse(tmp_path: Path) -> None:
         (tmp_path / name).mkdir()
     try:
         _background_mount(tmp_path, "my data/a,1.zarr", "m1")
-        _background_mount(tmp_path, "--concat", "0", "b.zarr", "b.zarr", "m2")
+        _background_mount(tmp_path, "-o", "ro", "--concat", "0", "b.zarr", "b.zarr", "m2")  # (one array twice: read-only)
         for mnt, source in (("m1", str(src)), ("m2", f"{tmp_path}/b.zarr+{tmp_path}/b.zarr")):
             out = subprocess.run(["findmnt", "-J", "-o", "TARGET,SOURCE,FSTYPE", str(tmp_path / mnt)],
                                  capture_output=True, text=True, check=True).stdout

@@ -573,3 +573,108 @@ def test_view_chunks_sharing_a_source_shard_are_written_one_at_a_time(tmp_path: 
     assert not errors
     stored = zarr.open_array(str(tmp_path / "a.zarr"))[...]
     np.testing.assert_array_equal(stored, np.repeat(np.arange(1, 33, dtype="u1"), 4)[None].repeat(2, 0))
+
+
+def _listing(source, parts: tuple[str, ...]) -> list[tuple[str, object]]:
+    return [entry for page in source.iter_chunk_dir(parts) for entry in page]
+
+
+def test_one_big_source_chunk_over_small_view_chunks_is_listed_by_directory(tmp_path: Path) -> None:
+    """[hostile-4] a (1, 8192) source in (1, 1) chunks before an (8192, 8192) one of a
+    single stored chunk: the view's grid is (1, 1), so that chunk covers 67 million view
+    chunks. A directory lists its 8,192 names from the sources' stored chunks, in pages
+    (the whole view had been listed into one set at the first `ls`: 3.5 GB, then a hung
+    mount); the whole-array listing `zfuse info` counts with stops at LISTED_MAX."""
+    import tracemalloc
+
+    from zfuse.errors import ZfuseError
+    from zfuse.view.concat_source import LISTED_MAX, ConcatChunkSource
+
+    a = zarr.create_array(str(tmp_path / "a.zarr"), shape=(1, 8192), chunks=(1, 1), dtype="u1", fill_value=0)
+    a[0, :2] = 5
+    b = zarr.create_array(str(tmp_path / "b.zarr"), shape=(8192, 8192), chunks=(8192, 8192), dtype="u1",
+                          fill_value=0, compressors=[zarr.codecs.ZstdCodec()])
+    b[:1, :1] = 1  # (one stored chunk, the whole array)
+    source = ConcatChunkSource(concat([str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr")], axis=0))
+    tracemalloc.start()
+    try:
+        assert _listing(source, ()) == [("c", None)]
+        rows = _listing(source, ("c",))
+        assert len(rows) == 8193 and rows[0] == ("0", None) and rows[-1] == ("8192", None)
+        assert _listing(source, ("c", "0")) == [("0", (0, 0)), ("1", (0, 1))]
+        pages = list(source.iter_chunk_dir(("c", "8000")))
+        assert max(len(p) for p in pages) <= 1000 and sum(len(p) for p in pages) == 8192
+        assert pages[0][0] == ("0", (8000, 0))
+        with pytest.raises(ZfuseError, match=f"more than {LISTED_MAX} view chunks"):
+            source.list_chunks()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 400 << 20, peak
+    assert source.chunk_exists((5000, 17)) and not source.chunk_exists((0, 2))
+
+
+def test_a_straddling_view_chunk_is_decoded_within_bounds(tmp_path: Path) -> None:
+    """[hostile-12] a view chunk that is no one source chunk is assembled from the source
+    chunks it overlaps, each decoded by its part within its bound: a 64 KB zstd frame of
+    512 MiB stored as a (4, 4) chunk is refused as corrupt (zarr's indexing, used before,
+    decoded it all: 2 GB of a 2 GiB one); sound chunks assemble to what zarr reads."""
+    import tracemalloc
+
+    import numcodecs
+
+    from zfuse.errors import CorruptDataError
+    from zfuse.view.concat_source import ConcatChunkSource
+
+    zarr.create_array(str(tmp_path / "a.zarr"), shape=(2, 8), chunks=(2, 2), dtype="u1", fill_value=0)[...] = 3
+    b = zarr.create_array(str(tmp_path / "b.zarr"), shape=(8, 8), chunks=(4, 4), dtype="u1", fill_value=0,
+                          compressors=[zarr.codecs.ZstdCodec()])
+    b[...] = np.arange(64, dtype="u1").reshape(8, 8)
+    source = ConcatChunkSource(concat([str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr")], axis=0))
+    for coords in itertools.product(range(5), range(4)):
+        expect = np.concatenate([np.full((2, 8), 3, "u1"), b[...]])[source.chunk_region(coords)]
+        np.testing.assert_array_equal(source.read_chunk(coords), expect, err_msg=str(coords))
+    bomb = numcodecs.Zstd(level=1).encode(np.zeros(1 << 29, "u1"))  # 512 MiB of zeros in 16 KB
+    (tmp_path / "b.zarr" / "c" / "0" / "0").write_bytes(bomb)
+    source = ConcatChunkSource(concat([str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr")], axis=0))
+    tracemalloc.start()
+    try:
+        with pytest.raises(CorruptDataError):
+            source.read_chunk((1, 0))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, peak
+
+
+def test_one_array_twice_in_a_read_write_concatenation_is_refused(tmp_path: Path) -> None:
+    """One array named twice (or by two spellings) in a read-write concatenation: a write
+    through one view chunk left the other's copy stale, so it is refused, naming both and
+    the way out; read-only it is shown."""
+    from zfuse.view.concat_source import ConcatChunkSource
+
+    zarr.create_array(str(tmp_path / "a.zarr"), shape=(4, 4), chunks=(4, 4), dtype="u1", fill_value=0)
+    zarr.create_array(str(tmp_path / "b.zarr"), shape=(4, 4), chunks=(4, 4), dtype="u1", fill_value=0)
+    for names in (["a.zarr", "b.zarr", "a.zarr"], ["a.zarr", "./b.zarr/../a.zarr"]):
+        paths = [str(tmp_path / n) for n in names]
+        with pytest.raises(MetadataError, match=r"are one array.*-o ro"):
+            ConcatChunkSource(concat(paths, axis=0, mode="r+"))
+        assert ConcatChunkSource(concat(paths, axis=0)).shape[0] == 4 * len(names)
+
+
+def test_descriptions_name_what_cannot_be_a_source(tmp_path: Path) -> None:
+    """A description naming another description, or nested 100,000 deep, is refused
+    naming why (it was "File exists", "no Zarr metadata", or a RecursionError)."""
+    from zfuse.daemon import MountConfig
+    from zfuse.open_view import make_view
+
+    zarr.create_array(str(tmp_path / "a.zarr"), shape=(4, 4), chunks=(4, 4), dtype="u1", fill_value=0)
+    save_concat(tmp_path / "inner.json", [tmp_path / "a.zarr", tmp_path / "a.zarr"], axis=0)
+    (tmp_path / "outer.json").write_text(json.dumps({"zfuse_concat": 1, "axis": 0,
+                                                     "sources": ["a.zarr", "inner.json"]}))
+    for read_only in (True, False):
+        with pytest.raises(MetadataError, match="inner.json: not a directory, so no Zarr store"):
+            make_view(MountConfig([str(tmp_path / "outer.json")], "/unused", read_only=read_only))
+    (tmp_path / "deep.json").write_text('{"zfuse_concat": 1, "axis": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(MetadataError, match="JSON nested 100001 deep"):
+        load_concat(tmp_path / "deep.json")

@@ -477,6 +477,42 @@ def test_fuse_adapter_answers_unforeseen_errors_instead_of_dying(caplog) -> None
     assert "lookup(1, 'x') on an unknown path" in caplog.text
 
 
+def test_a_request_whose_error_cannot_be_logged_is_still_answered() -> None:
+    """Memory exhausted (a listing of millions of names): the request fails with ENOMEM,
+    and so does logging why; the reply still goes out (the mount had hung, every later
+    request unanswered)."""
+    import errno
+    import logging
+    from types import SimpleNamespace
+
+    import pyfuse3
+    import trio
+
+    from zfuse.fuse_ops import _fuse_errors
+
+    class Exhausted(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            raise MemoryError
+
+        def handleError(self, record: logging.LogRecord) -> None:  # noqa: N802 - logging's name
+            raise MemoryError
+
+    @_fuse_errors
+    async def readdir(self: object, fh: int) -> None:
+        raise MemoryError
+
+    ops = SimpleNamespace(fs=SimpleNamespace(inodes=SimpleNamespace(path_of={}.get), handles={}, _dirs={}))
+    logger = logging.getLogger("zfuse.fuse")
+    handler = Exhausted()
+    logger.addHandler(handler)
+    try:
+        with pytest.raises(pyfuse3.FUSEError) as answered:
+            trio.run(readdir, ops, 7)
+    finally:
+        logger.removeHandler(handler)
+    assert answered.value.errno == errno.ENOMEM
+
+
 @pytest.mark.mount
 def test_mount_of_a_group_of_50000_members_opens_only_those_looked_up(tmp_path: Path, mount) -> None:
     """[hostile-4] a group of 50,000 array directories (before: the mount opened every

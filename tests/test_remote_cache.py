@@ -87,9 +87,41 @@ def test_a_damaged_entry_is_a_miss_and_removed(tmp_path: Path, damage: str) -> N
         data += b"x"
     path.write_bytes(bytes(data))
     assert cache.get("id", '"etag"') is None
-    assert counts["disk_cache_corrupt"] == 1 and not path.exists()
+    if damage == "flip_etag":
+        # an entry naming another version is not read further (its payload is not ours):
+        # left as another version's, a miss; the refetched bytes replace it
+        assert counts.get("disk_cache_corrupt", 0) == 0 and counts["disk_cache_misses"] == 1
+    else:
+        assert counts["disk_cache_corrupt"] == 1 and not path.exists()
     cache.put("id", '"etag"', payload)  # the refetched bytes
     assert cache.get("id", '"etag"') == payload
+
+
+def test_a_planted_entry_is_checked_before_its_payload_is_read(tmp_path: Path) -> None:
+    """[remote-1] a 2.5 GB file (sparse) put under an entry's name, within the cache's
+    limit: its header is read and checked first, so it costs no read of its bytes (it
+    had been read whole: 30 s and 4.8 GB); one past ENTRY_MAX is never opened for reading."""
+    import tracemalloc
+
+    from zfuse.remote_cache import ENTRY_MAX
+
+    counts = Counts()
+    cache = DiskCache(str(tmp_path), 1 << 40, counts)
+    cache.put("id", "v", b"small")
+    path = entry_path(cache, "id")
+    for size, header in ((2_500_000_000, b"ZFCACHE1" + bytes(18)), (ENTRY_MAX + 1, path.read_bytes()[:26])):
+        with open(path, "wb") as f:
+            f.write(header)
+            f.truncate(size)
+        tracemalloc.start()
+        try:
+            assert cache.get("id", "v") is None
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < 1 << 20, peak
+    assert counts["disk_cache_corrupt"] == 2
+    assert not cache.put("huge", "v", memoryview(bytearray(ENTRY_MAX)))  # never stored either
 
 
 def test_links_and_special_files_inside_are_never_followed(tmp_path: Path) -> None:

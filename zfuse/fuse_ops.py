@@ -139,8 +139,10 @@ def _unexpected(ops: ZfuseOperations, name: str, args: Sequence[Any], exc: Excep
     pyfuse3 takes the whole mount down on any exception but FUSEError ("Exceptions
     from Trio nursery", no traceback), so no request may let one escape: one
     array's bad value must cost that request only. A number the reply cannot hold
-    (an `st_size` past 2**63 - 1) is EOVERFLOW, as stat(2) says; the rest EIO."""
-    code = errno.EOVERFLOW if isinstance(exc, OverflowError) else errno.EIO
+    (an `st_size` past 2**63 - 1) is EOVERFLOW, as stat(2) says; memory exhausted ENOMEM;
+    the rest EIO."""
+    code = errno.EOVERFLOW if isinstance(exc, OverflowError) else errno.ENOMEM if isinstance(
+        exc, MemoryError) else errno.EIO
     log.error("%s(%s) on %s: unexpected error, answered %s", name, _shown(args), _about(ops, name, args),
               errno.errorcode[code], exc_info=exc)
     return pyfuse3.FUSEError(code)
@@ -188,7 +190,11 @@ def _fuse_errors(fn: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]
         except pyfuse3.FUSEError:
             raise
         except Exception as e:
-            raise _unexpected(self, fn.__name__, args, e) from e
+            try:
+                error = _unexpected(self, fn.__name__, args, e)
+            except Exception:  # (logging it failed too, memory exhausted: still answered)
+                error = pyfuse3.FUSEError(errno.ENOMEM if isinstance(e, MemoryError) else errno.EIO)
+            raise error from e
 
     return call
 

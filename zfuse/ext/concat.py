@@ -36,6 +36,7 @@ Invariants
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import math
@@ -50,6 +51,7 @@ import numpy as np
 import zarr
 
 from zfuse.errors import ArgumentError, MetadataError, ReadOnlyArrayError, SourceMismatchError
+from zfuse.ext.metadata_json import MAX_METADATA_DEPTH, nesting_depth
 
 __all__ = [
     "ConcatArray",
@@ -163,6 +165,13 @@ class ConcatArray:
         shape = list(first.shape)
         shape[axis] = sum(lengths)
         self.shape: tuple[int, ...] = tuple(int(n) for n in shape)
+
+    def _sources_between(self, lo: int, hi: int) -> range:
+        """The indexes of the sources that may overlap [lo, hi) along the axis: found by
+        bisection over the offsets (a description may name 100,000 sources: a loop over
+        them all cost 66 ms per chunk read)."""
+        first = max(bisect.bisect_right(self.offsets, lo) - 1, 0)
+        return range(first, bisect.bisect_left(self.offsets, hi, lo=first))
 
     # ------------------------------------------------------------------ basics
     @property
@@ -288,7 +297,8 @@ class ConcatArray:
             base_src.append(slice(start, start + (count - 1) * step + 1, step))
             base_out.append(slice(0, count))
         start, count, step, _, _ = dims[self.axis]
-        for i, (off, length) in enumerate(zip(self.offsets, self.lengths, strict=True)):
+        for i in self._sources_between(start, start + (count - 1) * step + 1):
+            off, length = self.offsets[i], self.lengths[i]
             if length == 0:
                 continue
             # result positions k with off <= start + k*step < off + length
@@ -374,7 +384,8 @@ class ConcatArray:
         region = self.chunk_region(chunk_coords)
         lo, hi = region[self.axis].start, region[self.axis].stop
         out = []
-        for i, (off, length) in enumerate(zip(self.offsets, self.lengths, strict=True)):
+        for i in self._sources_between(lo, hi):
+            off, length = self.offsets[i], self.lengths[i]
             a, b = max(lo, off), min(hi, off + length)
             if a >= b:
                 continue
@@ -649,6 +660,10 @@ def _read_description(path: str | os.PathLike[str]) -> dict[str, Any]:
         os.close(fd)
     if len(raw) > _MAX_DESCRIPTION_BYTES:
         raise MetadataError(f"{os.fspath(path)}: too large for a concat description file")
+    depth = nesting_depth(raw)
+    if depth > MAX_METADATA_DEPTH:  # (json's parser recursed to a RecursionError)
+        raise MetadataError(f"{os.fspath(path)}: JSON nested {depth} deep, past the {MAX_METADATA_DEPTH} "
+                            "a concat description can be")
     try:
         doc = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -3,22 +3,35 @@
 The view's chunk grid is the first source's (inner) chunk shape; chunk keys
 use the default encoding (``c/i/j``). A view chunk exists when any stored
 chunk of any source overlaps it; that is found by listing each source once
-(`ZarrChunkSource.list_chunks`) and mapping source chunks onto view chunks,
-not by probing every grid position.
+(`ZarrChunkSource.list_chunks`, kept as numpy ranges of view chunks) and
+answering each directory from those ranges, page by page: a directory costs
+work in the number of stored source chunks, never in the view chunks they
+cover (one big source chunk over a grid of small view chunks covers millions).
+A view chunk is read from the source chunks it overlaps, each through its
+part's bounded decoding (`ZarrChunkSource.read_chunk`), never through zarr's
+indexing, which bounds nothing.
 """
 
 from __future__ import annotations
 
 import itertools
+import os
+import threading
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding
 
+from zfuse.errors import MetadataError, ZfuseError
 from zfuse.ext.chunk_keys import ChunkKeyDecoder
 from zfuse.ext.concat import ConcatArray
+from zfuse.view.chunk_listing import LIST_PAGE, DirPage
 from zfuse.view.source import ChunkSource, Coords, ZarrChunkSource
+
+#: view chunks `list_chunks` gives at most (`zfuse info`'s count; a mount lists by
+#: directory): one big source chunk over small view chunks covers millions
+LISTED_MAX = 1 << 20
 
 
 class ConcatChunkSource(ChunkSource):
@@ -32,6 +45,12 @@ class ConcatChunkSource(ChunkSource):
         self.fill_value = array.fill_value
         self._key_decoder = ChunkKeyDecoder(len(self.shape), encoding=DefaultChunkKeyEncoding())
         self.parts = [ZarrChunkSource(src, name=n) for src, n in zip(array.sources, array.names, strict=True)]
+        if not all(src.read_only for src in array.sources):
+            _refuse_repeated_sources(self.parts)
+        # per part: its stored chunks as ranges of view chunks, (n, ndim, 2) [lo, hi); listed
+        # when a directory is first listed, kept until a write or `invalidate`
+        self._ranges: dict[int, np.ndarray] = {}
+        self._ranges_guard = threading.Lock()
 
     def chunk_key(self, coords: Coords) -> str:
         return "/".join(("c", *map(str, coords)))
@@ -39,21 +58,96 @@ class ConcatChunkSource(ChunkSource):
     def decode_key(self, key: str) -> Coords | None:
         return self._key_decoder(key)
 
+    def _stored_ranges(self, index: int) -> np.ndarray:
+        """Part `index`'s stored chunks as the view chunks each overlaps: an (n, ndim, 2)
+        array of [lo, hi) per axis (the part listed once, until `forget_listing`)."""
+        with self._ranges_guard:
+            found = self._ranges.get(index)
+        if found is not None:
+            return found
+        part, ndim = self.parts[index], len(self.shape)
+        coords = np.array(part.list_chunks(), dtype=np.int64).reshape(-1, ndim)
+        start = coords * np.array(part.chunk_shape, dtype=np.int64)
+        stop = np.minimum(start + np.array(part.chunk_shape, dtype=np.int64), np.array(part.shape, dtype=np.int64))
+        start[:, self.array.axis] += self.array.offsets[index]
+        stop[:, self.array.axis] += self.array.offsets[index]
+        view = np.array(self.chunk_shape, dtype=np.int64)
+        found = np.stack([start // view, -(-stop // view)], axis=2)
+        with self._ranges_guard:
+            self._ranges[index] = found
+        return found
+
+    def _covered(self, fixed: Coords, axis: int) -> list[tuple[int, int]]:
+        """The view chunk indexes along `axis` that stored chunks cover, among those whose
+        leading coordinates are `fixed` (axes 0 .. axis - 1): merged [lo, hi) runs."""
+        runs: list[np.ndarray] = []
+        for index in range(len(self.parts)):
+            ranges = self._stored_ranges(index)
+            keep = np.ones(len(ranges), dtype=bool)
+            for k, c in enumerate(fixed):
+                keep &= (ranges[:, k, 0] <= c) & (c < ranges[:, k, 1])
+            if keep.any():
+                runs.append(ranges[keep, axis, :])
+        if not runs:
+            return []
+        joined = np.concatenate(runs)
+        joined = joined[np.argsort(joined[:, 0], kind="stable")]
+        merged: list[tuple[int, int]] = []
+        grid = self.grid_shape[axis]
+        for lo, hi in joined.tolist():
+            lo, hi = max(lo, 0), min(hi, grid)
+            if lo >= hi:
+                continue
+            if merged and lo <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], hi))
+            else:
+                merged.append((lo, hi))
+        return merged
+
+    def iter_chunk_dir(self, parts: tuple[str, ...]) -> Iterator[DirPage]:
+        """One directory of the view's chunk keys (``c/i/j``), in pages of LIST_PAGE names,
+        from the parts' stored chunks (`_covered`): never the whole view listed."""
+        fixed = self.dir_coords(parts)
+        origin, axis_at = self.key_layout()
+        depth = len(parts)
+        if fixed is None or depth >= len(origin):
+            yield []
+            return
+        leaf = depth == len(origin) - 1  # (the file names: the last axis)
+        if not leaf and depth not in axis_at:  # ("c": every chunk key's first name)
+            yield [(origin[depth], None)] if self._covered((), 0) else []
+            return
+        axis = len(fixed)
+        page: DirPage = []
+        for lo, hi in self._covered(fixed, axis):
+            for i in range(lo, hi):
+                page.append((str(i), (*fixed, i) if leaf else None))
+                if len(page) >= LIST_PAGE:
+                    yield page
+                    page = []
+        yield page
+
     def list_chunks(self) -> list[Coords]:
-        axis = self.array.axis
-        found: set[Coords] = set()
-        for part, offset in zip(self.parts, self.array.offsets, strict=True):
-            for coords in part.list_chunks():
-                region = part.chunk_region(coords)
-                ranges = []
-                for dim, r in enumerate(region):
-                    start, stop = r.start, r.stop
-                    if dim == axis:
-                        start, stop = start + offset, stop + offset
-                    c = self.chunk_shape[dim]
-                    ranges.append(range(start // c, -(-stop // c)))
-                found.update(itertools.product(*ranges))
-        return sorted(found)
+        """Every view chunk some stored source chunk overlaps (at most LISTED_MAX: past
+        that a ZfuseError; a mount lists directory by directory, `iter_chunk_dir`)."""
+        found: list[Coords] = []
+
+        def walk(fixed: Coords) -> None:
+            axis = len(fixed)
+            for lo, hi in self._covered(fixed, axis):
+                if len(found) + (hi - lo if axis == len(self.shape) - 1 else 0) > LISTED_MAX:
+                    raise ZfuseError(f"{self.name}: its stored chunks cover more than {LISTED_MAX} view chunks: "
+                                     "not listed whole (a mount lists them directory by directory)")
+                for i in range(lo, hi):
+                    if axis == len(self.shape) - 1:
+                        found.append((*fixed, i))
+                    else:
+                        walk((*fixed, i))
+                        if len(found) > LISTED_MAX:
+                            return
+
+        walk(())
+        return found
 
     def chunk_exists(self, coords: Coords) -> bool:
         """Whether any stored source chunk overlaps view chunk `coords`: existence
@@ -110,7 +204,25 @@ class ConcatChunkSource(ChunkSource):
         if aligned is not None:
             part, src_coords = aligned
             return part.read_chunk(src_coords, must_exist=must_exist)
-        return self.array.read_chunk(coords)
+        # assembled from the source chunks it overlaps, each decoded by its part (bounded:
+        # zarr's indexing had decoded a 64 KB zstd frame into 2 GiB)
+        out = np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
+        origin = [r.start for r in self.chunk_region(coords)]
+        for index, src_region, view_region in self.array.chunk_sources(coords):
+            part = self.parts[index]
+            ranges = [range(r.start // c, -(-r.stop // c)) for r, c in zip(src_region, part.chunk_shape, strict=True)]
+            for c in itertools.product(*ranges):
+                stored = part.chunk_region(c)
+                inside = [slice(max(a.start, b.start), min(a.stop, b.stop)) for a, b in zip(stored, src_region,
+                                                                                           strict=True)]
+                if any(r.start >= r.stop for r in inside):
+                    continue
+                values = part.read_chunk(c)
+                src = tuple(slice(r.start - s.start, r.stop - s.start) for r, s in zip(inside, stored, strict=True))
+                dst = tuple(slice(r.start - s.start + v.start - o, r.stop - s.start + v.start - o)
+                            for r, s, v, o in zip(inside, src_region, view_region, origin, strict=True))
+                out[dst] = values[src]
+        return out
 
     def write_chunk(self, coords: Coords, data: np.ndarray) -> None:
         """Through the parts (each locks and forgets what it stores), never past them."""
@@ -151,6 +263,20 @@ class ConcatChunkSource(ChunkSource):
     def extensions(self) -> list[str]:
         return ["virtual concatenation"]
 
+    def unbounded_reason(self) -> str | None:
+        """A part's (nested sharding): its chunks are read here as they are alone."""
+        return next((f"{part.name}: {why}" for part in self.parts if (why := part.unbounded_reason())), None)
+
+    def shard_index_nbytes(self) -> int | None:
+        """The largest of the parts' shard indexes (the view keeps them in its index cache)."""
+        sizes = [n for part in self.parts if (n := part.shard_index_nbytes()) is not None]
+        return max(sizes) if sizes else None
+
+    def forget_listing(self) -> None:
+        super().forget_listing()
+        with self._ranges_guard:
+            self._ranges.clear()
+
     def use_index_cache(self, cache: Any) -> None:
         for part in self.parts:
             part.use_index_cache(cache)
@@ -159,3 +285,26 @@ class ConcatChunkSource(ChunkSource):
         super().invalidate()  # the whole-array listing `iter_chunk_dir` falls back on
         for part in self.parts:
             part.invalidate()
+
+
+def _refuse_repeated_sources(parts: list[ZarrChunkSource]) -> None:
+    """MetadataError where one array is two sources of a read-write concatenation (the
+    same path, or two spellings of it: a write through one view chunk left the other's
+    copy of the same values stale). Read-only, a source may repeat."""
+    seen: dict[Any, int] = {}
+    for index, part in enumerate(parts):
+        root = part.access.root
+        identity: Any = ("store", id(part.store), part.prefix)
+        if root is not None:
+            try:
+                st = os.stat(os.path.join(root, part.prefix))
+                identity = ("local", st.st_dev, st.st_ino)
+            except OSError:
+                pass
+        elif part.access.bounded is not None:
+            identity = ("remote", part.access.bounded.source, part.prefix)
+        first = seen.setdefault(identity, index)
+        if first != index:
+            raise MetadataError(f"sources {first} ({parts[first].name}) and {index} ({part.name}) are one array: "
+                                "a read-write concatenation would show one copy stale after a write "
+                                "through the other; mount it read-only (-o ro), or name each array once")
