@@ -648,7 +648,7 @@ def test_a_straddling_view_chunk_is_decoded_within_bounds(tmp_path: Path) -> Non
 
 
 def test_one_array_twice_in_a_read_write_concatenation_is_refused(tmp_path: Path) -> None:
-    """One array named twice (or by two spellings) in a read-write concatenation: a write
+    """[hostile-10] One array named twice (or by two spellings) in a read-write concatenation: a write
     through one view chunk left the other's copy stale, so it is refused, naming both and
     the way out; read-only it is shown."""
     from zfuse.view.concat_source import ConcatChunkSource
