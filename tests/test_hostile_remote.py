@@ -230,6 +230,37 @@ def test_an_s3_redirect_to_another_host_is_not_followed(tmp_path: Path, s3: S3Se
         other.shutdown()
 
 
+def test_an_s3_redirect_to_a_dead_host_fails_that_key_only(tmp_path: Path, s3: S3Server) -> None:
+    """[read-12] one object's GET redirected to a host that does not answer: that read
+    fails saying where it was sent, and the store is not taken for unreachable (every
+    key of every array had failed at once for 5 s, named as the store's own endpoint)."""
+    upload(s3, _store(tmp_path / "s.zarr"), "deadredirect", "s.zarr")
+    proxy = FailingProxy(s3, "/a/c/1/1", 307, "TemporaryRedirect", location="http://127.0.0.1:1/x")
+    options = {**s3.storage_options, "endpoint_url": proxy.endpoint_url,
+               "config_kwargs": {"retries": {"max_attempts": 1, "mode": "legacy"}}}
+    try:
+        view = make_view(MountConfig(["s3://deadredirect/s.zarr"], "/nonexistent", read_only=True,
+                                     storage_options=options))
+        view.list_dir(())
+        array = dict(view.arrays())[("a",)]
+        with pytest.raises(StoreServerError, match=r"redirected it to 127.0.0.1:1, which did not answer"):
+            array.pixel_bytes((1, 1))
+        assert bytes(array.pixel_bytes((0, 0))) == np.arange(256, dtype="u1").reshape(16, 16)[:8, :8].tobytes()
+    finally:
+        proxy.close()
+
+
+def test_a_key_that_is_also_a_prefix_is_listed_once(tmp_path: Path, s3: S3Server) -> None:
+    """A chunk key that is also a prefix (`c/0/1` and a leftover `c/0/1/stray`): its
+    directory lists `1.tiff` once (readdir had given it twice)."""
+    upload(s3, _store(tmp_path / "s.zarr"), "dupnames", "s.zarr")
+    s3.client.put_object(Bucket="dupnames", Key="s.zarr/a/c/0/1/stray", Body=b"x")
+    view = make_view(MountConfig(["s3://dupnames/s.zarr"], "/nonexistent", read_only=True,
+                                 storage_options=s3.storage_options))
+    view.list_dir(())
+    assert sorted(name for name, _ in view.list_dir(("a", "c", "0"))) == ["0.tiff", "1.tiff"]
+
+
 class _HugeAnswers(http.server.BaseHTTPRequestHandler):
     """An "S3" answering a LIST with a 17 MiB page (Content-Length given), and any other
     request with a 404 of 40 MiB (no Content-Length: the body ends with the connection)."""
@@ -292,12 +323,30 @@ def test_botocore_reads_a_whole_response_to_a_bound() -> None:
 
 class _Hostile(http.server.SimpleHTTPRequestHandler):
     """Files of a directory, but `a/c/0/0` is an endless body and `a/c/0/1` is gzipped
-    whatever the client asked."""
+    whatever the client asked; and what the test sets on the server: `redirects`
+    {path: Location}, `wrong_ranges` (every range answered with the object's first bytes)."""
 
     def log_message(self, *args: object) -> None:
         pass
 
     def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        moved = getattr(self.server, "redirects", {}).get(self.path)
+        if moved is not None:  # (a redirect the test set up: elsewhere, or within this server)
+            self.send_response(302)
+            self.send_header("Location", moved)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        wrong = getattr(self.server, "wrong_ranges", False) and self.headers.get("Range")
+        if wrong and re.fullmatch(r"bytes=\d+-\d+", wrong):  # a 206 of the object's first bytes, whatever range was asked
+            data = (Path(self.directory) / self.path.lstrip("/")).read_bytes()
+            first, last = (int(v) for v in wrong.removeprefix("bytes=").split("-"))
+            self.send_response(206)
+            self.send_header("Content-Range", f"bytes 0-{last - first}/{len(data)}")
+            self.send_header("Content-Length", str(last - first + 1))
+            self.end_headers()
+            self.wfile.write(data[: last - first + 1])
+            return
         if self.path.rstrip("/").endswith("/endless"):  # a directory page that never ends
             self.send_response(200)
             self.send_header("Content-Type", "text/html")
@@ -332,7 +381,9 @@ class _Hostile(http.server.SimpleHTTPRequestHandler):
 
 
 @pytest.fixture
-def hostile_http(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+def hostile_server(tmp_path: Path) -> Iterator[tuple[Path, str, http.server.ThreadingHTTPServer]]:
+    """A `_Hostile` server of `tmp_path/www`: (root, URL, the server: set `redirects`
+    {path: Location} or `wrong_ranges` on it)."""
     root = tmp_path / "www"
     root.mkdir()
     server = http.server.ThreadingHTTPServer(
@@ -340,10 +391,15 @@ def hostile_http(tmp_path: Path) -> Iterator[tuple[Path, str]]:
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:
-        yield root, f"http://127.0.0.1:{server.server_address[1]}"
+        yield root, f"http://127.0.0.1:{server.server_address[1]}", server
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.fixture
+def hostile_http(hostile_server: tuple[Path, str, http.server.ThreadingHTTPServer]) -> tuple[Path, str]:
+    return hostile_server[0], hostile_server[1]
 
 
 def test_http_bodies_are_bounded_and_never_decompressed(hostile_http: tuple[Path, str]) -> None:
@@ -431,6 +487,96 @@ def test_a_remote_shard_index_claiming_a_huge_inner_chunk_asks_for_nothing(tmp_p
         array.pixel_bytes((0, 0))
     assert not [r for r in s3.requests()[before:] if "bytes=0-1099511627775" in str(r)]
     assert bytes(array.pixel_bytes((1, 1))) == bytes([1]) * 64
+
+
+def test_http_redirects_stay_within_the_store_server(hostile_server) -> None:
+    """[hostile-12] an http(s) object redirected to another server (another port, a
+    file:// URL) is refused, EREMOTEIO naming both, and that server is never asked (a
+    chunk file had shown the other server's bytes); a redirect within the store's own
+    server is followed; the store is not taken for unreachable."""
+    root, url, server = hostile_server
+    _store(root / "s.zarr")
+    other = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Recording)
+    other.requests = []  # type: ignore[attr-defined]
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    try:
+        elsewhere = f"http://127.0.0.1:{other.server_address[1]}/secret/x"
+        server.redirects = {"/s.zarr/a/c/0/0": elsewhere, "/s.zarr/a/c/0/1": "file:///etc/passwd",
+                            "/s.zarr/a/c/1/0": "/s.zarr/a/c/1/1"}
+        view = make_view(MountConfig([f"{url}/s.zarr"], "/nonexistent", read_only=True))
+        view.list_dir(())
+        array = dict(view.arrays())[("a",)]
+        for coords, target in (((0, 0), elsewhere), ((0, 1), "file:///etc/passwd")):
+            with pytest.raises(OSError, match=f"redirected it to {re.escape(target)}: not followed") as e:
+                array.pixel_bytes(coords)
+            assert e.value.errno == errno.EREMOTEIO
+        values = np.arange(256, dtype="u1").reshape(16, 16)
+        assert bytes(array.pixel_bytes((1, 0))) == values[8:, 8:].tobytes()  # (moved within: followed)
+        assert bytes(array.pixel_bytes((1, 1))) == values[8:, 8:].tobytes()  # (not taken for unreachable)
+        assert other.requests == []  # type: ignore[attr-defined]
+    finally:
+        other.shutdown()
+        other.server_close()
+
+
+class _Recording(http.server.BaseHTTPRequestHandler):
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def do_GET(self) -> None:  # noqa: N802 - http.server's name
+        self.server.requests.append(self.path)  # type: ignore[attr-defined]
+        self.send_response(200)
+        self.send_header("Content-Length", "64")
+        self.end_headers()
+        self.wfile.write(bytes(range(64)))
+
+
+def test_a_range_answered_with_other_bytes_is_never_used(hostile_server) -> None:
+    """[hostile-12] a 206 whose Content-Range is not the range asked (a server answering
+    every range with the object's first bytes) is refused, EIO naming both ranges: it had
+    been taken for the range's bytes (wrong pixels, silently, and cached so)."""
+    from zarr.abc.store import RangeByteRequest
+
+    from zfuse.remote_objects import check_content_range, check_length
+
+    root, url, server = hostile_server
+    stores_sharded = zarr.create_array(str(root / "s.zarr"), shape=(16, 16), shards=(16, 16), chunks=(8, 8),
+                                       dtype="u1", fill_value=0)
+    stores_sharded[...] = np.arange(256, dtype="u1").reshape(16, 16)
+    server.wrong_ranges = True
+    view = make_view(MountConfig([f"{url}/s.zarr"], "/nonexistent", read_only=True))
+    array = dict(view.arrays())[()]
+    refused = 0
+    for coords in ((0, 0), (0, 1), (1, 0), (1, 1)):
+        try:
+            got = bytes(array.pixel_bytes(coords))
+        except CorruptDataError as e:
+            assert "the server answered bytes 0-" in str(e) and ": not used" in str(e), e
+            refused += 1
+        else:
+            expect = np.arange(256, dtype="u1").reshape(16, 16)[8 * coords[0]:8 * coords[0] + 8,
+                                                                8 * coords[1]:8 * coords[1] + 8]
+            assert got == expect.tobytes(), coords
+    assert refused >= 3
+    assert check_content_range("u", RangeByteRequest(100, 200), "bytes 100-149/150") == 50  # (clipped at the end)
+    for answered in ("bytes 0-99/150", "bytes 100-199/150", "bytes 100-150/*", None, "pages 1-2/3"):
+        with pytest.raises(CorruptDataError, match="not used"):
+            check_content_range("u", RangeByteRequest(100, 200), answered)
+    with pytest.raises(CorruptDataError, match="said 50 bytes and held 60"):
+        check_length("u", bytes(60), 50)
+
+
+def test_an_encoded_body_is_decoded_in_time_linear_in_it() -> None:
+    """[hostile-12] a gzip body of many empty members (8 MiB of them held the event loop
+    for 6 minutes: the rest of the body was copied at every member) is refused past
+    INFLATE_MEMBERS_MAX members, at once; a body of fewer decodes in one pass."""
+    from zfuse.remote_objects import INFLATE_MEMBERS_MAX, _inflate
+
+    empty = gzip.compress(b"")
+    with pytest.raises(CorruptDataError, match=f"more than {INFLATE_MEMBERS_MAX} parts"):
+        _inflate(empty * (8 * 2**20 // len(empty)), "gzip", 16 * 2**20, "u")
+    many = b"".join(gzip.compress(bytes([i % 256]) * 100) for i in range(INFLATE_MEMBERS_MAX))
+    assert _inflate(many, "gzip", 2**20, "u") == b"".join(bytes([i % 256]) * 100 for i in range(INFLATE_MEMBERS_MAX))
 
 
 def test_an_encoded_body_is_decoded_whole_and_checked() -> None:

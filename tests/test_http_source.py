@@ -129,3 +129,61 @@ def test_an_http_server_gone_or_silent_is_found_unreachable(tmp_path: Path) -> N
             for sock in (hole, filler):
                 if sock is not None:
                     sock.close()
+
+
+def test_reads_waiting_on_a_slow_store_leave_listings_their_threads(tmp_path: Path, mount) -> None:
+    """[read-11] eight reads of chunk files whose objects the server holds (it answers
+    nothing for them yet) fill the read threads only: a directory of another array is
+    listed, and its chunk file looked up, meanwhile (they had waited for one of the same
+    threads: `ls` took 11 s against a slow server)."""
+    import http.server
+    import os
+    import threading
+
+    root = tmp_path / "www"
+    for name in ("a", "b"):
+        a = stores.zarr.create_array(str(root / "s.zarr" / name), shape=(64, 64), chunks=(8, 8), dtype="u1",
+                                     fill_value=0)
+        a[...] = 1
+    stores.zarr.open_group(str(root / "s.zarr"), mode="a")
+    release = threading.Event()
+    held: list[str] = []
+
+    class Holding(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            if self.path.startswith("/s.zarr/a/c/") and (root / self.path.lstrip("/")).is_file():
+                held.append(self.path)
+                release.wait(60)
+            super().do_GET()
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a, **kw: Holding(*a, directory=str(root),
+                                                                                       **kw))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    readers: list[threading.Thread] = []
+    try:
+        m = mount(f"http://127.0.0.1:{server.server_address[1]}/s.zarr", "-o", "timeout=90")
+        files = [m.path / "a" / "c" / str(i) / "0.tiff" for i in range(8)]
+        for f in files:
+            os.listdir(f.parent)  # (their directories listed, as `ls` or a walker does: answered)
+        readers = [threading.Thread(target=f.read_bytes, daemon=True) for f in files]
+        for t in readers:
+            t.start()
+        deadline = time.monotonic() + 30
+        while len(set(held)) < 8 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert len(set(held)) >= 8, held
+        listed: list[str] = []
+        lister = threading.Thread(target=lambda: listed.extend(os.listdir(m.path / "b" / "c" / "3")), daemon=True)
+        lister.start()
+        lister.join(20)
+        assert sorted(listed) == [f"{j}.tiff" for j in range(8)], "the listing waited for the reads"
+        assert not release.is_set() and all(t.is_alive() for t in readers)  # (still held meanwhile)
+    finally:
+        release.set()
+        for t in readers:
+            t.join(30)
+        server.shutdown()
+        server.server_close()

@@ -223,13 +223,17 @@ class ZfuseOperations(pyfuse3.Operations):
         mount_info: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         super().__init__()
+        # file reads in threads of their own, and as many for the rest (lookups, listings,
+        # opens, writes): eight reads waiting on a slow store held every thread, and `ls`
+        # of another directory waited 11 s
         self.limiter = trio.CapacityLimiter(max_threads)
+        self.read_limiter = trio.CapacityLimiter(max_threads)  # (FileSystem.run_read)
         self.background_limiter = trio.CapacityLimiter(BACKGROUND_THREADS)
         self.nursery: trio.Nursery | None = None
         timing = {k: v for k, v in (("replace_window", replace_window),
                                     ("pending_timeout", pending_timeout)) if v is not None}
         self.fs = FileSystem(
-            view, read_only=read_only, stats=stats, run=self._thread, kernel=_Kernel(self),
+            view, read_only=read_only, stats=stats, run=self._thread, run_read=self._read_thread, kernel=_Kernel(self),
             spawn=self._spawn_background, spawn_listing=WorkerThreads(LISTING_THREADS, "list-ahead").submit,
             spawn_read_ahead=WorkerThreads(READ_AHEAD_THREADS, "read-ahead").submit,
             durable=durable, reload=reload, mount_info=mount_info, **timing,
@@ -241,6 +245,9 @@ class ZfuseOperations(pyfuse3.Operations):
 
     async def _thread(self, fn: Callable[..., T], *args: Any) -> T:
         return await trio.to_thread.run_sync(fn, *args, limiter=self.limiter)
+
+    async def _read_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        return await trio.to_thread.run_sync(fn, *args, limiter=self.read_limiter)
 
     def spawn_thread(self, fn: Callable[[], None]) -> bool:
         """Run `fn` in a worker thread, in the background; False if nothing was started."""

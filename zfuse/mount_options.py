@@ -182,7 +182,8 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
     MountOption("timeout", "S", "bound every store request: a hung server gives EIO, not a hung ls or cat "
                 f"(default {defaults.REMOTE_TIMEOUT:g} for remote sources, none for local directories; 0: none)",
                 _field("timeout", _seconds)),
-    MountOption("threads", "N", f"worker threads for store I/O and decoding (default {defaults.THREADS})",
+    MountOption("threads", "N", f"worker threads for file reads (store I/O and decoding), and as many for "
+                f"lookups, listings, opens and writes (default {defaults.THREADS})",
                 _field("max_threads", _count)),
     MountOption("replace_window", "S", "an unlinked chunk stays in the store this long for a "
                 f"replacement (default {defaults.REPLACE_WINDOW:g})", _field("replace_window", _seconds)),

@@ -17,6 +17,7 @@ import asyncio
 import errno
 import logging
 import random
+import re
 import string
 import urllib.parse
 import zlib
@@ -127,6 +128,44 @@ def _answers_range(response: dict[str, Any], byte_range: ByteRequest | None) -> 
     expected = f"bytes {byte_range.start}-{byte_range.end - 1}/"
     return str(response.get("ContentRange") or "").startswith(expected) and \
         response.get("ContentLength") == byte_range.end - byte_range.start
+
+
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
+
+
+def check_content_range(url: str, byte_range: ByteRequest, answered: str | None) -> int:
+    """How many bytes a 206 answer to `byte_range` holds, when its Content-Range is the
+    range asked (clipped at the object's end); CorruptDataError otherwise: another
+    range's bytes had been taken for this one's (wrong pixels, and cached so)."""
+    m = _CONTENT_RANGE.fullmatch(str(answered or "").strip())
+    asked = _http_range(byte_range)
+    refused = CorruptDataError(f"{url}: asked for {asked}, the server answered {answered or 'no Content-Range'}: "
+                               "not used")
+    if m is None:
+        raise refused
+    first, last = int(m[1]), int(m[2])
+    total = None if m[3] == "*" else int(m[3])
+    if last < first or (total is not None and last >= total):
+        raise refused
+    clipped = total is not None and last == total - 1
+    if isinstance(byte_range, RangeByteRequest):
+        ok = first == byte_range.start and (last == byte_range.end - 1 or (clipped and last < byte_range.end))
+    elif isinstance(byte_range, OffsetByteRequest):
+        ok = first == byte_range.offset and clipped
+    elif isinstance(byte_range, SuffixByteRequest):
+        ok = clipped and last - first + 1 == min(byte_range.suffix, total or 0)
+    else:
+        ok = False
+    if not ok:
+        raise refused
+    return last - first + 1
+
+
+def check_length(url: str, data: bytes, expected: int) -> bytes:
+    """`data` if it is the `expected` length a Content-Range said, else CorruptDataError."""
+    if len(data) != expected:
+        raise CorruptDataError(f"{url}: the server's answer said {expected} bytes and held {len(data)}: not used")
+    return data
 
 
 async def _range_of_whole_object(body: Any, byte_range: ByteRequest) -> bytes:
@@ -278,6 +317,10 @@ def _refuse_encoded(response: Any, url: str) -> None:
         raise _encoded_refusal(url, encoding)
 
 
+#: gzip members an encoded http(s) body may have (each a decoder made anew)
+INFLATE_MEMBERS_MAX = 4096
+
+
 def _inflate(data: bytes, encoding: str, limit: int, url: str) -> bytes:
     """A gzip- or deflate-encoded body (sent whatever was asked: an object stored with
     that encoding behind some servers) decoded into at most `limit` bytes (a 6 MB body
@@ -287,17 +330,28 @@ def _inflate(data: bytes, encoding: str, limit: int, url: str) -> bytes:
     # gzip (every member, each checked to its end), or deflate: zlib-wrapped as HTTP says,
     # or raw as many servers send it
     attempts = [31] if encoding != "deflate" else [15, -15]
+    body = memoryview(data)
     for i, wbits in enumerate(attempts):
-        out, rest = bytearray(), data
+        out, at, members = bytearray(), 0, 0
         try:
-            while rest:
+            while at < len(body):
+                members += 1
+                if members > INFLATE_MEMBERS_MAX:
+                    raise CorruptDataError(f"{url}: its {encoding}-encoded body has more than "
+                                           f"{INFLATE_MEMBERS_MAX} parts (gzip members): not decoded")
                 inflater = zlib.decompressobj(wbits)
-                out += inflater.decompress(rest, limit + 1 - len(out))
-                if len(out) > limit:
-                    raise too_large(url, limit)
+                # fed a slice at a time: the rest of the body is never copied (it was, for
+                # every member: 8 MiB of empty members held the event loop for minutes)
+                while not inflater.eof and at < len(body):
+                    piece = body[at : at + STREAM_PART]
+                    out += inflater.decompress(piece, limit + 1 - len(out))
+                    if len(out) > limit:
+                        raise too_large(url, limit)
+                    at += len(piece) - len(inflater.unused_data) - len(inflater.unconsumed_tail)
                 if not inflater.eof:
                     raise zlib.error("the stream ends early")
-                rest = inflater.unused_data if wbits == 31 else b""
+                if wbits != 31:
+                    break  # (one deflate stream; what follows it is not read, as before)
             return bytes(out)
         except zlib.error as e:
             if i == len(attempts) - 1:
@@ -316,18 +370,52 @@ async def get_http_object(fs: Any, url: str, limit: int) -> bytes | None:
     return data
 
 
+#: redirects an http(s) request follows at most, each within the store's own server
+REDIRECTS_MAX = 5
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+
+
+def _origin(url: str) -> str:
+    parts = urllib.parse.urlsplit(url)
+    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
+    return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{port}"
+
+
+async def _get_same_origin(fs: Any, url: str, options: dict[str, Any]) -> Any:
+    """The response to a GET of `url` (to be used as an async context manager), with
+    redirects followed only within the store's own server (scheme, host and port): a
+    chunk file had shown another server's bytes, any host or port a store's server
+    named (the mount's `allow_redirects=False` keeps fsspec's own requests so too).
+    RedirectRefusedError (EREMOTEIO) for any other redirect, or more than REDIRECTS_MAX."""
+    session = await fs.set_session()
+    here = url
+    for _ in range(REDIRECTS_MAX + 1):
+        response = await session.get(fs.encode_url(here), **{**options, "allow_redirects": False})
+        if response.status not in _REDIRECTS:
+            return response
+        target = urllib.parse.urljoin(here, response.headers.get("Location", ""))
+        response.release()
+        if _origin(target) != _origin(url):
+            raise RedirectRefusedError(errno.EREMOTEIO, f"{source_label(url)}: the server redirected it to "
+                                       f"{source_label(target)}: not followed (the store's objects are its own)")
+        here = target
+    raise RedirectRefusedError(errno.EREMOTEIO, f"{source_label(url)}: more than {REDIRECTS_MAX} redirects: "
+                               "not followed")
+
+
 async def _http_body(fs: Any, url: str, limit: int) -> tuple[bytes, str | None]:
     """(the body of `url`, decoded, of at most `limit` bytes; its Content-Type without
     parameters); FileNotFoundError if there is none."""
-    session = await fs.set_session()
-    async with session.get(fs.encode_url(url), **fs.kwargs) as response:
+    async with await _get_same_origin(fs, url, fs.kwargs) as response:
         fs._raise_not_found_for_status(response, url)
         if response.content_length is not None and response.content_length > limit:
             raise too_large(url, limit)
         data = await read_whole(response.content, limit, url)
         encoding = _encoding(response)
         mimetype = response.headers.get("Content-Type", "").partition(";")[0] or None
-    return (data if encoding == "identity" else _inflate(data, encoding, limit, url)), mimetype
+    if encoding != "identity":  # (in a thread: the event loop serves every other request)
+        data = await asyncio.to_thread(_inflate, data, encoding, limit, url)
+    return data, mimetype
 
 
 #: names of one http(s) directory page kept at most (a page is read to NON_STREAMING_MAX)
@@ -395,8 +483,7 @@ async def get_http_range(fs: Any, url: str, byte_range: ByteRequest) -> bytes | 
         return b""  # an empty range
     options = dict(fs.kwargs)
     options["headers"] = {**options.get("headers", {}), "Range": http_range}
-    session = await fs.set_session()
-    async with session.get(fs.encode_url(url), **options) as response:
+    async with await _get_same_origin(fs, url, options) as response:
         if response.status == 416:
             return b""  # (a range past the end, as FsspecStore answers it)
         try:
@@ -405,7 +492,8 @@ async def get_http_range(fs: Any, url: str, byte_range: ByteRequest) -> bytes | 
             return None
         _refuse_encoded(response, url)
         if response.status == 206:
-            return await _read_at_most(response.content, _range_length(byte_range))
+            length = check_content_range(url, byte_range, response.headers.get("Content-Range"))
+            return check_length(url, await _read_at_most(response.content, length), length)
         parts = urllib.parse.urlsplit(url)
         note_range_ignored(f"{parts.scheme}://{parts.hostname}:{parts.port}", url)
         return await _range_of_whole_object(response.content, byte_range)
@@ -581,6 +669,13 @@ class RemoteObjects:
             raise
         body = response["Body"]
         version = etag(response.get("ETag"))
+        answered_length = None
+        if http_range is not None and response.get("ContentRange"):
+            try:
+                answered_length = check_content_range(self.path(key), byte_range, response.get("ContentRange"))
+            except CorruptDataError:
+                body.close()
+                raise
         # no Content-Range: the whole object came (a proxy that drops Range headers, a
         # server that ignores them), however big: the range is taken from it as it streams
         whole = http_range is not None and not response.get("ContentRange")
@@ -598,7 +693,7 @@ class RemoteObjects:
                     raise too_large(key, limit)
                 data = await read_whole(body, limit, key)
             elif on_bytes is None:
-                data = await _read_at_most(body, _range_length(byte_range))
+                data = await _read_at_most(body, answered_length or _range_length(byte_range))
             else:
                 # the body part by part: a shard's inner chunks are handed on as they come
                 # (decoded while the rest arrives), not when the last byte has
@@ -607,6 +702,8 @@ class RemoteObjects:
                     parts.append(part)
                     on_bytes(part)
                 data = b"".join(parts)
+            if answered_length is not None:
+                check_length(self.path(key), data, answered_length)
         finally:
             body.close()
         return data, version

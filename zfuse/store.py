@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import time
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, NamedTuple, NoReturn
 
@@ -317,6 +318,10 @@ class MeteredStore(WrapperStore[Store]):
             self.failures.note(key, error)
             raise error from exc
         self.stats.count("store_errors")
+        redirected = _redirected_to(exc)
+        if redirected is not None:  # (another host's silence is not the store's)
+            raise StoreServerError(f"store request {op} {key} failed after {elapsed:.1f} s: the server redirected "
+                                   f"it to {redirected}, which did not answer ({self.source})") from exc
         if _server_failed(exc, answers):
             answered = f"; {answers}" if answers else ""
             server_error = StoreServerError(f"store request {op} {key} failed after {elapsed:.1f} s: "
@@ -818,6 +823,28 @@ def _connection_failure(exc: BaseException) -> bool:
     return any(c.__name__ in _CONNECTION_FAILURES for c in type(exc).__mro__)
 
 
+def _redirected_to(exc: BaseException) -> str | None:
+    """The host:port a request was redirected to, when the connection that failed was to
+    it and not to the URL asked (aiohttp follows a redirect inside botocore's request,
+    whose error then names the store's own endpoint): None otherwise. One object's
+    redirect to a dead host had made the whole store read as unreachable."""
+    asked = failed = None
+    seen = 0
+    while exc is not None and seen < 8:
+        url = (getattr(exc, "kwargs", None) or {}).get("endpoint_url") if hasattr(exc, "kwargs") else None
+        if isinstance(url, str) and asked is None:
+            parts = urllib.parse.urlsplit(url)
+            asked = (parts.hostname, parts.port or {"http": 80, "https": 443}.get(parts.scheme))
+        host, port = getattr(exc, "host", None), getattr(exc, "port", None)
+        if isinstance(host, str) and isinstance(port, int) and failed is None and _connection_failure(exc):
+            failed = (host, port)
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        seen += 1
+    if asked is None or failed is None or asked == failed:
+        return None
+    return f"{failed[0]}:{failed[1]}"
+
+
 def _unreachable(exc: BaseException, answers: ServerAnswers | None) -> bool:
     """Whether a failed request never reached a server: no HTTP answer, and its tries
     failed to connect (not a connection lost mid-answer, which one key's object may cause)."""
@@ -994,6 +1021,10 @@ def fsspec_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         for key in ("endpoint_url", "region_name"):  # (s3's: no meaning for a URL)
             client_kwargs.pop(key, None)
         client_kwargs.setdefault("auto_decompress", False)
+        # no redirect followed by fsspec's own requests (exists, info): a store's server
+        # could send them to any host or port (zfuse's reads follow those within the
+        # server only: `remote_objects._get_same_origin`)
+        opts["allow_redirects"] = False
         # as S3's: a server dropping connections silently is found unreachable (aiohttp's
         # total stays its own 5 minutes; each request is bounded by the mount's timeout)
         import aiohttp  # (fsspec's http needs it anyway; not imported for other stores)

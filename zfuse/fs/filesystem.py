@@ -183,6 +183,7 @@ class FileSystem:
         read_only: bool = False,
         stats: Stats | None = None,
         run: Run = run_here,
+        run_read: Run | None = None,
         kernel: Kernel | None = None,
         spawn: Spawn | None = None,
         spawn_listing: Spawn | None = None,
@@ -208,6 +209,9 @@ class FileSystem:
         self.read_only = read_only
         self.stats = stats or Stats()
         self.run = run  # blocking work, in a worker thread on a mount
+        # a file's reads, in threads of their own on a mount: reads waiting on a slow store
+        # leave the others (lookups, listings, opens) theirs
+        self.run_read = run_read or run
         self.kernel = kernel
         self.spawn = spawn  # background blocking work (and read-ahead, without spawn_read_ahead); None: none
         self.reload = reload
@@ -740,7 +744,7 @@ class FileSystem:
             if image is not None and image.reader.pushes_before_read:
                 pushed = True
                 self.image_pages.push_for_read(image.inode.ino, image.path, image.reader, off, size)
-            data = await self.run(handle.read, off, size)
+            data = await self.run_read(handle.read, off, size)
         self.stats.count("bytes_read", len(data))
         if image is not None and not pushed:
             self.image_pages.push_for_read(image.inode.ino, image.path, image.reader, off, len(data))

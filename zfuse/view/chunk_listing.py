@@ -208,7 +208,9 @@ class ChunkListing:
             pages = _pages(array.store.list_dir(array.prefix + head))
         for names in pages:
             if local is None:
-                names = [name.rstrip("/") for name in names]  # http(s) listings mark directories "name/"
+                # http(s) listings mark directories "name/"; a key that is both an object and
+                # a prefix (`c/0/1` and `c/0/1/...`, a leftover) is one name, not two
+                names = list(dict.fromkeys(name.rstrip("/") for name in names))
             if not leaf:
                 yield self._subdirs(depth, names, per_object)
             elif array.sharding is None:
