@@ -324,7 +324,8 @@ def test_botocore_reads_a_whole_response_to_a_bound() -> None:
 class _Hostile(http.server.SimpleHTTPRequestHandler):
     """Files of a directory, but `a/c/0/0` is an endless body and `a/c/0/1` is gzipped
     whatever the client asked; and what the test sets on the server: `redirects`
-    {path: Location}, `wrong_ranges` (every range answered with the object's first bytes)."""
+    {path: Location}, `wrong_ranges` (every range answered with the object's first bytes),
+    `cut_short` (paths whose body ends before its Content-Length), `forbidden` (403)."""
 
     def log_message(self, *args: object) -> None:
         pass
@@ -336,6 +337,18 @@ class _Hostile(http.server.SimpleHTTPRequestHandler):
             self.send_header("Location", moved)
             self.send_header("Content-Length", "0")
             self.end_headers()
+            return
+        if self.path in getattr(self.server, "cut_short", ()):  # a body shorter than it says
+            data = (Path(self.directory) / self.path.lstrip("/")).read_bytes()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data) + 100))
+            self.send_header("Connection", "close")
+            self.end_headers()
+            self.wfile.write(data)
+            self.close_connection = True
+            return
+        if self.path in getattr(self.server, "forbidden", ()):
+            self.send_error(403)
             return
         wrong = getattr(self.server, "wrong_ranges", False) and self.headers.get("Range")
         if wrong and re.fullmatch(r"bytes=\d+-\d+", wrong):  # a 206 of the object's first bytes, whatever range was asked
@@ -564,6 +577,25 @@ def test_a_range_answered_with_other_bytes_is_never_used(hostile_server) -> None
             check_content_range("u", RangeByteRequest(100, 200), answered)
     with pytest.raises(CorruptDataError, match="said 50 bytes and held 60"):
         check_length("u", bytes(60), 50)
+
+
+def test_an_answer_cut_short_or_refused_says_so(hostile_server) -> None:
+    """[read-12] an http(s) body that ends before its Content-Length is the server's
+    failure (EREMOTEIO, naming the request), not an unexpected error logged with its
+    traceback; a 403 is EACCES, as S3's."""
+    root, url, server = hostile_server
+    _store(root / "s.zarr")
+    server.cut_short = {"/s.zarr/a/c/1/0"}
+    server.forbidden = {"/s.zarr/a/c/1/1"}
+    view = make_view(MountConfig([f"{url}/s.zarr"], "/nonexistent", read_only=True))
+    view.list_dir(())
+    array = dict(view.arrays())[("a",)]
+    with pytest.raises(StoreServerError, match=r"store request get a/c/1/0 failed") as e:
+        array.pixel_bytes((1, 0))
+    assert e.value.errno == errno.EREMOTEIO
+    with pytest.raises(OSError, match=r"get a/c/1/1 refused: the server answered 403") as e:
+        array.pixel_bytes((1, 1))
+    assert e.value.errno == errno.EACCES
 
 
 def test_an_encoded_body_is_decoded_in_time_linear_in_it() -> None:

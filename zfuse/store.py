@@ -339,6 +339,10 @@ class MeteredStore(WrapperStore[Store]):
             code = errno.EACCES if status in (401, 403) else errno.EIO
             raise OSError(code, f"store request {op} {key} failed: the server answered {status} with no "
                                 f"S3 error in its body ({self.source})") from exc
+        if status in (401, 403) and type(exc).__module__.startswith("aiohttp"):
+            # an http(s) server's refusal: as S3's (EACCES), naming the request
+            raise OSError(errno.EACCES, f"store request {op} {key} refused: the server answered {status} "
+                                        f"({self.source})") from exc
         raise exc
 
     async def get(self, key: str, prototype: BufferPrototype, byte_range: ByteRequest | None = None) -> Buffer | None:
@@ -808,7 +812,24 @@ def _server_failed(exc: BaseException, answers: ServerAnswers | None) -> bool:
     status = http_status(exc)
     if status is not None:
         return status >= 500 or status == 429
-    return bool(answers) or isinstance(exc, ConnectionError) or _connection_failure(exc)
+    return bool(answers) or isinstance(exc, ConnectionError) or _connection_failure(exc) or _answer_lost(exc)
+
+
+# aiohttp's: an answer cut short (the connection closed before its Content-Length, a
+# malformed chunked body), a connection lost mid-answer
+_LOST_ANSWERS = frozenset({"ClientPayloadError", "ServerDisconnectedError"})
+
+
+def _answer_lost(exc: BaseException) -> bool:
+    """Whether `exc` (or what it was raised from) is an answer the server cut short: a
+    failure of the server's, not a bug of zfuse's (it was logged as one, traceback and all)."""
+    seen = 0
+    while exc is not None and seen < 8:
+        if any(c.__name__ in _LOST_ANSWERS for c in type(exc).__mro__):
+            return True
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+        seen += 1
+    return False
 
 
 # (botocore's, for S3; aiohttp's, for http(s) stores, whose connection failures are no
