@@ -282,6 +282,47 @@ def test_metadata_too_deep_or_large_hides_only_its_member(tmp_path: Path) -> Non
     assert readme is not None
 
 
+def test_a_huge_sparse_metadata_document_is_never_read(tmp_path: Path) -> None:
+    """[hostile-3] a member whose zarr.json is a sparse GiB (a root's too, and a v2
+    .zattrs): refused from its size, nothing read (it was read whole, 4 GB, before the
+    16 MiB bound was looked at; a mount under 4 GB failed with MemoryError); the member
+    is not shown with the reason, the rest of the store is."""
+    import tracemalloc
+
+    import zarr
+
+    store = tmp_path / "g.zarr"
+    zarr.open_group(str(store), mode="w")
+    zarr.create_array(str(store / "good"), shape=(4,), chunks=(4,), dtype="u1", fill_value=0)
+    (store / "huge").mkdir()
+    with open(store / "huge" / "zarr.json", "wb") as f:
+        f.truncate(1 << 30)
+    tracemalloc.start()
+    try:
+        view = make_view(MountConfig([str(store)], "/unused", read_only=True), Stats())
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 200 << 20, peak
+    why = {p.path: p.reason for p in view.problems}
+    assert f"huge/zarr.json is {1 << 30} bytes: zfuse reads metadata documents of at most" in why["huge"], why
+    assert view.entry(("good", "zarr.json")) is not None
+
+
+def test_a_root_document_past_the_bounds_is_refused_saying_why(tmp_path: Path) -> None:
+    """[hostile-3] a store whose root zarr.json nests 100,000 deep (an array's too, opened
+    by path) is refused naming the bound (it was a RecursionError from the pre-release
+    layout check, or zarr-python's "no group found")."""
+    from zfuse.errors import MetadataError
+
+    for doc in ('{"zarr_format": 3, "node_type": "group", "attributes": {"a": ' + "[" * 100_000 + "]" * 100_000 + "}}",
+                '{"zarr_format": 3, "node_type": "array", "x": ' + "[" * 100_000 + "]" * 100_000 + "}"):
+        (tmp_path / "r.zarr").mkdir(exist_ok=True)
+        (tmp_path / "r.zarr" / "zarr.json").write_text(doc)
+        with pytest.raises(MetadataError, match=r"zarr.json nests 10000\d levels deep"):
+            make_view(MountConfig([str(tmp_path / "r.zarr")], "/unused", read_only=True), Stats())
+
+
 def test_metadata_past_zfuse_bounds_hides_only_its_member(tmp_path: Path) -> None:
     """[hostile-11] 33 dimensions, 65 codecs, a v2 element of 1.5 GB (which zarr-python would
     allocate as the fill value), attributes that are a JSON list: that member is not

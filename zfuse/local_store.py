@@ -36,6 +36,7 @@ from zarr.storage import LocalStore
 
 from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.ext.chunk_keys import METADATA_NAMES
+from zfuse.ext.metadata_json import MAX_METADATA_BYTES
 from zfuse.ext.read_limits import chunk_read_limit
 from zfuse.workers import WorkerThreads
 
@@ -189,6 +190,9 @@ def _ident(st: os.stat_result) -> tuple[int, int]:
 
 
 def _too_large(key: str, size: int, max_bytes: int) -> CorruptDataError:
+    if key_kind(key) == "metadata":  # (as `metadata_json.metadata_problem` says it)
+        return CorruptDataError(f"{key} is {size} bytes: zfuse reads metadata documents of at most "
+                                f"{MAX_METADATA_BYTES} bytes: not read")
     return CorruptDataError(f"{key}: stored object of {size} bytes or more, past the {max_bytes} "
                             "that what it holds can be stored in: not read")
 
@@ -359,8 +363,11 @@ class AtomicLocalStore(LocalStore):
 
     def _read_request(self, key: str, byte_range: ByteRequest | None) -> bytes | None:
         if byte_range is None:
-            # a chunk object read whole: no further than its reader says it can hold
-            return self.read_key(key, max_bytes=chunk_read_limit.get() if key_kind(key) == "chunk" else None)
+            # a chunk object read whole: no further than its reader says it can hold; a
+            # metadata document no further than zfuse reads one (a sparse 1 GiB member's
+            # zarr.json had been read whole, 4 GB, before its size was looked at)
+            limit = chunk_read_limit.get() if key_kind(key) == "chunk" else MAX_METADATA_BYTES
+            return self.read_key(key, max_bytes=limit)
         if isinstance(byte_range, RangeByteRequest):
             return self.read_key(key, (byte_range.start, byte_range.end))
         st = self.stat_key(key)

@@ -108,6 +108,10 @@ def _open_node(store: Any, source: str, mode: str) -> Any:
 
     wrapped, path = resolve_store(store, mode)
     doc = stored_metadata(wrapped, path)
+    if isinstance(doc, dict) and "zfuse_unparsable" in doc:
+        # past zfuse's bounds (too large, nested too deep) or no JSON: say so, not what
+        # zarr-python says of a store it finds nothing in (or its RecursionError)
+        raise MetadataError(f"{source}: {doc['zfuse_unparsable']}")
     kind = node_type_of(doc)
     # the format read off the stored document: zarr-python probes no other format's files
     known: dict[str, Any] = {"zarr_format": doc["zarr_format"]} if doc and doc.get("zarr_format") in (2, 3) else {}

@@ -38,6 +38,7 @@ from zarr.storage import MemoryStore, StorePath, WrapperStore
 from zfuse.errors import ArgumentError, MetadataError
 from zfuse.ext import zarr_private
 from zfuse.ext.layers import StoreIO
+from zfuse.ext.metadata_json import load_metadata
 from zfuse.ext.stack import build_stack
 from zfuse.ext.transformers import TransformerStore
 from zfuse.ext.validate import validate_array_metadata
@@ -107,7 +108,9 @@ def _check_stored_metadata(wrapped: TransformerStore, path: str) -> None:
         return  # no v3 metadata here: zarr reports the missing node (or reads v2) itself
     where = describe_location(wrapped.raw_store, path)
     try:
-        doc = json.loads(buf.to_bytes())
+        doc = load_metadata(buf.to_bytes(), key)  # (bounded: size and nesting)
+    except MetadataError as e:
+        raise MetadataError(f"array {where}: {e}") from e
     except ValueError as e:
         raise MetadataError(f"array {where}: zarr.json is not valid JSON ({e})") from e
     validate_array_metadata(doc, where)

@@ -65,6 +65,7 @@ from zfuse.ext.legacy_v3_metadata import (
     update_legacy_array,
 )
 from zfuse.ext.mapped_store import MappedStore
+from zfuse.ext.metadata_json import load_metadata
 
 if TYPE_CHECKING:
     from zarr.core.buffer import Buffer, BufferPrototype
@@ -88,9 +89,9 @@ async def wrap_if_legacy(store: Store) -> Store:
     if buf is None:
         return store
     try:
-        doc = json.loads(buf.to_bytes())
-    except ValueError:
-        return store  # not JSON at all: not ours to judge, zarr will report it
+        doc = load_metadata(buf.to_bytes(), _ZARR_JSON)  # (bounded: nested 100,000 deep recursed)
+    except (ValueError, MetadataError):
+        return store  # not JSON, or past zfuse's bounds: not ours to judge, the opener reports it
     if not is_legacy_entry_point(doc):
         return store
     return LegacyV3Store(store, entry_point=doc)
