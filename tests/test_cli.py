@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -222,6 +223,60 @@ def test_stale_mountpoint_is_named_and_cleared_with_umount_z(tmp_path: Path) -> 
     finally:
         run_in(tmp_path, "umount", "mnt")
         _cleanup(tmp_path / "mnt")
+
+
+@pytest.mark.mount
+def test_a_hung_daemons_mount_is_answered_and_cleared_with_umount_z(tmp_path: Path) -> None:
+    """A daemon that does not answer (SIGSTOP): `zfuse reload` says so, `zfuse mount` onto
+    it says busy, and `zfuse umount -z` detaches it, each within seconds (they had lstat'ed
+    the mountpoint, waiting for the daemon for ever); a symbolic link to a live
+    mountpoint is that mountpoint (a second daemon had been stacked over the first)."""
+    import signal
+
+    stores.v3(tmp_path / "a.zarr")
+    (tmp_path / "mnt").mkdir()
+    (tmp_path / "link").symlink_to("mnt")
+    pid = None
+    try:
+        _background_mount(tmp_path, "a.zarr", "mnt")
+        stacked = run_in(tmp_path, "mount", "a.zarr", "link")
+        assert stacked.returncode == 1 and f"is busy (already a mount point: {tmp_path}/mnt)" in stacked.stderr
+        assert [e.mountpoint for e in _mounts_at(tmp_path / "mnt")] == [str(tmp_path / "mnt")]
+        pid = _daemon_pid(tmp_path / "mnt")
+        os.kill(pid, signal.SIGSTOP)
+        _wait_until_stat_waits(tmp_path / "mnt")  # (the kernel's cached attributes expired)
+        rl = run_in(tmp_path, "reload", "mnt")
+        assert rl.returncode == 1 and "does not answer" in rl.stderr, rl.stderr
+        busy = run_in(tmp_path, "mount", "a.zarr", "link")
+        assert busy.returncode == 1 and "is busy" in busy.stderr, busy.stderr
+        z = run_in(tmp_path, "umount", "-z", "link")
+        assert z.returncode == 0, z.stderr
+        assert _mounts_at(tmp_path / "mnt") == []
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+        run_in(tmp_path, "umount", "mnt")
+        _cleanup(tmp_path / "mnt")
+
+
+def _wait_until_stat_waits(path: Path) -> None:
+    """Until an lstat of `path` goes to its (stopped) daemon: no longer answered by the
+    kernel from the attributes it caches for a second."""
+    from zfuse.mounts import MountNotResponding, call_with_timeout
+
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            call_with_timeout(os.lstat, str(path), timeout=0.3)
+        except MountNotResponding:
+            return
+    raise AssertionError(f"{path}: still answered by the kernel's cache after 30 s")
+
+
+def _mounts_at(path: Path) -> list:
+    from zfuse.mounts import mount_table
+
+    return [e for e in mount_table() if e.mountpoint == str(path)]
 
 
 @pytest.mark.mount

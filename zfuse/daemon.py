@@ -108,7 +108,22 @@ GC_YOUNG_THRESHOLD = 10_000  # allocations between young-generation collections 
 
 def check_mountpoint(mountpoint: str) -> str | None:
     """Refuse a mountpoint that cannot be used, saying why and what to do; return a
-    warning to show if it can be used but something is off (a non-empty directory)."""
+    warning to show if it can be used but something is off (a non-empty directory).
+
+    A mountpoint is looked up in the mount table as the table spells it (symbolic links
+    followed: one to a live mount had a second daemon stacked over the first) before it
+    is stat'ed, so a hung daemon's mount is refused as busy, not waited for."""
+    from zfuse.mounts import find_mount
+
+    entry = find_mount(mountpoint)
+    if entry is not None:
+        if _is_stale(entry.mountpoint):
+            raise SystemExit(
+                f"zfuse: mountpoint {mountpoint} is a stale mount: the zfuse daemon that served it "
+                f"is gone (Transport endpoint is not connected); clear it with: "
+                f"zfuse umount -z {mountpoint}")
+        raise SystemExit(f"zfuse: mountpoint {mountpoint} is busy (already a mount point"
+                         f"{'' if entry.mountpoint == os.path.abspath(mountpoint) else ': ' + entry.mountpoint})")
     try:
         st = os.stat(mountpoint)
     except FileNotFoundError:

@@ -59,10 +59,30 @@ def mount_table(path: str = "/proc/self/mountinfo") -> list[MountEntry]:
     return entries
 
 
+#: symbolic links `normalise` follows at most (the kernel's own bound)
+LINKS_FOLLOWED = 40
+
+
 def normalise(mountpoint: str) -> str:
-    """The absolute path as the mount table spells it (symlinks resolved; a stale
-    mountpoint cannot be stat'ed, so realpath keeps it as given)."""
-    return os.path.realpath(os.path.abspath(mountpoint))
+    """The absolute path as the mount table spells it: its directory resolved, then the
+    path itself followed while it is a symbolic link, never stat'ing a path the mount
+    table holds (realpath lstat'ed the mountpoint, which asks its daemon: `zfuse umount`
+    and `zfuse reload` of a hung daemon's mount hung with it; a stale one keeps its name)."""
+    mounted = {entry.mountpoint for entry in mount_table()}
+    path = os.path.abspath(mountpoint)
+    for _ in range(LINKS_FOLLOWED):
+        parent, name = os.path.split(path)
+        if not name:
+            return path
+        path = os.path.join(os.path.realpath(parent), name)
+        if path in mounted:
+            return path
+        try:
+            target = os.readlink(path)  # (a link is no mount: its own directory's, no daemon asked)
+        except OSError:
+            return path  # not a link (or nothing there)
+        path = os.path.normpath(os.path.join(parent, target))
+    return path
 
 
 def find_mount(mountpoint: str) -> MountEntry | None:
