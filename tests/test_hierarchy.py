@@ -600,7 +600,7 @@ def test_a_multiscale_of_ten_thousand_datasets_opens_the_first_64_together(
     before: each dataset's group opened one after another with the listing, a request
     each, under the group's lock): the first MULTISCALE_LEVELS_MAX are taken, and a big
     group opens them in one batch, side by side; the rest of the group is as it was."""
-    from zfuse.view.tiff_meta import MULTISCALE_LEVELS_MAX
+    from zfuse.view.ome_zarr import MULTISCALE_LEVELS_MAX
 
     src = tmp_path / "ms.zarr"
     root = zarr.open_group(str(src), mode="w")

@@ -162,7 +162,7 @@ def test_ngff_zarr_in_nanometres_and_milliseconds_reads_right_in_every_reader(tm
         assert float(bf["TimeIncrement"]) == pytest.approx(0.03) and bf["TimeIncrementUnit"] == "s", bf
     with tifffile.TiffFile(level / "image.ome.tif") as tf:
         image_el = ET.fromstring(tf.pages[0].description).find(f"{OME}Image")
-    assert image_el is not None and image_el.get("Name") == "cells, level scale0"
+    assert image_el is not None and image_el.get("Name") == "cells, level 0"
     pixels = image_el.find(f"{OME}Pixels")
     assert pixels is not None
     assert [c.get("Name") for c in pixels.findall(f"{OME}Channel")] == ["DAPI", "GFP"]

@@ -16,8 +16,8 @@ import xml.etree.ElementTree as ET
 import pytest
 import tifffile
 
+from zfuse.view.ome_zarr import fitted_ome, ome_axes, ome_datasets
 from zfuse.view.tiff import build_header, plan_layout
-from zfuse.view.tiff_meta import fitted_ome, ome_axes, ome_datasets
 from zfuse.view.units import micrometres, seconds, unit_of
 from zfuse.view.whole_image.ome import ome_xml
 
@@ -140,3 +140,39 @@ def test_an_image_named_by_omero_where_its_multiscale_names_none() -> None:
     attrs = {"multiscales": [{"name": "/", "datasets": [{"path": "0"}]}], "omero": {"name": "cells"}}
     assert multiscale_name(attrs) == "cells" and ome_datasets(attrs)["0"]["image"]["name"] == "cells"
     assert multiscale_name({"multiscales": [{"name": " ", "datasets": []}]}) is None
+
+
+def test_review_cases_of_calibration() -> None:
+    """[read-14] a z step of 10 km is stated in micrometres (only a pixel size is bound
+    by what a TIFF resolution holds: it had kept the store's unit, read as 10 µm); a
+    unit of the other kind states nothing (a time axis in nanometres had said
+    `tunit=nanometer`); an empty unit is no unit (the size had been left out)."""
+    ij, _ = _calibration([None, "kilometer", "meter", "meter"], [1, 10, 10, 10])
+    assert ij["spacing"] == pytest.approx(1e10) and "zunit" not in ij and ij["unit"] == "micron"
+    ij, _ = _calibration(["nanometer", "second", "nm", "nm"], [5, 2.0, 1, 1])
+    assert "finterval" not in ij and "tunit" not in ij and "spacing" not in ij
+    p = _pixels(["t", "z", "y", "x"], [None, None, "", ""], [1.0, 2.0, 4.0, 4.0])
+    assert (p.get("PhysicalSizeX"), p.get("PhysicalSizeXUnit")) == ("4.0", None)
+
+
+def test_ome_zarr_0_6_axes_are_those_of_the_system_the_datasets_lead_to() -> None:
+    """[read-14] OME-Zarr 0.6: the coordinate system the datasets' scales name as their
+    `output`, not the first listed (a "world" system in millimetres, x before y, had
+    given a 10**6 calibration error, rows and columns swapped)."""
+    attrs = {"ome": {"version": "0.6", "multiscales": [{
+        "coordinateSystems": [
+            {"name": "world", "axes": [{"name": "x", "unit": "millimeter"}, {"name": "y", "unit": "millimeter"}]},
+            {"name": "physical", "axes": [{"name": "y", "unit": "nanometer"}, {"name": "x", "unit": "nanometer"}]}],
+        "datasets": [{"path": "s0", "coordinateTransformations": [
+            {"type": "scale", "scale": [65.0, 65.0], "input": "s0", "output": "physical"}]}]}]}}
+    ome = ome_axes(attrs, "s0")
+    assert ome["axes"] == ["y", "x"] and ome["units"] == ["nanometer", "nanometer"] and ome["scales"] == [65.0, 65.0]
+
+
+def test_every_level_of_a_nested_multiscale_is_named_by_its_place() -> None:
+    """[image-2] datasets `b/0` and `b/1`: "B, level 0" and "B, level 1" (both had been
+    "B, level b")."""
+    from zfuse.view.whole_image.image import _image_title
+
+    datasets = ome_datasets({"multiscales": [{"name": "/B/", "datasets": [{"path": "b/0"}, {"path": "b/1"}]}]})
+    assert [_image_title(("b", p), datasets[f"b/{p}"]["image"]) for p in ("0", "1")] == ["B, level 0", "B, level 1"]

@@ -233,7 +233,7 @@ def _multiscale_dataset_paths(directory: str) -> list[list[str]]:
     """The dataset paths of each OME-Zarr multiscale in the group metadata of `directory`
     (zarr.json, or v2's .zattrs), read to the metadata bound; [] if none."""
     from zfuse.ext.metadata_json import MAX_METADATA_BYTES, load_metadata
-    from zfuse.view.tiff_meta import MULTISCALE_LEVELS_MAX, MULTISCALES_MAX
+    from zfuse.view.ome_zarr import MULTISCALE_LEVELS_MAX, MULTISCALES_MAX
 
     found: list[list[str]] = []
     for doc_name in ("zarr.json", ".zattrs"):

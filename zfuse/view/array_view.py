@@ -51,6 +51,7 @@ from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.stats import Stats
 from zfuse.view.caches import BoundedLRU, SingleFlight, ViewCaches, owner_ident
 from zfuse.view.hierarchy import unsupported_metadata
+from zfuse.view.ome_zarr import fitted_ome
 from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, DirPage
 from zfuse.view.tiff import (
     MAX_FILE_SIZE,
@@ -60,7 +61,7 @@ from zfuse.view.tiff import (
     plan_layout,
     tiff_unsupported_reason,
 )
-from zfuse.view.tiff_meta import array_axis_names, fitted_ome, image_axes
+from zfuse.view.tiff_meta import array_axis_names, image_axes
 
 CHUNK_SUFFIX = ".tiff"
 _FIRST, _SECOND = operator.itemgetter(0), operator.itemgetter(1)

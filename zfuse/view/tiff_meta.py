@@ -32,6 +32,7 @@ from fractions import Fraction
 from typing import Any
 
 from zfuse.view import units
+from zfuse.view.ome_zarr import axis_role
 
 #: ASCII tag holding the chunk position as JSON (first IFD), besides DocumentName.
 #: PageName (285), a standard tag: a private tag (65000+) makes libtiff, and so
@@ -60,7 +61,7 @@ class HeaderMeta:
     file_axes: tuple[int, ...]
     image_axes: tuple[int, ...]  # the chunk axes that are rows and columns (`image_axes`)
     xres: tuple[int, int, int, int] | None  # XResolution num/den, YResolution num/den
-    unit: str | None  # of the columns (x), and of the rows and z where no unit of their own
+    unit: str | None  # of the columns (x): ImageJ's for the rows and z too, unless these say their own
     zspacing: float | None
     tinterval: float | None
     tunit: str | None
@@ -73,24 +74,6 @@ class HeaderMeta:
 
 def _digits(n: int) -> int:
     return len(str(max(int(n), 0)))
-
-
-# dimension names of channels beyond OME-Zarr's "c": xarray/rioxarray's "band", colours
-_CHANNEL_NAMES = ("c", "ch", "channel", "channels", "band", "bands", "rgb", "rgba", "color", "colour")
-
-
-_ROLE_OF_KIND = {"channel": "c", "time": "t", "space": "z"}
-_ROLE_OF_NAME = {**dict.fromkeys(_CHANNEL_NAMES, "c"), "t": "t", "time": "t", "z": "z"}
-
-
-def axis_role(name: object, kind: object) -> str | None:
-    """The role ("c", "z" or "t") of an axis that is not a row or column axis: its OME-Zarr
-    type, else its name (one table for the chunk files' ImageJ roles and OME-XML's Z/C/T)."""
-    if isinstance(kind, str) and kind.lower() in _ROLE_OF_KIND:
-        return _ROLE_OF_KIND[kind.lower()]
-    if isinstance(name, str) and name:
-        return _ROLE_OF_NAME.get(name.lower())
-    return None
 
 
 _IJ_RANK = {"t": 0, "z": 1, "c": 2}  # ImageJ's page order: t slowest, c fastest
@@ -161,23 +144,28 @@ def _roles(
     return tuple(named[i] if i in big else None for i in range(ndim)), pages
 
 
-# a length ImageJ states in micrometres when a TIFF resolution (its inverse, a rational
-# of uint32s) holds it
-_MICRONS_STATED = (1.0 / _UINT32_MAX, float(_UINT32_MAX))
+# what a TIFF resolution (the inverse of a pixel's size: a rational of uint32s) can hold
+_RESOLUTION_RANGE = (1.0 / _UINT32_MAX, float(_UINT32_MAX))
 
 
-def _ij_calibration(scale: float | None, unit: object, kind: str) -> tuple[float | None, str | None]:
+def _ij_calibration(scale: float | None, unit: object, kind: str,
+                    resolution: bool = False) -> tuple[float | None, str | None]:
     """A scale and its unit as an ImageJ description states them: in micrometres
     ("micron") or seconds ("sec") when the unit is known (`units`: Bio-Formats reads an
-    ImageJ TIFF's calibration so, whatever unit it names); else as the store names it
-    (ImageJ shows that; other readers assume micrometres), or with no unit."""
+    ImageJ TIFF's calibration so, whatever unit it names), a pixel size (`resolution`)
+    only where a TIFF resolution holds it; else as the store names it (ImageJ shows
+    that; other readers assume micrometres), or with no unit where the store says none.
+    A unit of the other kind (a time on a length axis) states nothing."""
     if scale is None:
+        return None, None
+    known = units.unit_of(unit)
+    if known is not None and known.kind != kind:
         return None, None
     converted = units.in_unit_size(scale, unit, kind)
     if converted is not None:
         if kind == "time":
             return converted, "sec"
-        if _MICRONS_STATED[0] <= converted <= _MICRONS_STATED[1]:
+        if not resolution or _RESOLUTION_RANGE[0] <= converted <= _RESOLUTION_RANGE[1]:
             return converted, "micron"
     named = unit if isinstance(unit, str) and _SAFE_UNIT.match(unit) else None
     return scale, named
@@ -237,8 +225,8 @@ def plan_meta(
     un = list(units) if units is not None else [None] * ndim
     xres = unit = yunit = zspacing = zunit = tinterval = tunit = None
     if scales is not None and ndim >= 1:
-        xs, unit = _ij_calibration(sc[image[-1]], un[image[-1]], "length")
-        ys, yunit = _ij_calibration(sc[image[0]], un[image[0]], "length")
+        xs, unit = _ij_calibration(sc[image[-1]], un[image[-1]], "length", resolution=True)
+        ys, yunit = _ij_calibration(sc[image[0]], un[image[0]], "length", resolution=True)
         xres = (*_rational(1.0 / (xs or 1.0)), *_rational(1.0 / (ys or 1.0)))
         if roles is not None:
             names = list(axes) if axes is not None else [None] * ndim
@@ -335,116 +323,3 @@ def imagej_description(meta: HeaderMeta, shape: Sequence[int]) -> tuple[str, lis
     if pages > 1:
         lines.append("loop=false")
     return "\n".join(lines) + "\n", fields
-
-
-def ome_axes(group_attrs: dict[str, Any], array_name: str) -> dict[str, Any] | None:
-    """Axis names/types/units and scales for `array_name` (a dataset path relative to
-    the group, or a member's name) from OME-Zarr multiscales in the group's attributes."""
-    datasets = ome_datasets(group_attrs)
-    if datasets is None:
-        return None
-    return datasets.get(array_name) or {**datasets[""], "scales": None}
-
-
-#: datasets of a multiscale taken (the first ones): far past any pyramid (2x per level),
-#: and a crafted list of a million is not a million lookups and copies
-MULTISCALE_LEVELS_MAX = 64
-
-
-#: multiscales of one group read (OME-Zarr lists one image's, bioformats2raw-like
-#: groups several): a crafted list of a million is not a million passes
-MULTISCALES_MAX = 64
-
-#: OME-Zarr 0.1 and 0.2 name no axes: every array is (t, c, z, y, x)
-_IMPLICIT_AXES = (["t", "c", "z", "y", "x"], ["time", "channel", "space", "space", "space"])
-
-
-def ome_datasets(group_attrs: dict[str, Any]) -> dict[str, dict[str, Any]] | None:
-    """{dataset path: axis names/types/units and scales} of the OME-Zarr multiscales in
-    a group's attributes (OME-Zarr 0.4 attributes, or 0.5's under "ome"), with the key
-    "" for the first multiscale's axes alone; None if the group has none. A dataset two
-    multiscales list takes the first's.
-
-    Dataset paths may be nested (ngff-zarr writes `scale0/image`): callers match them
-    against an array's path relative to the group. A scale is the dataset's scale
-    times the multiscale's own (OME-Zarr 0.4's multiscale-level transformations).
-    Each entry's "image" says which image it is a level of, for files of an array
-    below the group: the multiscale's name, the dataset's path and the group's
-    `omero` (channel names and colours)."""
-    attrs = group_attrs.get("ome", group_attrs)
-    multiscales = attrs.get("multiscales") if isinstance(attrs, dict) else None
-    if not multiscales or not isinstance(multiscales, list) or not isinstance(multiscales[0], dict):
-        return None
-    out: dict[str, dict[str, Any]] = {}
-    for ms in multiscales[:MULTISCALES_MAX]:
-        if isinstance(ms, dict):
-            for path, ome in _multiscale_datasets(ms, attrs.get("omero")).items():
-                out.setdefault(path, ome)
-    return out
-
-
-def _multiscale_axes(ms: dict[str, Any]) -> list[Any]:
-    """A multiscale's axes: its own (OME-Zarr 0.3-0.5), else those of the coordinate system
-    its datasets' scales lead to (0.6's `coordinateSystems`: the first)."""
-    axes = ms.get("axes")
-    if isinstance(axes, list):
-        return axes
-    systems = ms.get("coordinateSystems")
-    if isinstance(systems, list) and systems and isinstance(systems[0], dict):
-        axes = systems[0].get("axes")
-        if isinstance(axes, list):
-            return axes
-    return []  # (crafted: any JSON)
-
-
-def _multiscale_datasets(ms: dict[str, Any], omero: Any) -> dict[str, dict[str, Any]]:
-    axes = _multiscale_axes(ms)
-    names = [a.get("name") if isinstance(a, dict) else str(a) for a in axes]
-    types = [a.get("type") if isinstance(a, dict) else None for a in axes]
-    units = [a.get("unit") if isinstance(a, dict) else None for a in axes]
-    implied = not axes and ms.get("version") in ("0.1", "0.2")
-    if implied:
-        names, types = (list(v) for v in _IMPLICIT_AXES)
-    common = _scale_of(ms.get("coordinateTransformations"))
-    base = {"axes": names or None, "axis_types": types or None, "units": units or None, "scales": None,
-            "implied": implied}
-    out = {"": base}
-    name = image_name(ms, omero)
-    datasets = ms.get("datasets")
-    for ds in datasets[:MULTISCALE_LEVELS_MAX] if isinstance(datasets, list) else []:
-        if not isinstance(ds, dict) or not isinstance(ds.get("path"), str):
-            continue
-        scales = _scale_of(ds.get("coordinateTransformations"))
-        if scales is not None and common is not None and len(common) == len(scales):
-            scales = [a * b for a, b in zip(scales, common, strict=True)]
-        path = ds["path"].strip("/")
-        out.setdefault(path, {**base, "scales": scales, "image": {"name": name, "path": path, "omero": omero}})
-    return out
-
-
-def image_name(multiscale: dict[str, Any], omero: Any) -> str | None:
-    """An OME-Zarr image's name: its multiscale's `name`, else `omero`'s (aicsimageio names
-    its multiscale "/"); None if neither names it."""
-    for name in (multiscale.get("name"), omero.get("name") if isinstance(omero, dict) else None):
-        if isinstance(name, str) and name.strip(" /"):
-            return name
-    return None
-
-
-def fitted_ome(ome: dict[str, Any] | None, ndim: int) -> dict[str, Any] | None:
-    """`ome` for an array of `ndim` axes: axes OME-Zarr 0.1/0.2 imply (t, c, z, y, x) are
-    left out of an array that is not 5-d (a writer's slip: shown plain, as before,
-    where axes a store names wrongly are refused with the reason)."""
-    if ome is not None and ome.get("implied") and len(ome.get("axes") or ()) != ndim:
-        return {**ome, "axes": None, "axis_types": None, "implied": False}
-    return ome
-
-
-def _scale_of(transformations: Any) -> list[float] | None:
-    for t in transformations if isinstance(transformations, list) else []:
-        if isinstance(t, dict) and t.get("type") == "scale" and isinstance(t.get("scale"), list):
-            try:
-                return [float(v) for v in t["scale"]]
-            except (TypeError, ValueError, OverflowError):  # (OverflowError: a 400-digit integer)
-                return None
-    return None

@@ -55,8 +55,8 @@ from zfuse.view.members import (
     NeedsIO,
     OpenedMembers,
 )
+from zfuse.view.ome_zarr import ome_axes, ome_datasets
 from zfuse.view.source import LIST_PAGE, ChunkSource, Coords, ZarrChunkSource, store_access
-from zfuse.view.tiff_meta import ome_axes, ome_datasets
 from zfuse.view.whole_image import NAMES as IMAGE_NAMES
 
 if TYPE_CHECKING:

@@ -29,9 +29,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zfuse.stats import Stats
+from zfuse.view.ome_zarr import MULTISCALE_LEVELS_MAX, ome_axes
 from zfuse.view.tiff import tiff_unsupported_reason
 from zfuse.view.tiff_ifd import COMPRESSION_NONE
-from zfuse.view.tiff_meta import MULTISCALE_LEVELS_MAX, ome_axes
 from zfuse.view.whole_image.file import ImageFile
 from zfuse.view.whole_image.header import Counts, render
 from zfuse.view.whole_image.layout import (
@@ -487,12 +487,12 @@ class WholeImage(ImageFile):
 
 def _image_title(path: tuple[str, ...], image: dict[str, Any] | None) -> str:
     """The OME Image Name of an array's image.ome.tif: a level of a named multiscale is
-    the multiscale's name and the level ("cells, level 0"; ngff-zarr's `scale0/cells`:
-    "cells, level scale0"), else the array's name."""
+    the multiscale's name and the level, its place in the multiscale ("cells, level 0",
+    whatever its path: `s0`, ngff-zarr's `scale0/cells`), else the array's name."""
     if not path:
         return "image"
     if image and image.get("name"):
-        return f"{image['name']}, level {image['path'].split('/')[0]}"
+        return f"{image['name']}, level {image['level']}"
     return path[-1]
 
 

@@ -16,7 +16,7 @@ from xml.sax.saxutils import quoteattr
 
 import numpy as np
 
-from zfuse.view.tiff_meta import axis_role, image_name
+from zfuse.view.ome_zarr import axis_role, image_name
 from zfuse.view.units import unit_of
 from zfuse.view.whole_image.layout import image_dims
 
@@ -137,7 +137,7 @@ def ome_xml(
         if not math.isfinite(value) or value <= 0:
             return
         named = units[axis] if units and axis < len(units) else None
-        if named is None:  # (no unit said: OME's default, micrometres or seconds, as before)
+        if not named:  # (no unit said: OME's default, micrometres or seconds, as before)
             attrs.append((key, repr(value)))
             return
         unit = unit_of(named)

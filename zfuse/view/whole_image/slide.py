@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from zfuse.view.tiff_meta import _rational, axis_role, ome_datasets
+from zfuse.view.ome_zarr import axis_role, ome_datasets
+from zfuse.view.tiff_meta import _rational
 from zfuse.view.units import micrometres
 from zfuse.view.whole_image.layout import ImageAxes, Level
 
@@ -39,7 +40,7 @@ log = logging.getLogger("zfuse.view.image")
 
 SLIDE_NAME = "slide.tif"  # in OME-Zarr multiscale groups of uint8 grayscale or RGB
 
-# OME-Zarr length units -> micrometres
+
 @dataclass(frozen=True)
 class SlideLayout:
     """What an OpenSlide file's IFDs say beyond the levels: samples per pixel (1 or 3)
