@@ -678,3 +678,49 @@ def test_descriptions_name_what_cannot_be_a_source(tmp_path: Path) -> None:
     (tmp_path / "deep.json").write_text('{"zfuse_concat": 1, "axis": ' + "[" * 100_000 + "]" * 100_000 + "}")
     with pytest.raises(MetadataError, match="JSON nested 100001 deep"):
         load_concat(tmp_path / "deep.json")
+
+
+def test_a_listing_made_across_a_write_is_not_kept(tmp_path: Path) -> None:
+    """A directory listed while a write lands (the part listed, then the write forgets
+    the listings, then the listing is kept): the next listing shows the written chunk
+    (it stayed missing from `ls` until the next write)."""
+    from zfuse.view.concat_source import ConcatChunkSource
+
+    for n in ("a", "b"):
+        zarr.create_array(str(tmp_path / f"{n}.zarr"), shape=(2, 4), chunks=(2, 2), dtype="u1", fill_value=0)
+    source = ConcatChunkSource(concat([str(tmp_path / "a.zarr"), str(tmp_path / "b.zarr")], axis=0, mode="r+"))
+    part = source.parts[0]
+    listed_before = part.list_chunks
+
+    def list_then_a_write_lands() -> list:
+        listed = listed_before()
+        source.write_chunk((0, 1), np.full((2, 2), 7, "u1"))
+        return listed
+
+    part.list_chunks = list_then_a_write_lands  # type: ignore[method-assign]
+    _listing(source, ("c", "0"))
+    part.list_chunks = listed_before  # type: ignore[method-assign]
+    assert _listing(source, ("c", "0")) == [("1", (0, 1))]
+
+
+def test_a_row_of_a_concatenation_of_many_sources_lists_its_own_sources(tmp_path: Path) -> None:
+    """[hostile-10] one array named 20,000 times: it is listed once (each occurrence had
+    listed it again), and a row's directory looks at the sources of that row only."""
+    from zfuse.view.concat_source import ConcatChunkSource
+
+    zarr.create_array(str(tmp_path / "a.zarr"), shape=(1, 4), chunks=(1, 2), dtype="u1", fill_value=0)[0, :2] = 1
+    save_concat(tmp_path / "many.json", [tmp_path / "a.zarr"] * 20_000, axis=0)
+    source = ConcatChunkSource(load_concat(tmp_path / "many.json"))
+    listings = []
+    listed = source.parts[0].list_chunks
+
+    def counted() -> list:
+        listings.append(1)
+        return listed()
+
+    for part in source.parts:
+        part.list_chunks = counted  # type: ignore[method-assign]
+    assert _listing(source, ("c", "19999")) == [("0", (19999, 0))]
+    assert len(source._ranges) == 1 and len(listings) == 1  # (that row's source, listed once)
+    rows = _listing(source, ("c",))
+    assert len(rows) == 20_000 and len(listings) == 1

@@ -166,7 +166,7 @@ class ConcatArray:
         shape[axis] = sum(lengths)
         self.shape: tuple[int, ...] = tuple(int(n) for n in shape)
 
-    def _sources_between(self, lo: int, hi: int) -> range:
+    def sources_between(self, lo: int, hi: int) -> range:
         """The indexes of the sources that may overlap [lo, hi) along the axis: found by
         bisection over the offsets (a description may name 100,000 sources: a loop over
         them all cost 66 ms per chunk read)."""
@@ -297,7 +297,7 @@ class ConcatArray:
             base_src.append(slice(start, start + (count - 1) * step + 1, step))
             base_out.append(slice(0, count))
         start, count, step, _, _ = dims[self.axis]
-        for i in self._sources_between(start, start + (count - 1) * step + 1):
+        for i in self.sources_between(start, start + (count - 1) * step + 1):
             off, length = self.offsets[i], self.lengths[i]
             if length == 0:
                 continue
@@ -384,7 +384,7 @@ class ConcatArray:
         region = self.chunk_region(chunk_coords)
         lo, hi = region[self.axis].start, region[self.axis].stop
         out = []
-        for i in self._sources_between(lo, hi):
+        for i in self.sources_between(lo, hi):
             off, length = self.offsets[i], self.lengths[i]
             a, b = max(lo, off), min(hi, off + length)
             if a >= b:

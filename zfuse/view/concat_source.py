@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -47,9 +47,13 @@ class ConcatChunkSource(ChunkSource):
         self.parts = [ZarrChunkSource(src, name=n) for src, n in zip(array.sources, array.names, strict=True)]
         if not all(src.read_only for src in array.sources):
             _refuse_repeated_sources(self.parts)
-        # per part: its stored chunks as ranges of view chunks, (n, ndim, 2) [lo, hi); listed
-        # when a directory is first listed, kept until a write or `invalidate`
+        # per part: its stored chunks as ranges of view chunks, (n, ndim, 2) [lo, hi); and per
+        # source array (named again: listed once), its stored chunks. Listed when a directory
+        # is first listed, kept until a write or `invalidate` (`_generation`: a listing made
+        # across one is used once, not kept)
         self._ranges: dict[int, np.ndarray] = {}
+        self._listed: dict[int, np.ndarray] = {}
+        self._generation = 0
         self._ranges_guard = threading.Lock()
 
     def chunk_key(self, coords: Coords) -> str:
@@ -60,13 +64,15 @@ class ConcatChunkSource(ChunkSource):
 
     def _stored_ranges(self, index: int) -> np.ndarray:
         """Part `index`'s stored chunks as the view chunks each overlaps: an (n, ndim, 2)
-        array of [lo, hi) per axis (the part listed once, until `forget_listing`)."""
+        array of [lo, hi) per axis (its source array listed once, until `forget_listing`)."""
+        source = id(self.array.sources[index])
         with self._ranges_guard:
-            found = self._ranges.get(index)
+            found, coords, generation = self._ranges.get(index), self._listed.get(source), self._generation
         if found is not None:
             return found
         part, ndim = self.parts[index], len(self.shape)
-        coords = np.array(part.list_chunks(), dtype=np.int64).reshape(-1, ndim)
+        if coords is None:
+            coords = np.array(part.list_chunks(), dtype=np.int64).reshape(-1, ndim)
         start = coords * np.array(part.chunk_shape, dtype=np.int64)
         stop = np.minimum(start + np.array(part.chunk_shape, dtype=np.int64), np.array(part.shape, dtype=np.int64))
         start[:, self.array.axis] += self.array.offsets[index]
@@ -74,14 +80,24 @@ class ConcatChunkSource(ChunkSource):
         view = np.array(self.chunk_shape, dtype=np.int64)
         found = np.stack([start // view, -(-stop // view)], axis=2)
         with self._ranges_guard:
-            self._ranges[index] = found
+            if self._generation == generation:  # (no write meanwhile: else this listing may be stale)
+                self._listed[source] = coords
+                self._ranges[index] = found
         return found
 
     def _covered(self, fixed: Coords, axis: int) -> list[tuple[int, int]]:
         """The view chunk indexes along `axis` that stored chunks cover, among those whose
-        leading coordinates are `fixed` (axes 0 .. axis - 1): merged [lo, hi) runs."""
+        leading coordinates are `fixed` (axes 0 .. axis - 1): merged [lo, hi) runs. Where
+        `fixed` pins the concatenation axis, only the sources of that row are looked at
+        (found by bisection: a description may name 100,000)."""
+        concat_axis = self.array.axis
+        if concat_axis < len(fixed):
+            c = self.chunk_shape[concat_axis]
+            indexes: Iterable[int] = self.array.sources_between(fixed[concat_axis] * c, (fixed[concat_axis] + 1) * c)
+        else:
+            indexes = range(len(self.parts))
         runs: list[np.ndarray] = []
-        for index in range(len(self.parts)):
+        for index in indexes:
             ranges = self._stored_ranges(index)
             keep = np.ones(len(ranges), dtype=bool)
             for k, c in enumerate(fixed):
@@ -143,8 +159,6 @@ class ConcatChunkSource(ChunkSource):
                         found.append((*fixed, i))
                     else:
                         walk((*fixed, i))
-                        if len(found) > LISTED_MAX:
-                            return
 
         walk(())
         return found
@@ -156,11 +170,18 @@ class ConcatChunkSource(ChunkSource):
 
     def _part_chunks(self, coords: Coords) -> Iterator[tuple[ZarrChunkSource, Coords]]:
         """(part, its chunk) of every source chunk view chunk `coords` overlaps."""
-        for index, src_region, _ in self.array.chunk_sources(coords):
+        for part, c, _, _ in self._source_chunks(coords):
+            yield part, c
+
+    def _source_chunks(self, coords: Coords) -> Iterator[tuple[ZarrChunkSource, Coords, tuple[slice, ...],
+                                                               tuple[slice, ...]]]:
+        """(part, its chunk, the part's region of view chunk `coords`, that region in the
+        view) of every source chunk the view chunk overlaps."""
+        for index, src_region, view_region in self.array.chunk_sources(coords):
             part = self.parts[index]
             ranges = [range(r.start // c, -(-r.stop // c)) for r, c in zip(src_region, part.chunk_shape, strict=True)]
             for c in itertools.product(*ranges):
-                yield part, c
+                yield part, c, src_region, view_region
 
     def part_key_names(self, coords: Coords, most: int = 4) -> list[str]:
         """The source chunks behind view chunk `coords`, as messages name them (each
@@ -208,20 +229,16 @@ class ConcatChunkSource(ChunkSource):
         # zarr's indexing had decoded a 64 KB zstd frame into 2 GiB)
         out = np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
         origin = [r.start for r in self.chunk_region(coords)]
-        for index, src_region, view_region in self.array.chunk_sources(coords):
-            part = self.parts[index]
-            ranges = [range(r.start // c, -(-r.stop // c)) for r, c in zip(src_region, part.chunk_shape, strict=True)]
-            for c in itertools.product(*ranges):
-                stored = part.chunk_region(c)
-                inside = [slice(max(a.start, b.start), min(a.stop, b.stop)) for a, b in zip(stored, src_region,
-                                                                                           strict=True)]
-                if any(r.start >= r.stop for r in inside):
-                    continue
-                values = part.read_chunk(c)
-                src = tuple(slice(r.start - s.start, r.stop - s.start) for r, s in zip(inside, stored, strict=True))
-                dst = tuple(slice(r.start - s.start + v.start - o, r.stop - s.start + v.start - o)
-                            for r, s, v, o in zip(inside, src_region, view_region, origin, strict=True))
-                out[dst] = values[src]
+        for part, c, src_region, view_region in self._source_chunks(coords):
+            stored = part.chunk_region(c)
+            inside = [slice(max(a.start, b.start), min(a.stop, b.stop)) for a, b in zip(stored, src_region, strict=True)]
+            if any(r.start >= r.stop for r in inside):
+                continue
+            values = part.read_chunk(c)
+            src = tuple(slice(r.start - s.start, r.stop - s.start) for r, s in zip(inside, stored, strict=True))
+            dst = tuple(slice(r.start - s.start + v.start - o, r.stop - s.start + v.start - o)
+                        for r, s, v, o in zip(inside, src_region, view_region, origin, strict=True))
+            out[dst] = values[src]
         return out
 
     def write_chunk(self, coords: Coords, data: np.ndarray) -> None:
@@ -276,13 +293,15 @@ class ConcatChunkSource(ChunkSource):
         super().forget_listing()
         with self._ranges_guard:
             self._ranges.clear()
+            self._listed.clear()
+            self._generation += 1
 
     def use_index_cache(self, cache: Any) -> None:
         for part in self.parts:
             part.use_index_cache(cache)
 
     def invalidate(self) -> None:
-        super().invalidate()  # the whole-array listing `iter_chunk_dir` falls back on
+        super().invalidate()  # (and `forget_listing`: the sources' listings kept)
         for part in self.parts:
             part.invalidate()
 
