@@ -645,3 +645,22 @@ def test_remote_sources_say_what_to_install_and_refuse_writes_without_conditions
     secret = run("mount", "https://someone:s3cr3t@127.0.0.1:1/a.zarr", str(mnt))
     assert secret.returncode == 1 and "s3cr3t" not in secret.stderr and "https://127.0.0.1:1/a.zarr" in secret.stderr
     assert not os.path.ismount(mnt)
+
+
+def test_a_mountpoint_is_named_as_the_kernel_resolves_it(tmp_path: Path, monkeypatch) -> None:
+    """`zfuse umount`, `reload`, `status` and `mount` find a mountpoint given through
+    symbolic links as the kernel resolves it (as realpath does), without stat'ing it:
+    a relative link whose `..` climbs out of a linked directory, a link to a link, `..`
+    after a linked directory, a trailing slash (a normpath had dropped the linked
+    directory: a second daemon could stack over a live mount)."""
+    from zfuse.mounts import normalise
+
+    (tmp_path / "real" / "dir").mkdir(parents=True)
+    (tmp_path / "real" / "mnt2").mkdir()
+    (tmp_path / "alias").symlink_to("real/dir")
+    (tmp_path / "real" / "dir" / "m").symlink_to("../mnt2")
+    (tmp_path / "l1").symlink_to("l2")
+    (tmp_path / "l2").symlink_to("alias/m")
+    monkeypatch.chdir(tmp_path)
+    for given in ("alias/m", str(tmp_path / "l1"), "alias/../real/mnt2/", "./real/./mnt2", "l2/"):
+        assert normalise(given) == os.path.realpath(given), given

@@ -140,7 +140,6 @@ def source_label(source: str) -> str:
     if "://" not in source:
         return source
     parts = urllib.parse.urlsplit(source)
-    if parts.username or parts.password:
-        host = (parts.hostname or "") + (f":{parts.port}" if parts.port else "")
-        return parts._replace(netloc=host).geturl()
+    if "@" in parts.netloc:
+        return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()  # (any port, parsed or not)
     return source

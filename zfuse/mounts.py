@@ -69,19 +69,24 @@ def normalise(mountpoint: str) -> str:
     table holds (realpath lstat'ed the mountpoint, which asks its daemon: `zfuse umount`
     and `zfuse reload` of a hung daemon's mount hung with it; a stale one keeps its name)."""
     mounted = {entry.mountpoint for entry in mount_table()}
-    path = os.path.abspath(mountpoint)
+    # absolute, but not normalised: `..` after a linked directory is the link target's
+    # parent, as the kernel resolves it (realpath, below), not the link's
+    path = os.path.join(os.getcwd(), mountpoint).rstrip("/") or "/"
     for _ in range(LINKS_FOLLOWED):
         parent, name = os.path.split(path)
-        if not name:
-            return path
-        path = os.path.join(os.path.realpath(parent), name)
+        if name in ("", ".", ".."):
+            return os.path.realpath(path)
+        parent = os.path.realpath(parent)
+        path = os.path.join(parent, name)
         if path in mounted:
             return path
         try:
             target = os.readlink(path)  # (a link is no mount: its own directory's, no daemon asked)
         except OSError:
             return path  # not a link (or nothing there)
-        path = os.path.normpath(os.path.join(parent, target))
+        # relative to the resolved directory, `..` and all: the next turn resolves it as
+        # the kernel does (a normpath had dropped a linked directory before a `..`)
+        path = os.path.join(parent, target)
     return path
 
 

@@ -257,8 +257,9 @@ def bound_non_streaming_responses() -> None:
 
 
 class RedirectRefusedError(OSError):
-    """An S3 request the server redirected to another host (aiohttp follows redirects,
-    botocore never does): not followed as the object's answer. EREMOTEIO."""
+    """A request the server redirected off its own server (an S3 one: aiohttp follows
+    redirects, botocore never does; an http(s) one: `_get_same_origin`), or in a loop:
+    not followed as the object's answer. EREMOTEIO."""
 
 
 def _redirect_refused(raw: Any) -> RedirectRefusedError | None:
@@ -375,15 +376,23 @@ REDIRECTS_MAX = 5
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
-def _origin(url: str) -> str:
-    parts = urllib.parse.urlsplit(url)
-    port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower())
-    return f"{parts.scheme.lower()}://{(parts.hostname or '').lower()}:{port}"
+def _same_server(url: str, target: str) -> bool:
+    """Whether `target` is on the server of `url`: the same scheme, host and port, or the
+    same host's https (an upgrade). A URL that does not parse (a port of 99999) is none."""
+    try:
+        a, b = urllib.parse.urlsplit(url), urllib.parse.urlsplit(target)
+        ports = {"http": 80, "https": 443}
+        here = (a.scheme.lower(), (a.hostname or "").lower(), a.port or ports.get(a.scheme.lower()))
+        there = (b.scheme.lower(), (b.hostname or "").lower(), b.port or ports.get(b.scheme.lower()))
+    except ValueError:
+        return False
+    return there == here or (here[0] == "http" and there[0] == "https" and there[1] == here[1]
+                             and there[2] == 443)
 
 
 async def _get_same_origin(fs: Any, url: str, options: dict[str, Any]) -> Any:
     """The response to a GET of `url` (to be used as an async context manager), with
-    redirects followed only within the store's own server (scheme, host and port): a
+    redirects followed only within the store's own server (`_same_server`): a
     chunk file had shown another server's bytes, any host or port a store's server
     named (the mount's `allow_redirects=False` keeps fsspec's own requests so too).
     RedirectRefusedError (EREMOTEIO) for any other redirect, or more than REDIRECTS_MAX."""
@@ -393,9 +402,13 @@ async def _get_same_origin(fs: Any, url: str, options: dict[str, Any]) -> Any:
         response = await session.get(fs.encode_url(here), **{**options, "allow_redirects": False})
         if response.status not in _REDIRECTS:
             return response
-        target = urllib.parse.urljoin(here, response.headers.get("Location", ""))
+        location = response.headers.get("Location", "")
         response.release()
-        if _origin(target) != _origin(url):
+        if not location:
+            raise RedirectRefusedError(errno.EREMOTEIO, f"{source_label(url)}: the server answered "
+                                       f"{response.status} with no Location: not followed")
+        target = urllib.parse.urljoin(here, location)
+        if not _same_server(url, target):
             raise RedirectRefusedError(errno.EREMOTEIO, f"{source_label(url)}: the server redirected it to "
                                        f"{source_label(target)}: not followed (the store's objects are its own)")
         here = target
