@@ -42,6 +42,9 @@ def describe_source(config: MountConfig) -> dict[str, Any]:
             # what ImageJ and Bio-Formats are told: roles and calibration (not the origins)
             item["imagej"] = [line for line in arr.layout.description.splitlines()[1:]
                               if not line.split("=")[0].endswith("origin") and not line.startswith("loop=")]
+            pixel = arr.layout.pixel_size()
+            if pixel is not None:  # (in the resolution tags, not the description)
+                item["imagej"].append(f"pixel={pixel[1]:.6g}x{pixel[0]:.6g}")
             try:
                 item["files"] = arr.count_files()
             except (ZfuseError, OSError) as e:  # (one corrupt shard index: that array's count, not the report)

@@ -940,8 +940,11 @@ def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] 
     if not os.path.isdir(path):
         # (zarr would try to make it a directory: "File exists"; a concat description
         # naming another description, or a TIFF given as a store, said only that)
-        raise MetadataError(f"{path}: not a directory, so no Zarr store (a concat description file is a "
-                            "source only on its own, not inside another concatenation)")
+        from zfuse.ext.concat import is_concat_description
+
+        nested = (" (a concat description file is a source only on its own, not inside another "
+                  "concatenation)") if is_concat_description(path) else ""
+        raise MetadataError(f"{path}: not a directory, so no Zarr store{nested}")
     return AtomicLocalStore(path, read_only=read_only, durable=durable)
 
 

@@ -226,6 +226,15 @@ class TiffLayout:
     def file_size(self) -> int:
         return self.header_size + self.data_size
 
+    def pixel_size(self) -> tuple[float, float] | None:
+        """(row height, column width) as the resolution tags state them (in the
+        description's `unit`), or None where there are none."""
+        xres = self._meta.xres
+        if xres is None:
+            return None
+        xn, xd, yn, yd = xres
+        return yd / yn, xd / xn
+
     @property
     def page_bytes(self) -> int:
         return self.rows * self.cols * self.dtype.itemsize
