@@ -41,6 +41,7 @@ class FetchedArray(Protocol):
     chunks_per_shard: tuple[int, ...]  # (sharded arrays only)
     access: Any  # `metered`: zfuse's metered store of the remote source, if any
     caches_ranges: bool  # the remote store keeps what it fetched on disk (`-o cache=DIR`)
+    codecs: Any  # `stored_max`: bytes a stored chunk is read up to (`ChunkCodecs`)
 
     def in_grid(self, coords: Coords) -> bool: ...
 
