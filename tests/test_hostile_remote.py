@@ -325,7 +325,8 @@ class _Hostile(http.server.SimpleHTTPRequestHandler):
     """Files of a directory, but `a/c/0/0` is an endless body and `a/c/0/1` is gzipped
     whatever the client asked; and what the test sets on the server: `redirects`
     {path: Location}, `wrong_ranges` (every range answered with the object's first bytes),
-    `cut_short` (paths whose body ends before its Content-Length), `forbidden` (403)."""
+    `cut_short` (paths whose body ends before its Content-Length), `forbidden` (403),
+    `failing` (500)."""
 
     def log_message(self, *args: object) -> None:
         pass
@@ -349,6 +350,9 @@ class _Hostile(http.server.SimpleHTTPRequestHandler):
             return
         if self.path in getattr(self.server, "forbidden", ()):
             self.send_error(403)
+            return
+        if self.path in getattr(self.server, "failing", ()):
+            self.send_error(500)
             return
         wrong = getattr(self.server, "wrong_ranges", False) and self.headers.get("Range")
         if wrong and re.fullmatch(r"bytes=\d+-\d+", wrong):  # a 206 of the object's first bytes, whatever range was asked
@@ -601,6 +605,24 @@ def test_an_answer_cut_short_or_refused_says_so(hostile_server) -> None:
     with pytest.raises(OSError, match=r"get a/c/1/1 refused: the server answered 403") as e:
         array.pixel_bytes((1, 1))
     assert e.value.errno == errno.EACCES
+
+
+def test_a_lookup_the_server_fails_is_no_missing_file(hostile_server) -> None:
+    """[read-12] the existence of an http(s) chunk (a lookup before any listing) that the
+    server answers 500 for is the server's failure (EREMOTEIO), not "no such file"
+    (fsspec's exists answered False for any failure); a missing one is still none."""
+    root, url, server = hostile_server
+    _store(root / "s.zarr")
+    (root / "s.zarr" / "a" / "c" / "1" / "0").unlink()
+    server.failing = {"/s.zarr/a/c/0/0"}
+    view = make_view(MountConfig([f"{url}/s.zarr"], "/nonexistent", read_only=True))
+    view.list_dir(())
+    array = dict(view.arrays())[("a",)]
+    with pytest.raises(StoreServerError, match="exists a/c/0/0") as e:
+        array.source.chunk_exists((0, 0))
+    assert e.value.errno == errno.EREMOTEIO
+    # (one stored gzip-encoded: there all the same)
+    assert array.source.chunk_exists((1, 1)) and not array.source.chunk_exists((1, 0))
 
 
 def test_an_encoded_body_is_decoded_in_time_linear_in_it() -> None:

@@ -512,6 +512,22 @@ async def get_http_range(fs: Any, url: str, byte_range: ByteRequest) -> bytes | 
         return await _range_of_whole_object(response.content, byte_range)
 
 
+async def http_exists(fs: Any, url: str) -> bool:
+    """Whether the http(s) object at `url` exists: its answer's status alone (one byte
+    asked for, none read; a 404 is none, a failure raises). fsspec's exists answered
+    False for any failure: a server failing a lookup had read as "no such file"."""
+    options = dict(fs.kwargs)
+    options["headers"] = {**options.get("headers", {}), "Range": "bytes=0-0"}
+    async with await _get_same_origin(fs, url, options) as response:
+        if response.status == 416:
+            return True  # (an empty object: no byte 0)
+        try:
+            fs._raise_not_found_for_status(response, url)
+        except FileNotFoundError:
+            return False
+        return True
+
+
 def _http_range(byte_range: ByteRequest | None) -> str | None:
     if byte_range is None:
         return None

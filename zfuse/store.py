@@ -48,6 +48,7 @@ from zfuse.remote_objects import (
     bound_http_listings,
     get_http_object,
     get_http_range,
+    http_exists,
     http_status,
     request_answers,
 )
@@ -620,6 +621,9 @@ class MeteredStore(WrapperStore[Store]):
             self._remember(key, version)
             return found  # (an object with no version to trust is there all the same)
         self.stats.count("store_exists")
+        if self._http_fs is not None:  # (fsspec's answers False for any failure)
+            url = f"{self._store.path.rstrip('/')}/{key}"
+            return await self._bounded(http_exists(self._http_fs, url), "exists", key)
         return await self._bounded(self._store.exists(key), "exists", key)
 
     @property
