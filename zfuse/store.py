@@ -955,7 +955,8 @@ def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] 
 #: the package each remote protocol's fsspec filesystem comes from, and zfuse's extra
 #: that installs it (`pip install 'zfuse[remote]'`; `make setup` installs them)
 _PACKAGES = {"s3": ("s3fs", "remote"), "s3a": ("s3fs", "remote"), "http": ("aiohttp", "remote"),
-             "https": ("aiohttp", "remote"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs")}
+             "https": ("aiohttp", "remote"), "gs": ("gcsfs", "gcs"), "gcs": ("gcsfs", "gcs"),
+             "az": ("adlfs", "az"), "abfs": ("adlfs", "az")}
 
 
 def _check_package(protocol: str, source: str) -> None:
