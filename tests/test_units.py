@@ -176,3 +176,18 @@ def test_every_level_of_a_nested_multiscale_is_named_by_its_place() -> None:
 
     datasets = ome_datasets({"multiscales": [{"name": "/B/", "datasets": [{"path": "b/0"}, {"path": "b/1"}]}]})
     assert [_image_title(("b", p), datasets[f"b/{p}"]["image"]) for p in ("0", "1")] == ["B, level 0", "B, level 1"]
+
+
+def test_crafted_coordinate_systems_are_read_as_far_as_they_make_sense() -> None:
+    """[hostile-8] OME-Zarr 0.6 attributes of the wrong JSON types (an `output` that is a
+    list, transformations that are a number, systems that are strings): the axes of the
+    first system that is one, or none; never an exception (it was a TypeError)."""
+    for attrs in (
+        {"multiscales": [{"coordinateSystems": [{"name": "p", "axes": [{"name": "y"}, {"name": "x"}]}],
+                          "datasets": [{"path": "s0", "coordinateTransformations": [{"output": [1, 2]}]}]}]},
+        {"multiscales": [{"coordinateSystems": [{"name": ["p"], "axes": [{"name": "y"}, {"name": "x"}]}],
+                          "datasets": [{"path": "s0", "coordinateTransformations": -1}, 3]}]},
+        {"ome": {"multiscales": [{"coordinateSystems": ["Mm", 1e308, {"name": "q", "axes": 5}], "datasets": None}]}},
+    ):
+        datasets = ome_datasets(attrs)
+        assert datasets is not None and datasets[""]["axes"] in (["y", "x"], None)

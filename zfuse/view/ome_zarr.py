@@ -83,14 +83,17 @@ def _multiscale_axes(ms: dict[str, Any]) -> list[Any]:
     axes = ms.get("axes")
     if isinstance(axes, list):
         return axes
-    systems = [s for s in ms.get("coordinateSystems") or [] if isinstance(s, dict)] \
-        if isinstance(ms.get("coordinateSystems"), list) else []
+    systems = ms.get("coordinateSystems")
+    systems = [s for s in systems if isinstance(s, dict)] if isinstance(systems, list) else []
     if not systems:
         return []  # (crafted: any JSON)
-    outputs = {t.get("output") for ds in ms.get("datasets") or [] if isinstance(ds, dict)
-               for t in ds.get("coordinateTransformations") or [] if isinstance(t, dict)} \
-        if isinstance(ms.get("datasets"), list) else set()
-    chosen = next((s for s in systems if s.get("name") in outputs), systems[0])
+    outputs: set[str] = set()
+    for ds in ms.get("datasets") if isinstance(ms.get("datasets"), list) else []:
+        transforms = ds.get("coordinateTransformations") if isinstance(ds, dict) else None
+        for t in transforms if isinstance(transforms, list) else []:
+            if isinstance(t, dict) and isinstance(t.get("output"), str):
+                outputs.add(t["output"])
+    chosen = next((s for s in systems if isinstance(s.get("name"), str) and s["name"] in outputs), systems[0])
     axes = chosen.get("axes")
     return axes if isinstance(axes, list) else []
 
