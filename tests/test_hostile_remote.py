@@ -625,6 +625,25 @@ def test_a_lookup_the_server_fails_is_no_missing_file(hostile_server) -> None:
     assert array.source.chunk_exists((1, 1)) and not array.source.chunk_exists((1, 0))
 
 
+def test_a_lookup_the_server_fails_costs_that_member_only(hostile_server, tmp_path: Path) -> None:
+    """[tree-5] the server failing one lookup of a group's member (an implicit group's
+    `.zarray`) makes that member a problem, shown so; the group is listed (its whole
+    listing had failed with the lookup). With `-o cache=` a failed chunk lookup is the
+    server's failure too, not "no such file"."""
+    root, url, server = hostile_server
+    _store(root / "s.zarr")
+    zarr.create_array(str(root / "s.zarr" / "A" / "b"), shape=(4,), chunks=(4,), dtype="u1", fill_value=0)
+    server.failing = {"/s.zarr/A/.zarray", "/s.zarr/a/c/0/0"}
+    view = make_view(MountConfig([f"{url}/s.zarr"], "/nonexistent", read_only=True))
+    assert {name for name, _ in view.list_dir(())} >= {"a", "A"}
+    assert [p.path for p in view.problems] == ["A"]
+    cached = make_view(MountConfig([f"{url}/s.zarr"], "/nonexistent", read_only=True,
+                                   storage_options={"zfuse_cache": str(tmp_path / "cache")}))
+    cached.list_dir(())
+    with pytest.raises(StoreServerError, match="a/c/0/0"):
+        dict(cached.arrays())[("a",)].source.chunk_exists((0, 0))
+
+
 def test_an_encoded_body_is_decoded_in_time_linear_in_it() -> None:
     """[hostile-12] a gzip body of many empty members (8 MiB of them held the event loop
     for 6 minutes: the rest of the body was copied at every member) is refused past

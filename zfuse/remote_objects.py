@@ -512,20 +512,33 @@ async def get_http_range(fs: Any, url: str, byte_range: ByteRequest) -> bytes | 
         return await _range_of_whole_object(response.content, byte_range)
 
 
-async def http_exists(fs: Any, url: str) -> bool:
-    """Whether the http(s) object at `url` exists: its answer's status alone (one byte
-    asked for, none read; a 404 is none, a failure raises). fsspec's exists answered
-    False for any failure: a server failing a lookup had read as "no such file"."""
+async def http_head(fs: Any, url: str) -> tuple[bool, dict[str, Any]]:
+    """Whether the http(s) object at `url` exists, and what its answer says of it (ETag,
+    Last-Modified, size: `_version_of` reads them): its answer's status alone (one byte
+    asked for, none read; a 404 is none, a failure raises). fsspec's exists and info
+    answered "none" for any failure: a server failing a lookup had read as "no such file"."""
     options = dict(fs.kwargs)
     options["headers"] = {**options.get("headers", {}), "Range": "bytes=0-0"}
     async with await _get_same_origin(fs, url, options) as response:
-        if response.status == 416:
-            return True  # (an empty object: no byte 0)
-        try:
-            fs._raise_not_found_for_status(response, url)
-        except FileNotFoundError:
-            return False
-        return True
+        if response.status != 416:  # (an empty object: no byte 0)
+            try:
+                fs._raise_not_found_for_status(response, url)
+            except FileNotFoundError:
+                return False, {}
+        info: dict[str, Any] = {key: response.headers[key] for key in ("ETag", "Last-Modified")
+                                if key in response.headers}
+        total = str(response.headers.get("Content-Range", "")).rpartition("/")[2]
+        if total.isdigit():
+            info["size"] = int(total)
+        elif response.status == 200 and response.content_length is not None:
+            info["size"] = response.content_length  # (a server without ranges: the whole object's)
+        return True, info
+
+
+async def http_exists(fs: Any, url: str) -> bool:
+    """Whether the http(s) object at `url` exists (`http_head`)."""
+    found, _ = await http_head(fs, url)
+    return found
 
 
 def _http_range(byte_range: ByteRequest | None) -> str | None:
@@ -639,6 +652,9 @@ class RemoteObjects:
         """(whether `key` is an object, its current version: None where the store gives
         none to trust)."""
         await self._observe()
+        if self.http:  # (fsspec's info answered "none" for any failure, and took a 3xx for the object)
+            found, info = await http_head(self.fs, self.path(key))
+            return found, _version_of(info) if found else None
         try:
             info = await self.fs._info(self.path(key))
         except FileNotFoundError:

@@ -228,12 +228,18 @@ async def _members(group: Any, names: list[str]) -> list[tuple[str, Member]]:
             try:
                 node = await group.getitem(name)
             except KeyError as exc:
-                if await _has_own_metadata(group, name):
-                    # zarr-python reports a missing field (fill_value) as KeyError
-                    return name, exc
-                return name, await _implicit_group(group, name)
+                try:
+                    if await _has_own_metadata(group, name):
+                        # zarr-python reports a missing field (fill_value) as KeyError
+                        return name, exc
+                    return name, await _implicit_group(group, name)
+                except Exception as again:  # (a lookup the store failed: this member's problem)
+                    return name, again
             except Exception as exc:
-                return name, await _retry_without_consolidated(group, name, exc)
+                try:
+                    return name, await _retry_without_consolidated(group, name, exc)
+                except Exception as again:
+                    return name, again
         if isinstance(node, zarr.AsyncGroup):
             return name, zarr.Group(node)
         try:

@@ -649,7 +649,10 @@ def build_view(
         return HierarchyNode("array", array=view, metadata=None)  # (made when first read)
 
     def failed_node(group: zarr.Group, name: str, exc: BaseException, path: tuple[str, ...]) -> HierarchyNode:
-        doc = stored_metadata(group.store_path.store, "/".join(p for p in (group.path, name) if p))
+        try:
+            doc = stored_metadata(group.store_path.store, "/".join(p for p in (group.path, name) if p))
+        except Exception:  # (the store failing that read too: the member's own failure says why)
+            doc = None
         kind = node_type_of(doc) or "array"
         reason = unsupported_reason(shown_path(path), exc, doc)
         return not_shown(path, kind, reason, unsupported_metadata(doc, reason))
