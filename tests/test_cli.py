@@ -664,5 +664,13 @@ def test_a_mountpoint_is_named_as_the_kernel_resolves_it(tmp_path: Path, monkeyp
     (tmp_path / "l1").symlink_to("l2")
     (tmp_path / "l2").symlink_to("alias/m")
     monkeypatch.chdir(tmp_path)
-    for given in ("alias/m", str(tmp_path / "l1"), "alias/../real/mnt2/", "./real/./mnt2", "l2/"):
+    (tmp_path / "dots").symlink_to("real/mnt2/.")
+    for given in ("alias/m", str(tmp_path / "l1"), "alias/../real/mnt2/", "./real/./mnt2", "l2/", "real/mnt2/.",
+                  "dots", "/" + str(tmp_path / "l1"), "alias/m/..", "real/mnt2/../dir/../mnt2"):
         assert normalise(given) == os.path.realpath(given), given
+    from zfuse.mounts import absolute
+
+    # what `zfuse mount` passes on: absolute, `..` left to the kernel (abspath had made
+    # alias/../x name another directory than the kernel's)
+    assert absolute("alias/../real/./mnt2/") == f"{tmp_path}/alias/../real/mnt2"
+    assert os.path.realpath(absolute("alias/../dir")) == str(tmp_path / "real" / "dir")

@@ -527,7 +527,8 @@ def test_http_redirects_stay_within_the_store_server(hostile_server) -> None:
             with pytest.raises(OSError, match=f"redirected it to {re.escape(target)}: not followed") as e:
                 array.pixel_bytes(coords)
             assert e.value.errno == errno.EREMOTEIO
-        for location, said in (("http://127.0.0.1:99999/x", "redirected it to"), ("", "with no Location")):
+        for location, said in (("http://127.0.0.1:99999/x", "redirected it to"), ("http://[::1/x", "redirected it to"),
+                               ("", "with no Location")):
             server.redirects["/s.zarr/a/c/0/0"] = location  # (a port no URL can have; none at all)
             with pytest.raises(OSError, match=said) as e:
                 array.pixel_bytes((0, 0))

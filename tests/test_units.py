@@ -167,6 +167,15 @@ def test_ome_zarr_0_6_axes_are_those_of_the_system_the_datasets_lead_to() -> Non
             {"type": "scale", "scale": [65.0, 65.0], "input": "s0", "output": "physical"}]}]}]}}
     ome = ome_axes(attrs, "s0")
     assert ome["axes"] == ["y", "x"] and ome["units"] == ["nanometer", "nanometer"] and ome["scales"] == [65.0, 65.0]
+    # the 0.6 schema's own spellings: `output` an object, a sequence of a scale and a translation
+    ms = attrs["ome"]["multiscales"][0]
+    for transform in ({"type": "scale", "scale": [65.0, 65.0], "input": "s0", "output": {"name": "physical"}},
+                      {"type": "sequence", "input": "s0", "output": {"name": "physical"}, "transformations": [
+                          {"type": "scale", "scale": [65.0, 65.0]}, {"type": "translation", "translation": [1, 1]}]}):
+        ms["datasets"][0]["coordinateTransformations"] = [transform]
+        ms["coordinateTransformations"] = [{"type": "scale", "scale": [1000.0, 1000.0], "output": "world"}]
+        ome = ome_axes(attrs, "s0")
+        assert ome["axes"] == ["y", "x"] and ome["scales"] == [65.0, 65.0], transform
 
 
 def test_every_level_of_a_nested_multiscale_is_named_by_its_place() -> None:

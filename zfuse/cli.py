@@ -184,10 +184,11 @@ def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
     if args.concat is None and len(args.sources) != 1:
         print("zfuse: several SOURCEs need --concat AXIS", file=sys.stderr)
         return 2
+    from zfuse.mounts import absolute
+
     # local paths absolute: the daemon leaves the caller's working directory
-    sources = [s if "://" in s else os.path.abspath(s) for s in args.sources]
-    config = MountConfig(sources=sources, mountpoint=os.path.abspath(args.mountpoint),
-                         concat_axis=args.concat)
+    sources = [s if "://" in s else absolute(s) for s in args.sources]
+    config = MountConfig(sources=sources, mountpoint=absolute(args.mountpoint), concat_axis=args.concat)
     try:
         apply_mount_options(config, args.options)
     except (ValueError, argparse.ArgumentTypeError) as e:
@@ -196,7 +197,7 @@ def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
     if args.cache_size is not None:
         config.cache_bytes = args.cache_size
     if args.log_file is not None:
-        config.log_file = os.path.abspath(os.path.expanduser(args.log_file))
+        config.log_file = absolute(args.log_file)
     config.all_chunks |= args.all_chunks
     config.crop_edges |= args.crop_edges
     if not args.foreground:

@@ -139,7 +139,12 @@ def source_label(source: str) -> str:
     mount's message)."""
     if "://" not in source:
         return source
-    parts = urllib.parse.urlsplit(source)
+    try:
+        parts = urllib.parse.urlsplit(source)
+    except ValueError:  # (no URL: "http://[::1/x"): its credentials cut out as text
+        scheme, _, rest = source.partition("://")
+        host, slash, path = rest.partition("/")
+        return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}"
     if "@" in parts.netloc:
         return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()  # (any port, parsed or not)
     return source

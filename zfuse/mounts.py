@@ -63,6 +63,15 @@ def mount_table(path: str = "/proc/self/mountinfo") -> list[MountEntry]:
 LINKS_FOLLOWED = 40
 
 
+def absolute(path: str) -> str:
+    """`path` made absolute as the kernel would walk it: `.` and repeated slashes dropped,
+    `..` kept (after a symbolic link it is the link target's parent: abspath's lexical
+    `a/..` had named another directory than the kernel's)."""
+    joined = os.path.join(os.getcwd(), os.path.expanduser(path))
+    parts = [p for p in joined.split("/") if p not in ("", ".")]
+    return "/" + "/".join(parts)
+
+
 def normalise(mountpoint: str) -> str:
     """The absolute path as the mount table spells it: its directory resolved, then the
     path itself followed while it is a symbolic link, never stat'ing a path the mount
@@ -70,25 +79,34 @@ def normalise(mountpoint: str) -> str:
     and `zfuse reload` of a hung daemon's mount hung with it; a stale one keeps its name)."""
     mounted = {entry.mountpoint for entry in mount_table()}
     # absolute, but not normalised: `..` after a linked directory is the link target's
-    # parent, as the kernel resolves it (realpath, below), not the link's
-    path = os.path.join(os.getcwd(), mountpoint).rstrip("/") or "/"
-    for _ in range(LINKS_FOLLOWED):
+    # parent, as the kernel resolves it, not the link's
+    path = os.path.join(os.getcwd(), mountpoint)
+    return _resolve("/" + path.lstrip("/"), mounted, [LINKS_FOLLOWED])  # ("//x" is "/x" on Linux)
+
+
+def _resolve(path: str, mounted: set[str], links_left: list[int]) -> str:
+    """`path` resolved as the kernel resolves it, each component in turn, never stat'ing
+    one the mount table holds (`normalise`); `links_left`: links still to follow."""
+    while True:
         parent, name = os.path.split(path)
-        if name in ("", ".", ".."):
-            return os.path.realpath(path)
-        parent = os.path.realpath(parent)
+        if parent == path:
+            return path  # the root
+        if name in ("", "."):
+            path = parent
+            continue
+        if name == "..":
+            return os.path.dirname(_resolve(parent, mounted, links_left))
+        parent = _resolve(parent, mounted, links_left) if parent != os.path.dirname(parent) else parent
         path = os.path.join(parent, name)
-        if path in mounted:
+        if path in mounted or links_left[0] <= 0:
             return path
         try:
             target = os.readlink(path)  # (a link is no mount: its own directory's, no daemon asked)
         except OSError:
             return path  # not a link (or nothing there)
-        # relative to the resolved directory, `..` and all: the next turn resolves it as
-        # the kernel does (a normpath had dropped a linked directory before a `..`)
+        links_left[0] -= 1
         path = os.path.join(parent, target)
-    return path
-
+        path = "/" + path.lstrip("/")
 
 def find_mount(mountpoint: str) -> MountEntry | None:
     """The mount at `mountpoint` (the last one: mounts stack), or None."""

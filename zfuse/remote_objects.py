@@ -407,7 +407,10 @@ async def _get_same_origin(fs: Any, url: str, options: dict[str, Any]) -> Any:
         if not location:
             raise RedirectRefusedError(errno.EREMOTEIO, f"{source_label(url)}: the server answered "
                                        f"{response.status} with no Location: not followed")
-        target = urllib.parse.urljoin(here, location)
+        try:
+            target = urllib.parse.urljoin(here, location)
+        except ValueError:  # (no URL: "http://[::1/x")
+            target = location
         if not _same_server(url, target):
             raise RedirectRefusedError(errno.EREMOTEIO, f"{source_label(url)}: the server redirected it to "
                                        f"{source_label(target)}: not followed (the store's objects are its own)")

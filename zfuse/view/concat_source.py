@@ -301,9 +301,9 @@ class ConcatChunkSource(ChunkSource):
             part.use_index_cache(cache)
 
     def invalidate(self) -> None:
-        super().invalidate()  # (and `forget_listing`: the sources' listings kept)
-        for part in self.parts:
+        for part in self.parts:  # (first: a listing made meanwhile would use their old state)
             part.invalidate()
+        super().invalidate()  # (and `forget_listing`: the sources' listings kept)
 
 
 def _refuse_repeated_sources(parts: list[ZarrChunkSource]) -> None:

@@ -91,8 +91,11 @@ def _multiscale_axes(ms: dict[str, Any]) -> list[Any]:
     for ds in ms.get("datasets") if isinstance(ms.get("datasets"), list) else []:
         transforms = ds.get("coordinateTransformations") if isinstance(ds, dict) else None
         for t in transforms if isinstance(transforms, list) else []:
-            if isinstance(t, dict) and isinstance(t.get("output"), str):
-                outputs.add(t["output"])
+            output = t.get("output") if isinstance(t, dict) else None
+            if isinstance(output, dict):  # (the 0.6 schema's spelling: {"name": ...})
+                output = output.get("name")
+            if isinstance(output, str):
+                outputs.add(output)
     chosen = next((s for s in systems if isinstance(s.get("name"), str) and s["name"] in outputs), systems[0])
     axes = chosen.get("axes")
     return axes if isinstance(axes, list) else []
@@ -106,7 +109,9 @@ def _multiscale_datasets(ms: dict[str, Any], omero: Any) -> dict[str, dict[str, 
     implied = not axes and ms.get("version") in ("0.1", "0.2")
     if implied:
         names, types = (list(v) for v in _IMPLICIT_AXES)
-    common = _scale_of(ms.get("coordinateTransformations"))
+    # (0.4's multiscale-level scale applies to every dataset; 0.6's maps between named
+    # coordinate systems, not into the datasets' own)
+    common = None if isinstance(ms.get("coordinateSystems"), list) else _scale_of(ms.get("coordinateTransformations"))
     base = {"axes": names or None, "axis_types": types or None, "units": units or None, "scales": None,
             "implied": implied}
     out = {"": base}
@@ -143,7 +148,13 @@ def fitted_ome(ome: dict[str, Any] | None, ndim: int) -> dict[str, Any] | None:
 
 
 def _scale_of(transformations: Any) -> list[float] | None:
+    """The scale of a list of coordinate transformations: a `scale` one's, or one inside
+    a `sequence` (OME-Zarr 0.6: a scale then a translation)."""
     for t in transformations if isinstance(transformations, list) else []:
+        if isinstance(t, dict) and t.get("type") == "sequence":
+            inner = _scale_of(t.get("transformations"))
+            if inner is not None:
+                return inner
         if isinstance(t, dict) and t.get("type") == "scale" and isinstance(t.get("scale"), list):
             try:
                 return [float(v) for v in t["scale"]]
