@@ -542,6 +542,20 @@ def test_http_redirects_stay_within_the_store_server(hostile_server) -> None:
         other.server_close()
 
 
+def test_what_is_one_server_and_what_a_message_shows_of_a_url() -> None:
+    """A redirect stays on the store's server: the same scheme, host and port, or the
+    default http port's https upgrade (not 8080's: another service); a URL as messages
+    show it holds no credentials, in its user part or its query."""
+    from zfuse.errors import source_label
+    from zfuse.remote_objects import _same_server
+
+    assert _same_server("http://h/a", "http://h:80/b") and _same_server("http://h/a", "https://h/b")
+    assert not _same_server("http://h:8080/a", "https://h/b") and not _same_server("http://h/a", "http://g/b")
+    assert not _same_server("http://h/a", "http://h:99999/b") and not _same_server("https://h/a", "http://h/b")
+    assert source_label("https://u:pw@h:99999/a.zarr?X-Amz-Signature=abc") == "https://h:99999/a.zarr"
+    assert source_label("http://[::1/x") == "http://[::1/x" and source_label("/local/a.zarr") == "/local/a.zarr"
+
+
 class _Recording(http.server.BaseHTTPRequestHandler):
     def log_message(self, *args: object) -> None:
         pass

@@ -135,8 +135,9 @@ def printable(text: str) -> str:
 
 def source_label(source: str) -> str:
     """A source as messages and log lines show it: a URL without the credentials it may
-    hold (the conditional-writes probe's lines, the metered store's timeouts, a refused
-    mount's message)."""
+    hold, in its user part or its query (a presigned URL's signature, a token): the
+    conditional-writes probe's lines, the metered store's timeouts, a refused mount's
+    message."""
     if "://" not in source:
         return source
     try:
@@ -145,6 +146,7 @@ def source_label(source: str) -> str:
         scheme, _, rest = source.partition("://")
         host, slash, path = rest.partition("/")
         return f"{scheme}://{host.rpartition('@')[2]}{slash}{path}"
-    if "@" in parts.netloc:
-        return parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()  # (any port, parsed or not)
+    if "@" in parts.netloc or parts.query:
+        # (any port, parsed or not; a query may hold a presigned URL's signature or a token)
+        return parts._replace(netloc=parts.netloc.rpartition("@")[2], query="").geturl()
     return source

@@ -72,12 +72,13 @@ def absolute(path: str) -> str:
     return "/" + "/".join(parts)
 
 
-def normalise(mountpoint: str) -> str:
+def normalise(mountpoint: str, table: list[MountEntry] | None = None) -> str:
     """The absolute path as the mount table spells it: its directory resolved, then the
     path itself followed while it is a symbolic link, never stat'ing a path the mount
     table holds (realpath lstat'ed the mountpoint, which asks its daemon: `zfuse umount`
-    and `zfuse reload` of a hung daemon's mount hung with it; a stale one keeps its name)."""
-    mounted = {entry.mountpoint for entry in mount_table()}
+    and `zfuse reload` of a hung daemon's mount hung with it; a stale one keeps its name).
+    `table`: the mount table, read already (read here if None)."""
+    mounted = {entry.mountpoint for entry in (mount_table() if table is None else table)}
     # absolute, but not normalised: `..` after a linked directory is the link target's
     # parent, as the kernel resolves it, not the link's
     path = os.path.join(os.getcwd(), mountpoint)
@@ -110,9 +111,10 @@ def _resolve(path: str, mounted: set[str], links_left: list[int]) -> str:
 
 def find_mount(mountpoint: str) -> MountEntry | None:
     """The mount at `mountpoint` (the last one: mounts stack), or None."""
-    target = normalise(mountpoint)
+    table = mount_table()  # (read once: a table of thousands of mounts costs its parsing)
+    target = normalise(mountpoint, table)
     found = None
-    for entry in mount_table():
+    for entry in table:
         if entry.mountpoint == target:
             found = entry
     return found
@@ -205,9 +207,10 @@ def describe_mount(entry: MountEntry, timeout: float = 5.0) -> dict[str, Any]:
 
 def status(mountpoints: list[str] | None = None, timeout: float = 5.0) -> list[dict[str, Any]]:
     """Every zfuse mount (or the given ones, which must be zfuse mounts)."""
-    entries = zfuse_mounts()
+    table = mount_table()
+    entries = [e for e in table if e.fstype == FSTYPE]
     if mountpoints:
-        wanted = [normalise(m) for m in mountpoints]
+        wanted = [normalise(m, table) for m in mountpoints]
         by_path = {e.mountpoint: e for e in entries}
         missing = [m for m, w in zip(mountpoints, wanted, strict=True) if w not in by_path]
         if missing:

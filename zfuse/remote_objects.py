@@ -386,8 +386,8 @@ def _same_server(url: str, target: str) -> bool:
         there = (b.scheme.lower(), (b.hostname or "").lower(), b.port or ports.get(b.scheme.lower()))
     except ValueError:
         return False
-    return there == here or (here[0] == "http" and there[0] == "https" and there[1] == here[1]
-                             and there[2] == 443)
+    return there == here or (here[0] == "http" and here[2] == 80 and there[0] == "https" and there[1] == here[1]
+                             and there[2] == 443)  # (an upgrade of the default port only: 8080 may be another service)
 
 
 async def _get_same_origin(fs: Any, url: str, options: dict[str, Any]) -> Any:
