@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import urllib.parse
+from collections.abc import Iterator
 
 
 class ZfuseError(Exception):
@@ -131,6 +132,21 @@ def printable(text: str) -> str:
     text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
                         text)
+
+
+#: causes of an exception `causes` walks at most (a cycle of contexts must not loop)
+CAUSES_WALKED = 8
+
+
+def causes(exc: BaseException | None) -> Iterator[BaseException]:
+    """`exc`, then what it was raised from (its cause, else its context), in turn: where
+    a store's own answer (a status, an S3 error, a lost connection) lies under the
+    errors of the libraries between; at most CAUSES_WALKED."""
+    for _ in range(CAUSES_WALKED):
+        if exc is None:
+            return
+        yield exc
+        exc = exc.__cause__ or exc.__context__
 
 
 def source_label(source: str) -> str:

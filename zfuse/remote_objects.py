@@ -33,7 +33,7 @@ from zarr.abc.store import (
 )
 
 from zfuse import defaults
-from zfuse.errors import CorruptDataError, source_label
+from zfuse.errors import CorruptDataError, causes, source_label
 
 log = logging.getLogger("zfuse.store")  # the name its lines always had
 
@@ -119,17 +119,6 @@ def _version_of(info: dict[str, Any]) -> str | None:
 STREAM_PART = 256 << 10  # bytes of a response body read at a time when its parts are handed on
 
 
-def _answers_range(response: dict[str, Any], byte_range: ByteRequest | None) -> bool:
-    """Whether a GET's response holds exactly the bytes of `byte_range` (a 206 with its
-    Content-Range), so its body's parts can be handed on as they come: a server that
-    sends the whole object instead would have them taken for the range's bytes."""
-    if not isinstance(byte_range, RangeByteRequest):
-        return False
-    expected = f"bytes {byte_range.start}-{byte_range.end - 1}/"
-    return str(response.get("ContentRange") or "").startswith(expected) and \
-        response.get("ContentLength") == byte_range.end - byte_range.start
-
-
 _CONTENT_RANGE = re.compile(r"bytes (\d+)-(\d+)/(\d+|\*)")
 
 
@@ -159,6 +148,20 @@ def check_content_range(url: str, byte_range: ByteRequest, answered: str | None)
     if not ok:
         raise refused
     return last - first + 1
+
+
+def _answers_range(response: dict[str, Any], byte_range: ByteRequest | None) -> bool:
+    """Whether a GET's response holds exactly the bytes of `byte_range` (a 206 whose
+    Content-Range is that range, `check_content_range`, and whose length is its length),
+    so its body's parts can be handed on as they come: a server that sends the whole
+    object instead would have them taken for the range's bytes."""
+    if not isinstance(byte_range, RangeByteRequest) or not response.get("ContentRange"):
+        return False
+    try:
+        length = check_content_range("", byte_range, response["ContentRange"])
+    except CorruptDataError:
+        return False
+    return length == byte_range.end - byte_range.start == response.get("ContentLength")
 
 
 def check_length(url: str, data: bytes, expected: int) -> bytes:
@@ -373,6 +376,7 @@ async def get_http_object(fs: Any, url: str, limit: int) -> bytes | None:
 
 #: redirects an http(s) request follows at most, each within the store's own server
 REDIRECTS_MAX = 5
+DEFAULT_PORTS = {"http": 80, "https": 443}  # (a URL without a port names these)
 _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 
 
@@ -381,9 +385,8 @@ def _same_server(url: str, target: str) -> bool:
     same host's https (an upgrade). A URL that does not parse (a port of 99999) is none."""
     try:
         a, b = urllib.parse.urlsplit(url), urllib.parse.urlsplit(target)
-        ports = {"http": 80, "https": 443}
-        here = (a.scheme.lower(), (a.hostname or "").lower(), a.port or ports.get(a.scheme.lower()))
-        there = (b.scheme.lower(), (b.hostname or "").lower(), b.port or ports.get(b.scheme.lower()))
+        here = (a.scheme.lower(), (a.hostname or "").lower(), a.port or DEFAULT_PORTS.get(a.scheme.lower()))
+        there = (b.scheme.lower(), (b.hostname or "").lower(), b.port or DEFAULT_PORTS.get(b.scheme.lower()))
     except ValueError:
         return False
     return there == here or (here[0] == "http" and here[2] == 80 and there[0] == "https" and there[1] == here[1]
@@ -536,12 +539,6 @@ async def http_head(fs: Any, url: str) -> tuple[bool, dict[str, Any]]:
         elif response.status == 200 and response.content_length is not None:
             info["size"] = response.content_length  # (a server without ranges: the whole object's)
         return True, info
-
-
-async def http_exists(fs: Any, url: str) -> bool:
-    """Whether the http(s) object at `url` exists (`http_head`)."""
-    found, _ = await http_head(fs, url)
-    return found
 
 
 def _http_range(byte_range: ByteRequest | None) -> str | None:
@@ -741,7 +738,8 @@ class RemoteObjects:
                     raise too_large(key, limit)
                 data = await read_whole(body, limit, key)
             elif on_bytes is None:
-                data = await _read_at_most(body, answered_length or _range_length(byte_range))
+                assert answered_length is not None  # (a range, with its Content-Range: not `whole`)
+                data = await _read_at_most(body, answered_length)
             else:
                 # the body part by part: a shard's inner chunks are handed on as they come
                 # (decoded while the rest arrives), not when the last byte has
@@ -898,34 +896,28 @@ class ConditionsIgnoredError(ValueError):
 def http_status(exc: BaseException | None) -> int | None:
     """The HTTP status of a failed request: S3's (the botocore error s3fs translated)
     or aiohttp's (an http(s) store's); None if it got no answer, or it is unknown."""
-    for _ in range(8):
-        if exc is None:
-            return None
-        response = getattr(exc, "response", None)
+    for cause in causes(exc):
+        response = getattr(cause, "response", None)
         if isinstance(response, dict):
             return (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
-        status = getattr(exc, "status", None)
-        if isinstance(status, int) and type(exc).__module__.startswith("aiohttp"):
+        status = getattr(cause, "status", None)
+        if isinstance(status, int) and type(cause).__module__.startswith("aiohttp"):
             return status
-        exc = exc.__cause__ or exc.__context__
     return None
 
 
 def _precondition_failed(exc: BaseException) -> bool:
     """Whether a failed request was S3's answer to a condition that does not hold (412
     PreconditionFailed, or 409 ConditionalRequestConflict: a race between two of them)."""
-    seen = 0
-    while exc is not None and seen < 8:
-        response = getattr(exc, "response", None)
+    for cause in causes(exc):
+        response = getattr(cause, "response", None)
         if isinstance(response, dict):
             error = response.get("Error") or {}
             status = (response.get("ResponseMetadata") or {}).get("HTTPStatusCode")
             if error.get("Code") in ("PreconditionFailed", "ConditionalRequestConflict") or status in (409, 412):
                 return True
-        if isinstance(exc, FileExistsError):  # (s3fs's translation of a failed If-None-Match)
+        if isinstance(cause, FileExistsError):  # (s3fs's translation of a failed If-None-Match)
             return True
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-        seen += 1
     return False
 
 

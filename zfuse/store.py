@@ -33,6 +33,7 @@ from zfuse.errors import (
     StoreServerError,
     StoreTimeoutError,
     ZfuseError,
+    causes,
     source_label,
 )
 from zfuse.ext.metadata_json import MAX_METADATA_BYTES
@@ -40,6 +41,7 @@ from zfuse.ext.read_limits import chunk_read_limit
 from zfuse.local_store import AtomicLocalStore, key_kind, next_names
 from zfuse.remote_objects import (
     ABSENT,
+    DEFAULT_PORTS,
     S3_PROTOCOLS,
     ObjectChangedError,
     RemoteObjects,
@@ -48,7 +50,7 @@ from zfuse.remote_objects import (
     bound_http_listings,
     get_http_object,
     get_http_range,
-    http_exists,
+    http_head,
     http_status,
     request_answers,
 )
@@ -623,7 +625,8 @@ class MeteredStore(WrapperStore[Store]):
         self.stats.count("store_exists")
         if self._http_fs is not None:  # (fsspec's answers False for any failure)
             url = f"{self._store.path.rstrip('/')}/{key}"
-            return await self._bounded(http_exists(self._http_fs, url), "exists", key)
+            found, _ = await self._bounded(http_head(self._http_fs, url), "exists", key)
+            return found
         return await self._bounded(self._store.exists(key), "exists", key)
 
     @property
@@ -827,13 +830,7 @@ _LOST_ANSWERS = frozenset({"ClientPayloadError", "ServerDisconnectedError"})
 def _answer_lost(exc: BaseException) -> bool:
     """Whether `exc` (or what it was raised from) is an answer the server cut short: a
     failure of the server's, not a bug of zfuse's (it was logged as one, traceback and all)."""
-    seen = 0
-    while exc is not None and seen < 8:
-        if any(c.__name__ in _LOST_ANSWERS for c in type(exc).__mro__):
-            return True
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-        seen += 1
-    return False
+    return any(c.__name__ in _LOST_ANSWERS for cause in causes(exc) for c in type(cause).__mro__)
 
 
 # (botocore's, for S3; aiohttp's, for http(s) stores, whose connection failures are no
@@ -854,17 +851,14 @@ def _redirected_to(exc: BaseException) -> str | None:
     whose error then names the store's own endpoint): None otherwise. One object's
     redirect to a dead host had made the whole store read as unreachable."""
     asked = failed = None
-    seen = 0
-    while exc is not None and seen < 8:
-        url = (getattr(exc, "kwargs", None) or {}).get("endpoint_url") if hasattr(exc, "kwargs") else None
+    for cause in causes(exc):
+        url = (getattr(cause, "kwargs", None) or {}).get("endpoint_url") if hasattr(cause, "kwargs") else None
         if isinstance(url, str) and asked is None:
             parts = urllib.parse.urlsplit(url)
-            asked = (parts.hostname, parts.port or {"http": 80, "https": 443}.get(parts.scheme))
-        host, port = getattr(exc, "host", None), getattr(exc, "port", None)
-        if isinstance(host, str) and isinstance(port, int) and failed is None and _connection_failure(exc):
+            asked = (parts.hostname, parts.port or DEFAULT_PORTS.get(parts.scheme))
+        host, port = getattr(cause, "host", None), getattr(cause, "port", None)
+        if isinstance(host, str) and isinstance(port, int) and failed is None and _connection_failure(cause):
             failed = (host, port)
-        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
-        seen += 1
     if asked is None or failed is None or asked == failed:
         return None
     return f"{failed[0]}:{failed[1]}"
