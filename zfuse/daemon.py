@@ -233,7 +233,7 @@ def _multiscale_dataset_paths(directory: str) -> list[list[str]]:
     """The dataset paths of each OME-Zarr multiscale in the group metadata of `directory`
     (zarr.json, or v2's .zattrs), read to the metadata bound; [] if none."""
     from zfuse.ext.metadata_json import MAX_METADATA_BYTES, load_metadata
-    from zfuse.view.ome_zarr import MULTISCALE_LEVELS_MAX, MULTISCALES_MAX
+    from zfuse.view.ome_zarr import MULTISCALE_LEVELS_MAX, MULTISCALES_MAX, multiscale_list
 
     found: list[list[str]] = []
     for doc_name in ("zarr.json", ".zattrs"):
@@ -246,9 +246,7 @@ def _multiscale_dataset_paths(directory: str) -> list[list[str]]:
         except (OSError, ValueError):
             continue
         attrs = doc.get("attributes", {}) if doc_name == "zarr.json" else doc
-        attrs = attrs.get("ome", attrs) if isinstance(attrs, dict) else {}
-        multiscales = attrs.get("multiscales") if isinstance(attrs, dict) else None
-        for ms in multiscales[:MULTISCALES_MAX] if isinstance(multiscales, list) else []:
+        for ms in multiscale_list(attrs)[:MULTISCALES_MAX]:
             datasets = ms.get("datasets") if isinstance(ms, dict) else None
             paths = [d.get("path") for d in datasets[:MULTISCALE_LEVELS_MAX] if isinstance(d, dict)] if isinstance(datasets, list) else []
             found.append([p.strip("/") for p in paths if isinstance(p, str)])

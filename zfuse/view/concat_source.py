@@ -92,8 +92,9 @@ class ConcatChunkSource(ChunkSource):
         (found by bisection: a description may name 100,000)."""
         concat_axis = self.array.axis
         if concat_axis < len(fixed):
-            c = self.chunk_shape[concat_axis]
-            indexes: Iterable[int] = self.array.sources_between(fixed[concat_axis] * c, (fixed[concat_axis] + 1) * c)
+            step = self.chunk_shape[concat_axis]
+            row = fixed[concat_axis] * step
+            indexes: Iterable[int] = self.array.sources_between(row, row + step)
         else:
             indexes = range(len(self.parts))
         runs: list[np.ndarray] = []

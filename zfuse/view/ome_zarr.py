@@ -64,16 +64,35 @@ def ome_datasets(group_attrs: dict[str, Any]) -> dict[str, dict[str, Any]] | Non
     Each entry's "image" says which image it is a level of, for files of an array
     below the group: the multiscale's name, the dataset's path, its level (its place in
     the multiscale's list) and the group's `omero` (channel names and colours)."""
-    attrs = group_attrs.get("ome", group_attrs)
-    multiscales = attrs.get("multiscales") if isinstance(attrs, dict) else None
-    if not multiscales or not isinstance(multiscales, list) or not isinstance(multiscales[0], dict):
+    multiscales = multiscale_list(group_attrs)
+    if not multiscales or not isinstance(multiscales[0], dict):
         return None
     out: dict[str, dict[str, Any]] = {}
     for ms in multiscales[:MULTISCALES_MAX]:
         if isinstance(ms, dict):
-            for path, ome in _multiscale_datasets(ms, attrs.get("omero")).items():
+            for path, ome in _multiscale_datasets(ms, ome_attributes(group_attrs).get("omero")).items():
                 out.setdefault(path, ome)
     return out
+
+
+def ome_attributes(group_attrs: Any) -> dict[str, Any]:
+    """A group's OME-Zarr attributes: 0.5's under "ome", else 0.4's at the top; {} for
+    attributes that are no object."""
+    attrs = group_attrs.get("ome", group_attrs) if isinstance(group_attrs, dict) else {}
+    return attrs if isinstance(attrs, dict) else {}
+
+
+def multiscale_list(group_attrs: Any) -> list[Any]:
+    """The multiscales a group's OME-Zarr attributes list, as stored (any JSON in it);
+    [] where there is no list."""
+    multiscales = ome_attributes(group_attrs).get("multiscales")
+    return multiscales if isinstance(multiscales, list) else []
+
+
+def channels_of(omero: Any) -> list[dict[str, Any]] | None:
+    """The channels (names, colours, windows) of an `omero` attribute, if it lists them."""
+    channels = omero.get("channels") if isinstance(omero, dict) else None
+    return channels if isinstance(channels, list) else None
 
 
 def _multiscale_axes(ms: dict[str, Any]) -> list[Any]:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from zfuse.stats import Stats
-from zfuse.view.ome_zarr import MULTISCALE_LEVELS_MAX, ome_axes
+from zfuse.view.ome_zarr import MULTISCALE_LEVELS_MAX, channels_of, ome_axes
 from zfuse.view.tiff import tiff_unsupported_reason
 from zfuse.view.tiff_ifd import COMPRESSION_NONE
 from zfuse.view.whole_image.file import ImageFile
@@ -530,7 +530,7 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
             # (ngff-zarr's scale0/image), and so may its channels' names and colours
             ome = _with_axes(node.array.ome or (ome_axes(attrs, path[-1]) if path else None), node.array)
             image = (ome or {}).get("image")
-            channels = omero_channels({"omero": image["omero"]}) if image else omero_channels(attrs)
+            channels = channels_of(image["omero"]) if image else omero_channels(attrs)
             out[IMAGE_NAME] = WholeImage(IMAGE_NAME, [node.array], ome, channels, label=label,
                                          title=_image_title(path, image), workers=workers)
             try:
@@ -544,9 +544,10 @@ def plan_whole_images(path: tuple[str, ...], node: Any, parent: Any | None,
         elif node.kind == "group" and not node.has_member(PYRAMID_NAME):
             attrs = _node_attrs(node)
             paths = pyramid_dataset_paths(node)  # (at most MULTISCALE_LEVELS_MAX: a crafted list of thousands)
-            if paths and multiscale_count(attrs) > 1:
+            count = multiscale_count(attrs)
+            if paths and count > 1:
                 log.info("%s: %s shows the first of the group's %d multiscales; the others' levels have "
-                         "their own %s", label, PYRAMID_NAME, multiscale_count(attrs), IMAGE_NAME)
+                         "their own %s", label, PYRAMID_NAME, count, IMAGE_NAME)
             arrays = [_descend(node, p) for p in paths]
             missing = [p for p, a in zip(paths, arrays, strict=True)
                        if a is None or a.layout is None or 0 in a.source.shape]

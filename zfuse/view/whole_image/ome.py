@@ -16,7 +16,7 @@ from xml.sax.saxutils import quoteattr
 
 import numpy as np
 
-from zfuse.view.ome_zarr import axis_role, image_name
+from zfuse.view.ome_zarr import axis_role, channels_of, image_name, multiscale_list, ome_attributes
 from zfuse.view.units import unit_of
 from zfuse.view.whole_image.layout import image_dims
 
@@ -195,25 +195,21 @@ def _ome_color(value: Any) -> int | None:
 
 def multiscale_name(attrs: dict[str, Any]) -> str | None:
     """The name of the first OME-Zarr multiscale in group attributes (`image_name`), if any."""
-    attrs = attrs.get("ome", attrs) if isinstance(attrs, dict) else {}
-    ms = attrs.get("multiscales") if isinstance(attrs, dict) else None
-    if not isinstance(ms, list) or not ms or not isinstance(ms[0], dict):
+    ms = multiscale_list(attrs)
+    if not ms or not isinstance(ms[0], dict):
         return None
-    return image_name(ms[0], attrs.get("omero"))
+    return image_name(ms[0], ome_attributes(attrs).get("omero"))
 
 
 def multiscale_count(attrs: dict[str, Any]) -> int:
     """How many OME-Zarr multiscales group attributes list."""
-    attrs = attrs.get("ome", attrs) if isinstance(attrs, dict) else {}
-    ms = attrs.get("multiscales") if isinstance(attrs, dict) else None
-    return len(ms) if isinstance(ms, list) else 0
+    return len(multiscale_list(attrs))
 
 
 def multiscale_paths(attrs: dict[str, Any]) -> list[str] | None:
     """Dataset paths of the first OME-Zarr multiscale in group attributes, if any."""
-    attrs = attrs.get("ome", attrs) if isinstance(attrs, dict) else {}
-    ms = attrs.get("multiscales") if isinstance(attrs, dict) else None
-    if not isinstance(ms, list) or not ms or not isinstance(ms[0], dict):
+    ms = multiscale_list(attrs)
+    if not ms or not isinstance(ms[0], dict):
         return None
     datasets = ms[0].get("datasets")
     paths = [d.get("path") for d in datasets if isinstance(d, dict)] if isinstance(datasets, list) else []
@@ -221,7 +217,5 @@ def multiscale_paths(attrs: dict[str, Any]) -> list[str] | None:
 
 
 def omero_channels(attrs: dict[str, Any]) -> list[dict[str, Any]] | None:
-    attrs = attrs.get("ome", attrs) if isinstance(attrs, dict) else {}
-    omero = attrs.get("omero") if isinstance(attrs, dict) else None
-    channels = omero.get("channels") if isinstance(omero, dict) else None
-    return channels if isinstance(channels, list) else None
+    """The channels of group attributes' `omero` (`channels_of`)."""
+    return channels_of(ome_attributes(attrs).get("omero"))
