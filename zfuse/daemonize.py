@@ -14,7 +14,7 @@ import sys
 from typing import Any
 
 from zfuse.daemon import MountConfig
-from zfuse.errors import printable, source_label
+from zfuse.errors import ZfuseError, printable, source_label
 
 __all__ = ["configure_logging", "describe_open_error", "run_foreground", "spawn_daemon"]
 
@@ -84,7 +84,6 @@ def describe_open_error(sources: list[str], exc: BaseException,
         return f"no Zarr metadata (zarr.json, .zarray or .zgroup) found at {shown}"
     if isinstance(exc, OSError) and exc.strerror:
         return f"cannot open {shown}: {exc.strerror}"
-    from zfuse.errors import ZfuseError
     from zfuse.remote_objects import ConditionsIgnoredError
 
     if isinstance(exc, (ZfuseError, ConditionsIgnoredError)) and str(exc):

@@ -97,7 +97,7 @@ def _resolve(path: str, mounted: set[str], links_left: list[int]) -> str:
             continue
         if name == "..":
             return os.path.dirname(_resolve(parent, mounted, links_left))
-        parent = _resolve(parent, mounted, links_left) if parent != os.path.dirname(parent) else parent
+        parent = _resolve(parent, mounted, links_left)
         path = os.path.join(parent, name)
         if path in mounted or links_left[0] <= 0:
             return path
@@ -106,8 +106,8 @@ def _resolve(path: str, mounted: set[str], links_left: list[int]) -> str:
         except OSError:
             return path  # not a link (or nothing there)
         links_left[0] -= 1
-        path = os.path.join(parent, target)
-        path = "/" + path.lstrip("/")
+        path = "/" + os.path.join(parent, target).lstrip("/")
+
 
 def find_mount(mountpoint: str) -> MountEntry | None:
     """The mount at `mountpoint` (the last one: mounts stack), or None."""
@@ -120,8 +120,9 @@ def find_mount(mountpoint: str) -> MountEntry | None:
     return found
 
 
-def zfuse_mounts() -> list[MountEntry]:
-    return [e for e in mount_table() if e.fstype == FSTYPE]
+def zfuse_mounts(table: list[MountEntry] | None = None) -> list[MountEntry]:
+    """The zfuse mounts of the mount table (`table`: read already; read here if None)."""
+    return [e for e in (mount_table() if table is None else table) if e.fstype == FSTYPE]
 
 
 class MountNotResponding(Exception):
@@ -208,7 +209,7 @@ def describe_mount(entry: MountEntry, timeout: float = 5.0) -> dict[str, Any]:
 def status(mountpoints: list[str] | None = None, timeout: float = 5.0) -> list[dict[str, Any]]:
     """Every zfuse mount (or the given ones, which must be zfuse mounts)."""
     table = mount_table()
-    entries = [e for e in table if e.fstype == FSTYPE]
+    entries = zfuse_mounts(table)
     if mountpoints:
         wanted = [normalise(m, table) for m in mountpoints]
         by_path = {e.mountpoint: e for e in entries}
