@@ -36,7 +36,7 @@ from zarr.storage import LocalStore
 
 from zfuse.errors import CorruptDataError, OutsideStoreError
 from zfuse.ext.chunk_keys import METADATA_NAMES
-from zfuse.ext.metadata_json import MAX_METADATA_BYTES
+from zfuse.ext.metadata_json import MAX_METADATA_BYTES, too_large_problem
 from zfuse.ext.read_limits import chunk_read_limit
 from zfuse.workers import WorkerThreads
 
@@ -190,9 +190,8 @@ def _ident(st: os.stat_result) -> tuple[int, int]:
 
 
 def _too_large(key: str, size: int, max_bytes: int) -> CorruptDataError:
-    if key_kind(key) == "metadata":  # (as `metadata_json.metadata_problem` says it)
-        return CorruptDataError(f"{key} is {size} bytes: zfuse reads metadata documents of at most "
-                                f"{MAX_METADATA_BYTES} bytes: not read")
+    if key_kind(key) == "metadata":
+        return CorruptDataError(f"{too_large_problem(key, size)}: not read")
     return CorruptDataError(f"{key}: stored object of {size} bytes or more, past the {max_bytes} "
                             "that what it holds can be stored in: not read")
 

@@ -63,11 +63,16 @@ def nesting_depth(raw: bytes) -> int:
     return int(np.cumsum(np.where(opens, 1, -1).astype(np.int32)).max())
 
 
+def too_large_problem(key: str, size: int) -> str:
+    """Why a metadata document of `size` bytes is not read (what a store whose size is
+    known ahead says too, before reading it)."""
+    return f"{key} is {size} bytes: zfuse reads metadata documents of at most {MAX_METADATA_BYTES} bytes"
+
+
 def metadata_problem(raw: bytes, key: str) -> str | None:
     """Why the document stored at `key` is not read (too large, too deep); None if it is read."""
     if len(raw) > MAX_METADATA_BYTES:
-        return (f"{key} is {len(raw)} bytes: zfuse reads metadata documents of at most "
-                f"{MAX_METADATA_BYTES} bytes")
+        return too_large_problem(key, len(raw))
     if raw.count(b"[") + raw.count(b"{") > MAX_METADATA_DEPTH:  # fewer brackets: cannot be too deep
         depth = nesting_depth(raw)
         if depth > MAX_METADATA_DEPTH:
