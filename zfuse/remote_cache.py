@@ -429,6 +429,7 @@ def _pread_exact(fd: int, size: int, offset: int) -> bytes | None:
         done += got
     return bytes(out)
 
+
 def _listdir(fd: int) -> list[str]:
     try:
         return os.listdir(fd)

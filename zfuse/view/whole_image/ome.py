@@ -26,6 +26,7 @@ _OME_TYPES = {
     "c8": "complex", "c16": "double-complex",
 }  # fmt: skip
 
+
 def _role(name: str | None, kind: str | None) -> str | None:
     """OME's Z, C or T for a leading axis, as the chunk files name its ImageJ role."""
     role = axis_role(name, kind)
