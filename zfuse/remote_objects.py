@@ -259,6 +259,40 @@ def bound_non_streaming_responses() -> None:
     AioAWSResponse._zfuse_bounded = True  # type: ignore[attr-defined]
 
 
+class _RequestsNotRedirected:
+    """An aiohttp session whose requests follow no redirect (what aiobotocore's
+    `send` asks of it), the rest of it as it is."""
+
+    def __init__(self, session: Any) -> None:
+        self._session = session
+
+    def request(self, *args: Any, **kwargs: Any) -> Any:
+        return self._session.request(*args, **{**kwargs, "allow_redirects": False})
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._session, name)
+
+
+def follow_no_s3_redirects() -> None:
+    """Make aiobotocore's HTTP requests follow no redirect, as botocore's own never do
+    (urllib3 with `Retry(False)`; AWS's SDKs agree): an S3 redirect is botocore's to
+    handle (its region redirector re-signs for the bucket's region), while aiohttp
+    following a `Location` sent the request to any host the endpoint named, whose
+    answer `_redirect_refused` then threw away. Once per process; where aiobotocore
+    has no such method (another version), its redirects stay refused by their answer."""
+    from aiobotocore.httpsession import AIOHTTPSession
+
+    given = getattr(AIOHTTPSession, "_get_session", None)
+    if given is None or getattr(AIOHTTPSession, "_zfuse_no_redirects", False):
+        return
+
+    async def _get_session(self: Any, *args: Any, **kwargs: Any) -> Any:
+        return _RequestsNotRedirected(await given(self, *args, **kwargs))
+
+    AIOHTTPSession._get_session = _get_session  # type: ignore[method-assign]
+    AIOHTTPSession._zfuse_no_redirects = True  # type: ignore[attr-defined]
+
+
 class RedirectRefusedError(OSError):
     """A request the server redirected off its own server (an S3 one: aiohttp follows
     redirects, botocore never does; an http(s) one: `_get_same_origin`), or in a loop:
@@ -567,6 +601,7 @@ class RemoteObjects:
         self.can_put = self.s3 and not store.read_only
         if self.s3:
             bound_non_streaming_responses()
+            follow_no_s3_redirects()
         # writes carry conditions (If-Match/If-None-Match): the store was found to honour
         # them (`settle_conditions`, after the probe `start_conditions_probe` started)
         self._conditional = False
@@ -903,6 +938,23 @@ def http_status(exc: BaseException | None) -> int | None:
         status = getattr(cause, "status", None)
         if isinstance(status, int) and type(cause).__module__.startswith("aiohttp"):
             return status
+    return None
+
+
+def s3_redirect_refused(exc: BaseException) -> RedirectRefusedError | None:
+    """The refusal of an S3 answer redirecting a request elsewhere (a 3xx with a
+    `Location`, not followed: `follow_no_s3_redirects`), naming where; None for any
+    other failure (AWS's 301 to a bucket's region has no `Location`: botocore's)."""
+    for cause in causes(exc):
+        response = getattr(cause, "response", None)
+        if isinstance(response, dict):
+            metadata = response.get("ResponseMetadata") or {}
+            location = (metadata.get("HTTPHeaders") or {}).get("location")
+            if metadata.get("HTTPStatusCode") in (301, 302, 303, 307, 308) and isinstance(location, str):
+                return RedirectRefusedError(errno.EREMOTEIO, f"the server redirected it to "
+                                            f"{source_label(location)}: not followed (the store's "
+                                            "objects are its own)")
+            return None
     return None
 
 

@@ -19,7 +19,6 @@ import logging
 import os
 import sys
 import time
-import urllib.parse
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
 from typing import Any, NamedTuple, NoReturn
 
@@ -41,9 +40,9 @@ from zfuse.ext.read_limits import chunk_read_limit
 from zfuse.local_store import AtomicLocalStore, key_kind, next_names
 from zfuse.remote_objects import (
     ABSENT,
-    DEFAULT_PORTS,
     S3_PROTOCOLS,
     ObjectChangedError,
+    RedirectRefusedError,
     RemoteObjects,
     ServerAnswers,
     WriteConflictError,
@@ -53,6 +52,7 @@ from zfuse.remote_objects import (
     http_head,
     http_status,
     request_answers,
+    s3_redirect_refused,
 )
 from zfuse.stats import Stats
 
@@ -321,10 +321,10 @@ class MeteredStore(WrapperStore[Store]):
             self.failures.note(key, error)
             raise error from exc
         self.stats.count("store_errors")
-        redirected = _redirected_to(exc)
-        if redirected is not None:  # (another host's silence is not the store's)
-            raise StoreServerError(f"store request {op} {key} failed after {elapsed:.1f} s: the server redirected "
-                                   f"it to {redirected}, which did not answer ({self.source})") from exc
+        refused = s3_redirect_refused(exc)
+        if refused is not None:
+            raise RedirectRefusedError(refused.errno, f"store request {op} {key}: {refused.strerror} "
+                                       f"({self.source})") from exc
         if _server_failed(exc, answers):
             answered = f"; {answers}" if answers else ""
             server_error = StoreServerError(f"store request {op} {key} failed after {elapsed:.1f} s: "
@@ -843,25 +843,6 @@ def _connection_failure(exc: BaseException) -> bool:
     """Whether `exc` is one of those or a kind of one (aiohttp's ClientConnectorDNSError,
     its SSL and certificate failures are ClientConnectorErrors)."""
     return any(c.__name__ in _CONNECTION_FAILURES for c in type(exc).__mro__)
-
-
-def _redirected_to(exc: BaseException) -> str | None:
-    """The host:port a request was redirected to, when the connection that failed was to
-    it and not to the URL asked (aiohttp follows a redirect inside botocore's request,
-    whose error then names the store's own endpoint): None otherwise. One object's
-    redirect to a dead host had made the whole store read as unreachable."""
-    asked = failed = None
-    for cause in causes(exc):
-        url = (getattr(cause, "kwargs", None) or {}).get("endpoint_url") if hasattr(cause, "kwargs") else None
-        if isinstance(url, str) and asked is None:
-            parts = urllib.parse.urlsplit(url)
-            asked = (parts.hostname, parts.port or DEFAULT_PORTS.get(parts.scheme))
-        host, port = getattr(cause, "host", None), getattr(cause, "port", None)
-        if isinstance(host, str) and isinstance(port, int) and failed is None and _connection_failure(cause):
-            failed = (host, port)
-    if asked is None or failed is None or asked == failed:
-        return None
-    return f"{failed[0]}:{failed[1]}"
 
 
 def _unreachable(exc: BaseException, answers: ServerAnswers | None) -> bool:
