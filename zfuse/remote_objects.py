@@ -601,7 +601,6 @@ class RemoteObjects:
         self.can_put = self.s3 and not store.read_only
         if self.s3:
             bound_non_streaming_responses()
-            follow_no_s3_redirects()
         # writes carry conditions (If-Match/If-None-Match): the store was found to honour
         # them (`settle_conditions`, after the probe `start_conditions_probe` started)
         self._conditional = False

@@ -47,6 +47,7 @@ from zfuse.remote_objects import (
     ServerAnswers,
     WriteConflictError,
     bound_http_listings,
+    follow_no_s3_redirects,
     get_http_object,
     get_http_range,
     http_head,
@@ -997,6 +998,7 @@ def fsspec_options(protocol: str, options: dict[str, Any]) -> dict[str, Any]:
         # zfuse lists once and refreshes on metadata_ttl/SIGHUP itself; s3fs's own
         # listing cache would answer exists()/info() for new keys from a stale listing.
         opts.setdefault("use_listings_cache", False)
+        follow_no_s3_redirects()  # (for every client made with these options)
         # One GET per whole-object read: with max_concurrency > 1 s3fs first HEADs every
         # object to decide whether to split the download, doubling requests per chunk.
         opts.setdefault("max_concurrency", 1)
