@@ -452,6 +452,29 @@ def test_a_file_not_stored_yet_is_not_renamed(v3) -> None:
     np.testing.assert_array_equal(pixels(k.read_file(other)), new)
 
 
+def test_a_file_renamed_onto_an_edge_chunk_may_have_its_cropped_shape(tmp_path: Path, clock: Clock) -> None:
+    """[write-1] [ns-2] the atomic-save pattern (rsync, editors) onto an edge chunk: a
+    complete file of the cropped shape is stored, as `cp` onto the chunk stores it (the
+    rename had checked the full chunk shape alone: EINVAL, "incomplete (2 of 4 image
+    planes written)"); a file cut short is still refused as incomplete."""
+    import zarr
+
+    src = tmp_path / "e.zarr"
+    a = zarr.create_array(str(src), shape=(6, 8, 16), chunks=(4, 8, 16), dtype="uint16", fill_value=0)
+    a[:] = 1
+    fs, k = make_fs(src, clock)
+    new = np.full((2, 8, 16), 7, "uint16")  # the edge chunk's cropped shape
+    k.write_file("c/1/0/.0.tiff.tmp", tiff(new))
+    k.rename("c/1/0/.0.tiff.tmp", "c/1/0/0.tiff")
+    np.testing.assert_array_equal(zarr.open_array(str(src))[4:6], new)
+    before = stores.snapshot(src)
+    k.write_file("c/1/0/.0.tiff.tmp", tiff(np.full((4, 8, 16), 9, "uint16"))[:-600])
+    with pytest.raises(FsError) as e:
+        k.rename("c/1/0/.0.tiff.tmp", "c/1/0/0.tiff")
+    assert e.value.errno == errno.EINVAL
+    assert stores.snapshot(src) == before
+
+
 class GatedCommits:
     """A worker pool (`run`) whose first chunk commit waits at `gate` once it has
     started (`committing`): what arrives meanwhile meets a commit under way."""

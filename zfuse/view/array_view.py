@@ -60,6 +60,7 @@ from zfuse.view.tiff import (
     chunk_file_unsupported_reason,
     plan_layout,
     tiff_unsupported_reason,
+    zarr_order_shapes,
 )
 from zfuse.view.tiff_meta import array_axis_names, image_axes
 
@@ -627,6 +628,24 @@ class ArrayView:
     def is_key_prefix(self, parts: tuple[str, ...]) -> bool:
         """Whether `parts` is a directory some chunk key of the grid would live in."""
         return self.source.dir_coords(parts) is not None
+
+    # -- what a file written for a chunk may hold ----------------------------
+    def stored_shapes(self, coords: Coords) -> list[tuple[int, ...]]:
+        """The chunk's shape, and its cropped shape if it is an edge chunk (chunk order)."""
+        full = tuple(self.source.chunk_shape)
+        cropped = tuple(r.stop - r.start for r in self.source.chunk_region(coords))
+        return [full] if cropped == full else [full, cropped]
+
+    def written_shapes(self, coords: Coords, data: bytes | bytearray | memoryview) -> list[tuple[int, ...]]:
+        """The shapes a file written for the chunk may have, in the chunk file's axis
+        order (its pages, rows and columns are checked against them), and in zarr's
+        order where the file says it holds one (`tiff.zarr_order_shapes`:
+        `tifffile.imwrite(path, chunk)`). Every way a file reaches a chunk (close,
+        truncate, a rename onto it) is checked against these."""
+        shapes = self.stored_shapes(coords)
+        if self.layout is None:
+            return shapes
+        return [self.layout.file_shape(s) for s in shapes] + zarr_order_shapes(self.layout, shapes, data)
 
     # -- bytes ------------------------------------------------------------
     def file_size(self, coords: Coords) -> int:

@@ -54,7 +54,6 @@ from zfuse.stats import Stats
 from zfuse.view.array_view import ArrayView
 from zfuse.view.entry import META_NAME, Entry, Node
 from zfuse.view.hierarchy import NAME_MAX
-from zfuse.view.tiff import zarr_order_shapes
 from zfuse.view.tiff_complete import EARLY_LOOKS, early_refusal, incomplete_reason, walk_tiff
 from zfuse.view.tiff_input import decode_tiff, max_file_size
 
@@ -187,31 +186,20 @@ class FileState:
 
     @property
     def limit(self) -> int:
-        if self.array is not None and self.array.layout is not None:
-            return max_file_size(self.array.layout)
-        return SCRATCH_MAX_BYTES
-
-    def _own_shapes(self) -> list[tuple[int, ...]]:
-        """The chunk's shape, and its cropped shape if it is an edge chunk (chunk order)."""
-        assert self.array is not None and self.coords is not None
-        source = self.array.source
-        full = tuple(source.chunk_shape)
-        cropped = tuple(r.stop - r.start for r in source.chunk_region(self.coords))
-        return [full] if cropped == full else [full, cropped]
-
-    @property
-    def chunk_shapes(self) -> list[tuple[int, ...]]:
-        """The shapes a file written for the chunk may have, in the file's axis order
-        (the written file's pages, rows and columns are checked against them)."""
-        layout = self.array.layout if self.array is not None else None
-        shapes = self._own_shapes()
-        return [layout.file_shape(s) for s in shapes] if layout is not None else shapes
+        return file_limit(self.array)
 
     def write_shapes(self, data: bytes | bytearray | memoryview) -> list[tuple[int, ...]]:
-        """`chunk_shapes`, and the shapes in zarr's order where the written file says it
-        holds one (`tiff.zarr_order_shapes`: `tifffile.imwrite(path, chunk)`)."""
-        assert self.array is not None
-        return self.chunk_shapes + zarr_order_shapes(self.array.layout, self._own_shapes(), data)
+        """The shapes the file written may have (`ArrayView.written_shapes`)."""
+        assert self.array is not None and self.coords is not None
+        return self.array.written_shapes(self.coords, data)
+
+
+def file_limit(array: ArrayView | None) -> int:
+    """The most bytes a file written for one of `array`'s chunks may have, or a scratch
+    file's (no array)."""
+    if array is not None and array.layout is not None:
+        return max_file_size(array.layout)
+    return SCRATCH_MAX_BYTES
 
 
 async def _growth_done(state: FileState) -> None:
@@ -945,8 +933,8 @@ class Writes:
                 self.states[new] = src
                 return
             data = bytes(src.buffer or b"")
-            limit = max_file_size(new_arr.layout) if new_arr.layout is not None else None
-            reason = await self.run(incomplete_reason, data, [tuple(new_arr.source.chunk_shape)], limit)
+            reason = await self.run(incomplete_reason, data, new_arr.written_shapes(new_coords, data),
+                                    file_limit(new_arr))
             if reason is not None:
                 raise InvalidTiffError(f"{new_arr.key_name(new_coords)}: the file is incomplete ({reason})")
             await self.before_replace(new)
