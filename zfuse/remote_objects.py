@@ -6,7 +6,7 @@ the same requests FsspecStore makes (one GET per read, one LIST per listing, one
 per write), reading the ETag off each response; on S3 through s3fs's own client: GETs
 pinned to a version (If-Match) whose body may be handed on part by part, PUTs on
 condition of one (If-Match, If-None-Match: `WriteConflictError`), and the probe that
-finds once per bucket whether the store honours such conditions (`conditions_honoured`).
+finds once per bucket whether the store honours such conditions (`start_conditions_probe`).
 `zfuse.store.MeteredStore` counts, bounds and caches these requests; nothing here
 knows of it, of the mount or of FUSE.
 """
@@ -627,9 +627,10 @@ class RemoteObjects:
 
     def start_conditions_probe(self, source: str, last_writer_wins: bool) -> None:
         """Find out, in the background on zarr's event loop, whether the store honours
-        conditional writes (`conditions_honoured`): a mount opens the source's metadata
-        meanwhile, and waits for both (`settle_conditions`), so the probe's round trips
-        are not added to the metadata's."""
+        conditional writes: a probe object written twice with If-None-Match: *, once
+        with If-Match of a wrong ETag, then deleted; once per bucket and process. A mount
+        opens the source's metadata meanwhile, and waits for both (`settle_conditions`),
+        so the probe's round trips are not added to the metadata's."""
         from zfuse.ext.zarr_private import event_loop
 
         place = self._probe_place()
@@ -976,21 +977,6 @@ def _precondition_failed(exc: BaseException) -> bool:
 _probed: dict[tuple[str, str], bool] = {}
 PROBE_PREFIX = defaults.CONDITIONS_PROBE_PREFIX
 PROBE_NAME_CHARS = string.ascii_lowercase + string.digits  # a probe object's name: the prefix and 12 of these
-
-
-def conditions_honoured(remote: RemoteObjects, source: str, last_writer_wins: bool) -> bool:
-    """Whether writes to `remote` carry conditions, probed now (see
-    `RemoteObjects.start_conditions_probe`, which a mount uses instead: in the
-    background). Found by a probe the first time a bucket is mounted read-write (a
-    probe object written twice with If-None-Match: *, once with If-Match of a wrong
-    ETag, then deleted). A store that honours them: True. One that ignores them: with
-    `last_writer_wins` False and a warning logged (two hosts writing one shard can lose
-    an update); without it ConditionsIgnoredError. A probe that fails outright (no
-    permission to write, a hung server) decides nothing: writes are then conditional,
-    and fail as the store answers them."""
-    remote.start_conditions_probe(source, last_writer_wins)
-    remote.settle_conditions()
-    return remote.conditional
 
 
 def _decide_conditions(honoured: bool, source: str, last_writer_wins: bool) -> bool:

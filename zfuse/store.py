@@ -393,10 +393,6 @@ class MeteredStore(WrapperStore[Store]):
         changed, and what gave it its byte ranges is read again)."""
         self._remember(key, None)
 
-    def version_of(self, key: str) -> str | None:
-        """The version (ETag) this mount last saw `key` at, or None (unknown or absent)."""
-        return self._versions.get(key)
-
     async def _current_version(self, key: str) -> str | None:
         """`key`'s version as this mount knows it (a listing or an earlier request since
         the last reload), else one HEAD; None: no such object, or none to trust."""
@@ -534,12 +530,6 @@ class MeteredStore(WrapperStore[Store]):
     def local_root(self) -> str | None:
         """The directory of the local store this wraps directly, else None."""
         return str(self._store.root) if type(self._store) is AtomicLocalStore else None
-
-    @property
-    def local_store(self) -> AtomicLocalStore | None:
-        """zfuse's local store this wraps directly, else None (its `open_key` opens
-        stored files inside the store only)."""
-        return self._store if type(self._store) is AtomicLocalStore else None
 
     def get_local(self, key: str, byte_range: tuple[int, int] | None = None,
                   max_bytes: int | None = None) -> bytes | None:
@@ -899,7 +889,7 @@ def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] 
         cache_dir = options.pop(CACHE_OPTION, None)
         cache_limit = options.pop(CACHE_LIMIT_OPTION, defaults.DISK_CACHE_BYTES)
         last_writer_wins = options.pop(LAST_WRITER_WINS_OPTION, False)
-        _check_package(protocol, source)
+        _check_package(protocol)
         if not read_only and protocol not in S3_PROTOCOLS:
             _unconditional_writes(source, bool(last_writer_wins))
         options = fsspec_options(protocol, options)
@@ -935,7 +925,7 @@ _PACKAGES = {"s3": ("s3fs", "remote"), "s3a": ("s3fs", "remote"), "http": ("aioh
              "az": ("adlfs", "az"), "abfs": ("adlfs", "az")}
 
 
-def _check_package(protocol: str, source: str) -> None:
+def _check_package(protocol: str) -> None:
     """A MetadataError naming what to install when the protocol's package is missing
     (fsspec's own ImportError names no way to get it into zfuse's environment)."""
     package, extra = _PACKAGES.get(protocol, (None, None))

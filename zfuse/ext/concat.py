@@ -192,10 +192,6 @@ class ConcatArray:
         return tuple(-(-n // c) for n, c in zip(self.shape, self.chunks, strict=True))
 
     @property
-    def nchunks(self) -> int:
-        return math.prod(self.cdata_shape)
-
-    @property
     def blocks(self) -> _BlockIndex:
         return _BlockIndex(self)
 

@@ -152,10 +152,6 @@ class ChunkSource(ABC):
     chunk_shape: tuple[int, ...]
     fill_value: Any
 
-    def __init__(self) -> None:
-        # the whole-array listing `iter_chunk_dir`/`chunk_exists` fall back on (None: not listed)
-        self._listed_keys: list[tuple[Coords, str]] | None = None
-
     @property
     def grid_shape(self) -> tuple[int, ...]:
         return tuple(-(-s // c) for s, c in zip(self.shape, self.chunk_shape, strict=True))
@@ -187,16 +183,9 @@ class ChunkSource(ABC):
     def chunk_key(self, coords: Coords) -> str:
         """The source's own key of chunk `coords`, relative to the array (e.g. ``c/0/1``)."""
 
+    @abstractmethod
     def decode_key(self, key: str) -> Coords | None:
-        """The chunk a key names (any rank, in or out of the grid), or None.
-
-        Works for any chunk key encoding: accepted only if encoding the
-        coordinates gives the key back (`zfuse.ext.chunk_keys.ChunkKeyDecoder`).
-        """
-        decoder = getattr(self, "_key_decoder", None)
-        if decoder is None:
-            decoder = self._key_decoder = ChunkKeyDecoder(len(self.shape), encode=self.chunk_key)
-        return decoder(key)
+        """The chunk a key names (any rank, in or out of the grid), or None."""
 
     @abstractmethod
     def list_chunks(self) -> Iterable[Coords]:
@@ -248,31 +237,15 @@ class ChunkSource(ABC):
                 fixed.append(int(name))
         return tuple(fixed)
 
+    @abstractmethod
     def iter_chunk_dir(self, parts: tuple[str, ...]) -> Iterator[DirPage]:
         """Pages of what chunk-key directory `parts` holds (``()`` is the array's own
-        directory): ``(name, coords)`` for chunks, ``(name, None)`` for subdirectories.
+        directory): ``(name, coords)`` for chunks, ``(name, None)`` for subdirectories;
+        only the directory asked for is listed."""
 
-        This fallback lists the whole array once and keeps it until `invalidate`;
-        store-backed sources list only the directory asked for.
-        """
-        depth = len(parts)
-        subdirs: set[str] = set()
-        page: DirPage = []
-        for coords, key in self._all_chunk_keys():
-            names = key.split("/")
-            if len(names) <= depth or tuple(names[:depth]) != parts:
-                continue
-            if len(names) == depth + 1:
-                page.append((names[depth], coords))
-            elif names[depth] not in subdirs:
-                subdirs.add(names[depth])
-                page.append((names[depth], None))
-        yield page
-
+    @abstractmethod
     def chunk_exists(self, coords: Coords) -> bool:
-        """Whether chunk `coords` is stored (one existence check, not a listing, for
-        store-backed sources; this fallback uses the whole-array listing)."""
-        return coords in {c for c, _ in self._all_chunk_keys()}
+        """Whether chunk `coords` is stored (one existence check, not a listing)."""
 
     def exists_is_local(self, coords: Coords) -> bool:
         """Whether `chunk_exists(coords)` answers from a local file's stat or from memory
@@ -337,12 +310,6 @@ class ChunkSource(ABC):
         """The local file that holds chunk `coords` as stored; None: none."""
         return None
 
-    def _all_chunk_keys(self) -> list[tuple[Coords, str]]:
-        listed = self._listed_keys
-        if listed is None:
-            listed = self._listed_keys = self.list_chunk_keys()
-        return listed
-
     def use_index_cache(self, cache: BoundedLRU) -> None:  # noqa: B027 - optional hook
         """Keep shard indexes in `cache` (shared by the arrays of one view)."""
 
@@ -382,9 +349,8 @@ class ChunkSource(ABC):
         with no store of their own have nothing to ask again."""
         return
 
-    def forget_listing(self) -> None:
-        """Drop the whole-array listing (a chunk was written or deleted through this source)."""
-        self._listed_keys = None
+    def forget_listing(self) -> None:  # noqa: B027 - optional hook
+        """Drop what listings the source keeps (a chunk was written or deleted through it)."""
 
     def invalidate(self) -> None:
         """Forget cached store state (after external changes)."""

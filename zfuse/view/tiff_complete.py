@@ -74,7 +74,6 @@ class TiffWalk:
 
     incomplete: str | None = None  # why it is only the beginning of a TIFF
     problem: str | None = None  # why no further writing makes it a chunk (refuse)
-    ifds: int = 0
     deferred: bool = False  # stopped at `max_entries`: nothing decided, walk it all elsewhere
 
 
@@ -204,7 +203,7 @@ def walk_tiff(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[Seque
         (offset,) = struct.unpack(bo + off, view[end - osize : end])
         index += 1
     if dims is None:
-        return TiffWalk(incomplete="no image written yet (no IFD)", ifds=index)
+        return TiffWalk(incomplete="no image written yet (no IFD)")
     wanted = [flatten(s) for s in chunk_shapes]
     fits = [p for p, r, c in wanted if (r, c) == dims]
     if imagej is not None and planes == 1 and imagej[0] > 1 and imagej[2]:
@@ -212,11 +211,11 @@ def walk_tiff(data: bytes | bytearray | memoryview, chunk_shapes: Sequence[Seque
         images, start, plane = imagej
         if start + images * plane > size:
             found = past(start + images * plane, f"ImageJ stack of {images} images")
-            return TiffWalk(incomplete=found.incomplete, problem=found.problem, ifds=index)
+            return TiffWalk(incomplete=found.incomplete, problem=found.problem)
         planes = images
     if fits and planes < min(fits):
-        return TiffWalk(incomplete=f"{planes} of {min(fits)} image plane(s) written", ifds=index)
-    return TiffWalk(ifds=index)
+        return TiffWalk(incomplete=f"{planes} of {min(fits)} image plane(s) written")
+    return TiffWalk()
 
 
 _SAMPLE_FORMAT = 339

@@ -475,9 +475,9 @@ class Writes:
     async def create(self, path: Path, flags: int, pid: int | None) -> FileState:
         self._check_writable()
         async with self._changing(path):  # (as `open`)
-            return self._create(path, flags, pid)
+            return self._create(path, pid)
 
-    def _create(self, path: Path, flags: int, pid: int | None) -> FileState:
+    def _create(self, path: Path, pid: int | None) -> FileState:
         arr, coords = self.chunk_target(path)
         state = self.states.get(path)
         if state is None:
