@@ -157,11 +157,15 @@ def _with_crc32c(data: bytes) -> bytes:
     return data + struct.pack("<I", google_crc32c.value(data))
 
 
-def test_a_corrupt_chunk_of_a_v2_fortran_order_array_is_corrupt_data(tmp_path) -> None:
-    """v2 arrays in F order are read through zarr's indexing (their chunks' memory
-    order): a chunk that does not decode there is corrupt data too (EIO, one line),
-    not an unforeseen ValueError."""
+@pytest.mark.parametrize("compressor", [{"id": "zlib", "level": 1}, {"id": "bz2", "level": 1}, None])
+def test_a_v2_fortran_order_array_is_decoded_within_a_bound(tmp_path, compressor) -> None:
+    """[read-10] v2 arrays in F order: their chunks decode as zarr reads them (values in
+    F order), within the chunk's bound like any other array's (they went through zarr's
+    indexing, which bounds nothing: a 6.5 KB bz2 chunk took the daemon to 2.16 GB);
+    a chunk that decodes to another size is corrupt data (EIO, one line)."""
     import json
+
+    import zarr
 
     from zfuse.daemon import MountConfig
     from zfuse.open_view import make_view
@@ -169,15 +173,26 @@ def test_a_corrupt_chunk_of_a_v2_fortran_order_array_is_corrupt_data(tmp_path) -
     root = tmp_path / "f.zarr"
     root.mkdir()
     (root / ".zarray").write_text(json.dumps({
-        "zarr_format": 2, "shape": [8, 8], "chunks": [4, 4], "dtype": "<u2", "order": "F",
-        "compressor": {"id": "zlib", "level": 1}, "fill_value": 0, "filters": None}))
-    (root / "0.0").write_bytes(zlib.compress(np.arange(16, dtype="<u2").tobytes()))
-    (root / "0.1").write_bytes(zlib.compress(b"\0" * 7))  # decodes to 7 bytes, not 32
+        "zarr_format": 2, "shape": [8, 12], "chunks": [4, 6], "dtype": "<u2", "order": "F",
+        "compressor": compressor, "fill_value": 0, "filters": None}))
+    ident = compressor["id"] if compressor else None
+    encode = {"zlib": lambda b: zlib.compress(b, 1), "bz2": lambda b: bz2.compress(b, 1), None: bytes}[ident]
+    values = np.arange(24, dtype="<u2").reshape(4, 6)
+    (root / "0.0").write_bytes(encode(values.tobytes(order="F")))
+    (root / "0.1").write_bytes(encode(b"\0" * 7))  # 7 bytes, not 48
+    if ident is not None:
+        (root / "1.0").write_bytes(encode(bytes(BIG)))
+    assert np.array_equal(zarr.open_array(str(root))[:4, :6], values)
     view = make_view(MountConfig([str(root)], "/nonexistent", read_only=True))
     array = dict(view.arrays())[()]
-    assert np.frombuffer(bytes(array.pixel_bytes((0, 0))), "<u2").size == 16
-    with pytest.raises(CorruptDataError, match="0.1: the stored chunk does not decode"):
+    assert np.array_equal(np.frombuffer(bytes(array.pixel_bytes((0, 0))), "<u2").reshape(4, 6), values)
+    with pytest.raises(CorruptDataError, match="0.1: the stored chunk (decompresses to|does not decode)"):
         array.pixel_bytes((0, 1))
+    if ident is not None:
+        before = _rss_peak_kib()
+        with pytest.raises(CorruptDataError, match=r"1\.0: (the stored chunk decompresses to more than the 48 bytes|stored object of)"):
+            array.pixel_bytes((1, 0))
+        assert _rss_peak_kib() - before < BIG // 4096
 
 
 def test_a_stored_jpeg_of_too_many_scans_is_refused_before_decoding() -> None:

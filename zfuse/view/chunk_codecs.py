@@ -11,6 +11,7 @@ declares or decompresses to more is corrupt data, never allocated.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -64,6 +65,8 @@ class ChunkCodecs:
         self._zarr_format: int = meta.zarr_format
         self.chunk_shape = tuple(array.chunks)
         self.dtype = np.dtype(array.dtype)
+        # a v2 chunk's values in memory order: "F" (Fortran) or "C"
+        self.order: str = getattr(meta, "order", "C") if self._zarr_format == 2 else "C"
         # [array->bytes codec, bytes->bytes codecs...] when every one of them can
         # decode synchronously and no array->array codec changes the spec
         self.in_thread: tuple[Any, list[Any]] | None = None
@@ -99,7 +102,10 @@ class ChunkCodecs:
         regular grid (zarr gives every chunk the full chunk shape)."""
         proto = default_buffer_prototype()
         first = tuple(0 for _ in self._array.shape)
-        spec = self._array.metadata.get_chunk_spec(first, zarr_private.array_config(self._array), proto)
+        config = zarr_private.array_config(self._array)
+        if config.order != self.order:  # (a v2 array's chunks are in its own order, as zarr reads them)
+            config = dataclasses.replace(config, order=self.order)
+        spec = self._array.metadata.get_chunk_spec(first, config, proto)
         return spec if self._sharding is None else zarr_private.inner_chunk_spec(self._sharding, spec)
 
     # -- decoding -----------------------------------------------------------
@@ -195,18 +201,23 @@ class ChunkCodecs:
             if values.size != math.prod(self.chunk_shape):
                 raise CorruptDataError(f"the stored chunk decodes to {values.size} values, "
                                        f"the chunk holds {math.prod(self.chunk_shape)}")
-            return values.reshape(self.chunk_shape)
+            return values.reshape(-1).reshape(self.chunk_shape, order=self.order)
         out = bounded_decode.decompress_bounded(ident, config, raw, self.chunk_nbytes)
         if ident in bounded_decode.DECODED_INTO and stored.isnative:
             # an image codec: decoded into the chunk's own array (as zarr-python 2 does),
-            # which the decoder checks against the image its stream declares first
+            # which the decoder checks against the image its stream declares first (F
+            # order: the C-order array of the shape reversed, whose transpose the chunk is)
+            if self.order == "F":
+                into = np.empty(self.chunk_shape[::-1], stored)
+                return bounded_decode.decode_into(compressor, raw, into).reshape(-1).reshape(
+                    self.chunk_shape, order="F")
             return bounded_decode.decode_into(compressor, raw, np.empty(self.chunk_shape, stored))
         if out is None:
             return None  # its declared size was checked: zarr decodes it
         if len(out) != self.chunk_nbytes:
             raise CorruptDataError(f"the stored chunk decompresses to {len(out)} bytes, "
                                    f"the chunk holds {self.chunk_nbytes}")
-        return np.frombuffer(out, dtype=stored).reshape(self.chunk_shape)
+        return np.frombuffer(out, dtype=stored).reshape(self.chunk_shape, order=self.order)
 
     # -- encoding -----------------------------------------------------------
     def encode(self, full: np.ndarray) -> Any:

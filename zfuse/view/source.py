@@ -460,11 +460,10 @@ class ZarrChunkSource(ChunkSource):
                                      self.chunks_per_shard if self.sharding is not None else None)
         # the chunk-key directories listed from the store, and what those listings keep
         self._listing = ChunkListing(self, self._indexes)
-        # Chunks are read and written directly with the codec pipeline, except for
-        # v2 arrays in F order, whose chunk memory order only zarr's indexing handles
-        self._direct = not (self.zarr_format == 2 and getattr(meta, "order", "C") == "F")
-        # decoding and encoding (which codecs run in the worker thread, the bounds)
+        # decoding and encoding (which codecs run in the worker thread, the bounds; a v2
+        # array in F order: its chunks' stored bytes are its values in F order)
         self.codecs = ChunkCodecs(array, self.sharding, self.fill_value)
+        self._c_order_bytes = self.codecs.order == "C"
         encoding = (
             V2ChunkKeyEncoding(separator=meta.dimension_separator) if self.zarr_format == 2 else meta.chunk_key_encoding
         )
@@ -662,13 +661,6 @@ class ZarrChunkSource(ChunkSource):
             return self._read_chunk_once(coords, must_exist)
 
     def _read_chunk_once(self, coords: Coords, must_exist: bool) -> np.ndarray:
-        if not self._direct:
-            try:
-                with chunk_read_limited(self._storage_object_max):
-                    return self.full_chunk(np.asarray(self.array[self.chunk_region(coords)]))
-            except (ValueError, RuntimeError, TypeError) as e:  # (as below; zarr's indexing decoded it)
-                raise CorruptDataError(f"{self.chunk_key(coords)}: the stored chunk does not decode: "
-                                       f"{type(e).__name__}: {e}") from e
         fetched = self._fetch(coords, must_exist)
         if fetched is None:
             return np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
@@ -699,7 +691,7 @@ class ZarrChunkSource(ChunkSource):
         of a sharded array), as v3 dicts; None when stored bytes are not read directly
         (F order) or their sizes are not cheap to know (neither sharded nor local).
         No I/O: `stored_sizes` checks the rest (storage transformers)."""
-        if not self._direct or (self.sharding is None and self._local_root() is None):
+        if not self._c_order_bytes or (self.sharding is None and self._local_root() is None):
             return None
         meta = self.array.metadata
         if self.zarr_format == 2:
@@ -943,7 +935,7 @@ class ZarrChunkSource(ChunkSource):
     def _fetcher(self) -> RemoteFetcher | None:
         """Remote stores: chunks fetched ahead of readers (`fetch_ahead`), on zarr's
         event loop, taken by `_fetch`."""
-        if not self._direct or not self.access.remote:
+        if not self.access.remote:
             return None
         return RemoteFetcher(self, self._indexes)
 
@@ -1104,17 +1096,17 @@ class ZarrChunkSource(ChunkSource):
         with self._lock_for(coords):
             new_index = None
             try:
-                if self.sharding is not None and self._direct and self._shard_writes.available:
+                if self.sharding is not None and self._shard_writes.available:
                     shard_key = self.storage_key(self.storage_coords(coords))
                     new_index = self._shard_writes.write(shard_key, coords, self.full_chunk(clipped))
-                elif self.sharding is None and self._direct and self.codecs.encodes_in_thread:
+                elif self.sharding is None and self.codecs.encodes_in_thread:
                     encoded = self.codecs.encode(self.full_chunk(clipped))
                     local = self._local_store
                     if local is not None and local.local_writer:
                         self._set_chunk_local(local, coords, encoded)  # in this worker thread
                     else:
                         sync(self._set_chunk(coords, encoded))  # store I/O on zarr's event loop
-                elif self.sharding is None and self._direct:
+                elif self.sharding is None:
                     sync(self._write_stored_chunk(coords, self.full_chunk(clipped)))
                 else:
                     with chunk_read_limited(self._storage_object_max):
