@@ -562,14 +562,18 @@ def test_reload_and_writes_invalidate(tmp_path: Path, mount) -> None:
                               compressors=codecs)
         a[...] = stores.values(a.shape, "uint16")
         arrays[name] = a
+    # chunks of 10 x 10: each 16 x 16 tile built from several chunks (and kept built)
+    small = root.create_array("small", shape=(40, 64), chunks=(10, 10), dtype="uint16", fill_value=0)
+    small[...] = stores.values(small.shape, "uint16")
     m = mount(tmp_path / "g.zarr")
-    for name, a in arrays.items():
+    for name, a in [*arrays.items(), ("small", small)]:
         f = m.path / name / "image.ome.tif"
         np.testing.assert_array_equal(tifffile.imread(f), a[...])
         # through the mount: a chunk file written -> the whole image shows it
-        tifffile.imwrite(m.path / name / "c" / "1" / "0.tiff", np.full((16, 32), 9, dtype="uint16"))
-        assert (a[16:32, :32] == 9).all()
-        np.testing.assert_array_equal(tifffile.imread(f), a[...])
+        h, w = a.chunks
+        tifffile.imwrite(m.path / name / "c" / "1" / "0.tiff", np.full((h, w), 9, dtype="uint16"))
+        assert (a[h:2 * h, :w] == 9).all()
+        np.testing.assert_array_equal(tifffile.imread(f), a[...])  # (built tiles had shown 0 for ever)
 
     # outside the mount, then SIGHUP
     held = {name: open(m.path / name / "image.ome.tif", "rb", buffering=0) for name in arrays}

@@ -97,12 +97,17 @@ class Tiles:
     def _fill_tile(self, lv: Level) -> np.ndarray:
         return np.full((lv.tile_h, lv.tile_w), fill_value_of(lv.array), dtype=pixel_dtype(self.dtype))
 
-    def cached(self, level: int, plane: int, tile: int) -> bytes | None:
-        return self._tiles.get((level, plane, tile))
+    def _key(self, level: int, plane: int, tile: int) -> tuple[int, int, int, int]:
+        """A built tile's key: with its array's count of chunks written through the view,
+        so that a tile built before a write is never served after it."""
+        return level, plane, tile, getattr(self.levels[level].array, "changes", 0)
 
-    def _keep(self, level: int, plane: int, tile: int, data: bytes) -> None:
+    def cached(self, level: int, plane: int, tile: int) -> bytes | None:
+        return self._tiles.get(self._key(level, plane, tile))
+
+    def _keep(self, key: tuple[int, int, int, int], data: bytes) -> None:
         """Keep a built tile: the kernel reads one tile in several requests."""
-        self._tiles.put((level, plane, tile), data, len(data))
+        self._tiles.put(key, data, len(data))
 
     def _direct_chunk(self, lv: Level, plane: int, tile: int) -> tuple[int, ...] | None:
         """The chunk whose decoded bytes *are* this tile's pixels, if there is one."""
@@ -141,7 +146,8 @@ class Tiles:
         # Single flight: the kernel reads one tile in several concurrent requests;
         # only the first fetches or assembles it, the others wait for it.
         with self._assembling.turn((level, plane, tile)):
-            data = self.cached(level, plane, tile)
+            key = self._key(level, plane, tile)  # (before: a write meanwhile keeps it from later reads)
+            data = self._tiles.get(key)
             if data is not None:
                 return data
             if mode is not None:
@@ -150,7 +156,7 @@ class Tiles:
                 data = self.interleave(lv, plane, tile)
             else:
                 data = self.assemble(lv, plane, tile)
-            self._keep(level, plane, tile, data)
+            self._keep(key, data)
             return data
 
     def decode_side_by_side(self, keys: list[tuple[int, int, int]], modes: Sequence[int | None]) -> None:
