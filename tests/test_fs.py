@@ -14,6 +14,8 @@ import gc
 import io
 import json
 import os
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -473,6 +475,98 @@ def test_a_file_renamed_onto_an_edge_chunk_may_have_its_cropped_shape(tmp_path: 
         k.rename("c/1/0/.0.tiff.tmp", "c/1/0/0.tiff")
     assert e.value.errno == errno.EINVAL
     assert stores.snapshot(src) == before
+
+
+@pytest.fixture
+def read_only_store(tmp_path: Path) -> Iterator[tuple[Path, np.ndarray]]:
+    """A v3 store seen through a read-only bind mount of its directory (root only: the
+    mount), as a store on a read-only filesystem is."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a read-only bind mount")
+    src, view = tmp_path / "a.zarr", tmp_path / "ro" / "a.zarr"
+    data = stores.v3(src)
+    view.mkdir(parents=True)
+    for args in (["mount", "--bind", str(src), str(view)], ["mount", "-o", "remount,bind,ro", str(view)]):
+        made = subprocess.run(args, capture_output=True, text=True)
+        if made.returncode != 0:
+            subprocess.run(["umount", str(view)], capture_output=True)
+            pytest.skip(f"no read-only bind mount here: {made.stderr.strip()}")
+    try:
+        yield view, data
+    finally:  # (lazily: the view under test may still hold the store's directory open)
+        subprocess.run(["umount", "-l", str(view)], check=True)
+
+
+def test_writes_a_store_refuses_are_refused_before_anything_changes(read_only_store, clock: Clock) -> None:
+    """[write-14] a read-write mount of a store its directories refuse (a read-only
+    filesystem here): an `rm` fails at once (EROFS) and the chunk stays listed (it had
+    been hidden, rm said 0, and it came back when the delete failed 30 s later); an open
+    for writing, a new chunk file and a rename onto a chunk fail before any byte is
+    written (a whole file had been taken, to fail at close()); a scratch file is the
+    daemon's and may be written, but not renamed onto a chunk. The store is unchanged."""
+    src, data = read_only_store
+    before = stores.snapshot(src)
+    fs, k = make_fs(src, clock, replace_window=5.0)
+    for attempt in (lambda: k.unlink(CHUNK), lambda: k.open(CHUNK, os.O_WRONLY | os.O_TRUNC),
+                    lambda: k.open("c/1/1.tiff", os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                    lambda: k.rename(CHUNK, "c/1/0.tiff")):
+        with pytest.raises(FsError) as e:
+            attempt()
+        assert e.value.errno == errno.EROFS
+    assert "0.tiff" in k.listdir("c/0")
+    np.testing.assert_array_equal(pixels(k.read_file(CHUNK)), chunk00(data))
+    k.write_file("c/0/.0.tiff.tmp", tiff(chunk00(data) + 1))
+    with pytest.raises(FsError) as e:
+        k.rename("c/0/.0.tiff.tmp", CHUNK)
+    assert e.value.errno == errno.EROFS
+    clock.now += 60
+    k.tick()
+    assert stores.snapshot(src) == before
+    assert any("read-only filesystem" in line and "c/0/0" in line for line in fs.errors)
+
+
+def test_a_store_directory_another_user_owns_refuses_that_user(tmp_path: Path) -> None:
+    """[write-14] what `write_refusal` tells a process that is not the store's owner
+    (a child of this test, turned into another user): EACCES naming the directory and
+    the uid, for a key in a directory it may not write, or one below it not made yet;
+    in a sticky directory it may write, another owner's file (EACCES) but not its own
+    nor a new one. The owner itself is told nothing."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the child becomes another user")
+    from zfuse.local_store import AtomicLocalStore
+
+    base = tmp_path / "s"
+    (base / "c" / "0").mkdir(parents=True)
+    (base / "c" / "0" / "0").write_bytes(b"x")
+    sticky = base / "shared"
+    sticky.mkdir()
+    (sticky / "theirs").write_bytes(b"x")
+    mine = sticky / "mine"
+    mine.write_bytes(b"x")
+    os.chown(mine, 65534, 65534)
+    for d in (tmp_path, base, base / "c", base / "c" / "0"):
+        d.chmod(0o755)
+    sticky.chmod(0o1777)
+    store = AtomicLocalStore(str(base))
+    assert store.write_refusal("c/0/0") is None and store.write_refusal("c/1/0") is None
+    pid = os.fork()
+    if pid == 0:  # the child: nobody (65534)
+        code = 1
+        try:
+            os.setgid(65534)
+            os.setuid(65534)
+            said = {key: store.write_refusal(key) for key in
+                    ("c/0/0", "c/0/9", "c/5/0", "shared/theirs", "shared/mine", "shared/new", "shared/x/y")}
+            ok = all(said[k] is not None and said[k].errno == errno.EACCES for k in ("c/0/0", "c/0/9", "c/5/0"))
+            ok = ok and f"{base}/c/0 is not writable by uid 65534" in str(said["c/0/0"])
+            ok = ok and f"{base}/c is not writable" in str(said["c/5/0"])
+            ok = ok and said["shared/theirs"] is not None and "sticky" in str(said["shared/theirs"])
+            ok = ok and said["shared/mine"] is None and said["shared/new"] is None and said["shared/x/y"] is None
+            code = 0 if ok else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
 
 
 class GatedCommits:
@@ -1648,7 +1742,6 @@ def test_readers_of_a_replaced_chunk_share_one_copy_of_its_bytes(v3) -> None:
 def test_a_log_line_naming_a_name_not_utf8_reaches_the_log_file(tmp_path: Path) -> None:
     """[tree-6] the log file's line of such a refusal is written, the name escaped (the
     strict UTF-8 handler had dropped the whole line)."""
-    import subprocess
     import sys
 
     log = tmp_path / "zfuse.log"

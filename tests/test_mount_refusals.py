@@ -71,3 +71,40 @@ def test_fewer_planes_than_the_chunk_are_named_at_close(tmp_path: Path, mount) -
     report = json.loads(subprocess.run([sys.executable, "-m", "zfuse.cli", "status", "--json", str(m.path)],
                                        capture_output=True, text=True, timeout=60).stdout)
     assert report[0]["recent_errors"][-1] == line
+
+
+def test_a_store_on_a_read_only_filesystem_refuses_at_once(tmp_path: Path, mount) -> None:
+    """[write-14] a read-write mount of a store on a read-only filesystem (a read-only
+    bind mount): the mount warns (the log, which `zfuse mount` prints); `rm` of a chunk
+    fails EROFS at once and the chunk stays; `cp` onto a chunk fails at its open, before
+    any byte is copied; the store is unchanged."""
+    import errno
+    import os
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a read-only bind mount")
+    src, view = tmp_path / "a.zarr", tmp_path / "ro" / "a.zarr"
+    stores.v3(src)
+    view.mkdir(parents=True)
+    for args in (["mount", "--bind", str(src), str(view)], ["mount", "-o", "remount,bind,ro", str(view)]):
+        made = subprocess.run(args, capture_output=True, text=True)
+        if made.returncode != 0:
+            subprocess.run(["umount", "-l", str(view)], capture_output=True)
+            pytest.skip(f"no read-only bind mount here: {made.stderr.strip()}")
+    try:
+        before = snapshot(src)
+        m = mount(view)
+        assert "is on a read-only filesystem: writes and deletions through the mount fail with EROFS" in m.log()
+        chunk = m.path / "c" / "0" / "0.tiff"
+        with pytest.raises(OSError) as e:
+            chunk.unlink()
+        assert e.value.errno == errno.EROFS
+        assert chunk.exists() and "0.tiff" in os.listdir(m.path / "c" / "0")
+        other = tmp_path / "x.tiff"
+        other.write_bytes(chunk.read_bytes())
+        copied = subprocess.run(["cp", str(other), str(chunk)], capture_output=True, text=True)
+        assert copied.returncode != 0 and "Read-only file system" in copied.stderr
+        assert snapshot(src) == before
+        m.unmount()
+    finally:
+        subprocess.run(["umount", "-l", str(view)], check=True)

@@ -203,6 +203,28 @@ def _zipped(path: str) -> bool:
 LEVEL_ANCESTORS = 3
 
 
+def unwritable_hint(config: MountConfig) -> str | None:
+    """A warning when a read-write mount's local source directory is one this process may
+    not write (another user's store, a read-only filesystem): each write and deletion
+    in it is then refused at open(), unlink() or rename() (`ChunkSource.write_refusal`);
+    None otherwise."""
+    if config.read_only:
+        return None
+    for source in config.sources:
+        path = source.removeprefix("file://")
+        if "://" in path or not os.path.isdir(path):
+            continue
+        if os.access(path, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
+            continue
+        if os.statvfs(path).f_flag & os.ST_RDONLY:
+            why, code = "is on a read-only filesystem", "EROFS"
+        else:
+            why, code = f"is not writable by uid {os.geteuid()}", "EACCES"
+        return (f"{source} {why}: writes and deletions through the mount fail with {code} where its "
+                "directories are not writable; mount with -o ro to show it read-only")
+    return None
+
+
 def level_hint(sources: list[str]) -> str | None:
     """A hint when the one local source is a level of an OME-Zarr image (`img.zarr/0`,
     ngff-zarr's `img.zarr/scale0/image`, or its `scale0`): its axes, scales and channel

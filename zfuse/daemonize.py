@@ -126,7 +126,14 @@ def _missing_bucket(sources: list[str], storage_options: dict[str, Any] | None) 
 
 def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int | None,
                     verbose: int) -> int:
-    from zfuse.daemon import check_mountpoint, check_sources, level_hint, mounted_elsewhere, serve
+    from zfuse.daemon import (
+        check_mountpoint,
+        check_sources,
+        level_hint,
+        mounted_elsewhere,
+        serve,
+        unwritable_hint,
+    )
     from zfuse.open_view import local_source_identities, make_view, reload_view
     from zfuse.stats import Stats
 
@@ -165,7 +172,8 @@ def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int 
         # let go of the caller's directory (it could not be unmounted or removed
         # while the daemon runs); every path in `config` is absolute by now
         os.chdir("/")
-        for message in (warning, mounted_elsewhere(config.sources), level_hint(config.sources)):
+        for message in (warning, mounted_elsewhere(config.sources), level_hint(config.sources),
+                        unwritable_hint(config)):
             if message:
                 log.warning("%s", message)
         stats = Stats()

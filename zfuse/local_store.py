@@ -343,6 +343,51 @@ class AtomicLocalStore(LocalStore):
         finally:
             os.close(fd)
 
+    def write_refusal(self, key: str) -> OSError | None:
+        """Why writing or deleting `key` would fail for this process, found before
+        anything is changed (a mount of a store it may not write had hidden a chunk at
+        `rm`, said 0, and restored it when the delete failed 30 s later); None when
+        nothing stands in the way that permissions tell. The directory asked is `key`'s,
+        or the nearest one above it that exists (the write makes the rest): EACCES when
+        this process may not write it, or may not replace another owner's file in it
+        (the sticky bit), EROFS on a read-only filesystem."""
+        check_key(key)
+        parts = key.split("/")
+        for depth in range(len(parts) - 1, -1, -1):
+            head = "/".join(parts[:depth])
+            try:
+                fd = open_beneath(self.root_fd(), head, os.O_PATH | os.O_DIRECTORY) if head else None
+            except (FileNotFoundError, NotADirectoryError):
+                continue
+            try:
+                return self._directory_refusal(fd if fd is not None else self.root_fd(), head, parts[-1]
+                                               if depth == len(parts) - 1 else None)
+            finally:
+                if fd is not None:
+                    os.close(fd)
+        return None
+
+    def _directory_refusal(self, dir_fd: int, head: str, name: str | None) -> OSError | None:
+        where = os.path.join(str(self.root), head) if head else str(self.root)
+        if os.access(".", os.W_OK | os.X_OK, dir_fd=dir_fd, effective_ids=os.access in os.supports_effective_ids):
+            st = os.fstat(dir_fd)
+            uid = os.geteuid()
+            if name is None or not st.st_mode & stat.S_ISVTX or uid in (0, st.st_uid):
+                return None
+            try:
+                owner = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_uid
+            except FileNotFoundError:
+                return None
+            if owner == uid:
+                return None
+            return OSError(errno.EACCES, f"{where} is a sticky directory and {name} there belongs to uid "
+                                         f"{owner}: uid {uid} may not replace or remove it")
+        if os.fstatvfs(dir_fd).f_flag & os.ST_RDONLY:
+            return OSError(errno.EROFS, f"{where} is on a read-only filesystem: the store cannot be written "
+                                        "(mount with -o ro)")
+        return OSError(errno.EACCES, f"{where} is not writable by uid {os.geteuid()}: the store cannot be "
+                                     "written there (mount with -o ro, or ask its owner)")
+
     def is_file_key(self, key: str) -> bool:
         """Whether `key` is an object of the store. A name in the store that is a link
         leading out of it counts (its read then fails, naming it), and so does a FIFO,

@@ -190,6 +190,9 @@ class ConcatChunkSource(ChunkSource):
         found = [f"{part.name}: {part.chunk_key(c)}" for part, c in itertools.islice(self._part_chunks(coords), most + 1)]
         return found if len(found) <= most else [*found[:most], "..."]
 
+    def write_refusal(self, coords: Coords) -> OSError | None:
+        return next((r for part, c in self._part_chunks(coords) if (r := part.write_refusal(c)) is not None), None)
+
     def retry_failed(self, coords: Coords) -> None:
         if self.in_grid(coords):
             for part, c in self._part_chunks(coords):

@@ -343,6 +343,12 @@ class ChunkSource(ABC):
         """Names of the Zarr extensions and notable codecs this source uses."""
         return []
 
+    def write_refusal(self, coords: Coords) -> OSError | None:
+        """Why writing or deleting chunk `coords` would fail, where the store can tell
+        before anything changes (a local directory this process may not write); None:
+        nothing known stands in the way (blocking: a few system calls)."""
+        return None
+
     def retry_failed(self, coords: Coords) -> None:
         """Ask the store again, at once, for chunk `coords` if a request for it timed out
         or failed lately (a reader looking its file up or opening it anew). Sources
@@ -1068,6 +1074,10 @@ class ZarrChunkSource(ChunkSource):
         key = self._encode_storage_key(self.storage_coords(coords))
         with self._locks_guard:
             return self._locks.setdefault(key, threading.Lock())
+
+    def write_refusal(self, coords: Coords) -> OSError | None:
+        files = self.access.files
+        return files.write_refusal(self.storage_key(self.storage_coords(coords))) if files is not None else None
 
     def retry_failed(self, coords: Coords) -> None:
         failures = self.access.bounded.failures if self.access.bounded is not None else None

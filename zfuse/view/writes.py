@@ -448,8 +448,21 @@ class Writes:
             # The kernel still holds a dentry for a file that vanished (a refused
             # new file, dropped at release): recreate it, as O_CREAT would have.
             return await self.create(path, flags, pid)
+        if path not in self.states and entry is not None and entry.array is not None and entry.coords is not None:
+            await self._check_store_writable(entry.array, entry.coords)
         async with self._changing(path):
             return self._open(path, entry, flags, pid)
+
+    async def _check_store_writable(self, arr: ArrayView, coords: tuple[int, ...] | None) -> None:
+        """Refuse now (EACCES, EROFS) a write or deletion of chunk `coords` that the store
+        is known to refuse (`ChunkSource.write_refusal`: a local directory this process
+        may not write), before a file is written whole only to fail at close(), or an
+        `rm` says 0 and the chunk comes back."""
+        if coords is None:
+            return
+        refusal = await self.run(arr.source.write_refusal, coords)
+        if refusal is not None:
+            raise NotAllowedError(refusal.errno or errno.EACCES, f"{arr.key_name(coords)}: {refusal.strerror}")
 
     def _open(self, path: Path, entry: Entry | None, flags: int, pid: int | None) -> FileState:
         state = self.states.get(path)
@@ -474,6 +487,8 @@ class Writes:
 
     async def create(self, path: Path, flags: int, pid: int | None) -> FileState:
         self._check_writable()
+        if path not in self.states:
+            await self._check_store_writable(*self.chunk_target(path))
         async with self._changing(path):  # (as `open`)
             return self._create(path, pid)
 
@@ -871,6 +886,11 @@ class Writes:
 
     async def unlink(self, path: Path) -> None:
         self._check_writable()
+        state = self.states.get(path)
+        if state is None or not state.scratch:
+            arr, coords = self.view.chunk_at(path)
+            if arr is not None:
+                await self._check_store_writable(arr, coords)
         async with self._changing(path):
             await self._keep_bytes(path)
             self._unlink(path)
@@ -904,6 +924,12 @@ class Writes:
 
     async def rename(self, old: Path, new: Path, flags: int) -> None:
         self._check_writable()
+        for path in (old, new):  # (a chunk renamed is deleted at its old name and written at the new)
+            state = self.states.get(path)
+            if state is None or not state.scratch:
+                arr, coords = self.view.chunk_at(path)
+                if arr is not None:
+                    await self._check_store_writable(arr, coords)
         async with self._changing(old, new):
             await self._keep_bytes(old, new)
             await self._rename(old, new, flags)
