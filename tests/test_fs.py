@@ -170,7 +170,8 @@ def clock() -> Clock:
 
 
 def make_fs(src: Path, clock: Clock, **kw: object) -> tuple[FileSystem, Kernel]:
-    config = MountConfig(sources=[str(src)], mountpoint="", read_only=bool(kw.pop("read_only", False)))
+    config = MountConfig(sources=[str(src)], mountpoint="", read_only=bool(kw.pop("read_only", False)),
+                         lossy_writes=bool(kw.pop("lossy_writes", False)))
     view = make_view(config)
     process = kw.pop("process", lambda pid: pid)
     fs = FileSystem(view, read_only=config.read_only, stats=Stats(), clock=clock, process=process,
@@ -567,6 +568,65 @@ def test_a_store_directory_another_user_owns_refuses_that_user(tmp_path: Path) -
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _narrowing_and_lossy_store(root: Path) -> dict[str, np.ndarray]:
+    """v2 arrays (as zarr-python 2 users write them) whose filters or compressor cannot
+    hold every value: FixedScaleOffset, AsType, a narrowing Delta, JPEG 2000."""
+    import imagecodecs.numcodecs
+    import numcodecs
+
+    imagecodecs.numcodecs.register_codecs()
+    group = zarr.open_group(str(root), mode="w", zarr_format=2)
+    made = {}
+    for name, dtype, filters, compressor, value in (
+        ("fso", "<f8", [numcodecs.FixedScaleOffset(offset=1000, scale=10, dtype="<f8", astype="<u2")],
+         numcodecs.Zlib(), 1000.5),
+        ("astype", "<u2", [numcodecs.AsType(encode_dtype="|u1", decode_dtype="<u2")], None, 7),
+        ("delta", "<i4", [numcodecs.Delta(dtype="<i4", astype="<i2")], None, 7),
+        ("j2k", "u1", None, imagecodecs.numcodecs.Jpeg2k(level=30), None),
+    ):
+        a = group.create_array(name, shape=(16, 16), chunks=(16, 16), dtype=dtype, fill_value=0,
+                               filters=filters, compressors=compressor)
+        a[...] = (np.add.outer(np.arange(16), np.arange(16)) * 7 % 256).astype("u1") if value is None else value
+        made[name] = a[...]
+    return made
+
+
+def test_values_an_array_cannot_hold_are_refused_not_changed(tmp_path: Path, clock: Clock) -> None:
+    """[write-15] an array whose codecs narrow or lose values: a file whose values they
+    cannot store exactly fails at close() (EINVAL, naming the first value that would read
+    back otherwise, or the codec's own error) and the chunk is unchanged (FixedScaleOffset
+    had stored 3.0 as 6556.6, AsType 300 as 44, a narrowing Delta gave EIO and a
+    traceback); values they hold are stored; a chunk file copied back unchanged leaves
+    the lossy chunk as it is (JPEG 2000 had changed 180 of 256 pixels at each copy); with
+    `-o lossy_writes` the codec's approximation is stored."""
+    src = tmp_path / "l.zarr"
+    held = _narrowing_and_lossy_store(src)
+    before = stores.snapshot(src)
+    fs, k = make_fs(src, clock)
+    for name, values in (("fso", np.full((16, 16), 3.0)), ("astype", np.full((16, 16), 300, "<u2")),
+                         ("delta", np.full((16, 16), 100000, "<i4"))):
+        with pytest.raises(FsError) as e:
+            k.write_file(f"{name}/0.0.tiff", tiff(values))
+        assert e.value.errno == errno.EINVAL
+    assert any("fso/0.0: the array's codecs (fixedscaleoffset, zlib) cannot store these values exactly: 256 of "
+               "256 would read back otherwise (at (0, 0): 3.0 as 6556.6)" in line for line in fs.errors)
+    assert any("astype/0.0" in line and "300 as 44" in line for line in fs.errors)
+    assert any("delta/0.0" in line and "cannot encode these values: OverflowError" in line for line in fs.errors)
+    k.write_file("j2k/0.0.tiff", k.read_file("j2k/0.0.tiff"))  # (copied back unchanged)
+    edited = held["j2k"].copy()
+    edited[3, 3] = 0
+    with pytest.raises(FsError) as e:
+        k.write_file("j2k/0.0.tiff", tiff(edited))
+    assert e.value.errno == errno.EINVAL
+    assert stores.snapshot(src) == before
+    k.write_file("fso/0.0.tiff", tiff(np.full((16, 16), 1010.5)))  # (what the filter holds)
+    np.testing.assert_array_equal(zarr.open_array(str(src / "fso"))[...], np.full((16, 16), 1010.5))
+    fs, k = make_fs(src, clock, lossy_writes=True)
+    k.write_file("j2k/0.0.tiff", tiff(edited))
+    stored = zarr.open_array(str(src / "j2k"))[...]
+    assert not np.array_equal(stored, held["j2k"]) and np.abs(stored.astype(int) - edited).max() < 64
 
 
 class GatedCommits:

@@ -45,6 +45,7 @@ class MountConfig:
     members_kept: int = defaults.MEMBERS_KEPT
     all_chunks: bool = False
     crop_edges: bool = False
+    lossy_writes: bool = False
     max_threads: int = defaults.THREADS
     metadata_ttl: float | None = None
     timeout: float | None = None

@@ -177,6 +177,9 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
     MountOption("all_chunks", "", "list every grid position; missing chunks read as the fill value",
                 _flag("all_chunks")),
     MountOption("crop_edges", "", "edge chunks cropped to the array bounds", _flag("crop_edges")),
+    MountOption("lossy_writes", "", "store written values as an array's lossy or narrowing codecs make "
+                "them (JPEG, FixedScaleOffset, AsType, ...): without it such a write that would read back "
+                "otherwise fails with EINVAL", _flag("lossy_writes")),
     MountOption("metadata_ttl", "S", "every S seconds (and on SIGHUP / zfuse reload) open the source again",
                 _field("metadata_ttl", _seconds)),
     MountOption("timeout", "S", "bound every store request: a hung server gives EIO, not a hung ls or cat "

@@ -160,6 +160,7 @@ def make_view(config: MountConfig, stats: Stats | None = None, *, all_members: b
         shard_index_cache_bytes=config.index_cache_bytes,
         read_ahead_bytes=config.read_ahead_kb * 1024,
         members_kept=None if all_members else config.members_kept,
+        lossy_writes=config.lossy_writes,
     )
     unsettled: list[MeteredStore] = []
     opened: list[tuple[str, Any]] = []

@@ -82,6 +82,8 @@ class ViewOptions:
     # group members held opened across the view, about 15 KB each (None: no bound);
     # past it the groups used least lately forget theirs (`members.OpenedMembers`)
     members_kept: int | None = defaults.MEMBERS_KEPT
+    # written values stored as an array's lossy codecs make them (else refused: EINVAL)
+    lossy_writes: bool = False
 
 
 # preadv2(RWF_NOWAIT): a read that only takes what the OS page cache holds (Linux)

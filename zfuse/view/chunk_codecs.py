@@ -23,7 +23,7 @@ from zarr.codecs.sharding import ShardingCodec
 from zarr.core.buffer import default_buffer_prototype
 from zarr.core.sync import sync
 
-from zfuse.errors import CorruptDataError
+from zfuse.errors import CorruptDataError, InvalidTiffError
 from zfuse.ext import zarr_private
 from zfuse.view import bounded_decode
 
@@ -47,6 +47,48 @@ def _decode_bytes_stages(bytes_codecs: Sequence[Any], buf: Any, spec: Any, nbyte
 def _decode_on_loop(codec: Any, buf: Any, spec: Any) -> Any:
     (out,) = sync(codec.decode([(buf, spec)]))
     return out
+
+
+#: codecs that store any values of their input exactly (v3 names, numcodecs ids): a
+#: chunk written through an array of only these is stored without a check that it
+#: reads back the same. Any other codec (lossy: JPEG, BitRound, Quantize; narrowing:
+#: FixedScaleOffset, AsType; unknown) is checked (`ChunkCodecs.check_exact`).
+EXACT_CODECS = frozenset({
+    "bytes", "transpose", "crc32c", "zstd", "gzip", "blosc", "sharding_indexed", "zlib", "bz2", "lzma",
+    "lz4", "shuffle", "bitshuffle", "crc32", "adler32", "fletcher32", "jenkins_lookup3", "packbits", "pad",
+    "imagecodecs_zlib", "imagecodecs_deflate", "imagecodecs_zstd", "imagecodecs_lzma", "imagecodecs_bz2",
+    "imagecodecs_lz4", "imagecodecs_lzw", "imagecodecs_packbits", "imagecodecs_blosc", "imagecodecs_brotli",
+    "imagecodecs_snappy", "imagecodecs_zopfli",
+})
+
+
+def _codec_names(codec: Any) -> list[str] | None:
+    """The names of a codec and of what it nests (a shard's inner and index codecs), as
+    `EXACT_CODECS` spells them; None for a Delta whose stored type is another (it may
+    not hold a difference)."""
+    if isinstance(codec, ShardingCodec):
+        names = [_codec_names(c) for c in (*codec.codecs, *codec.index_codecs)]
+        return None if any(n is None for n in names) else ["sharding_indexed", *(x for n in names for x in n)]
+    config: dict[str, Any] = {}
+    if hasattr(codec, "to_dict"):
+        as_dict = codec.to_dict()
+        name = str(as_dict.get("name", ""))
+        config = as_dict.get("configuration") or {}
+    else:  # (a numcodecs codec of a v2 array)
+        config = codec.get_config()
+        name = str(config.get("id", ""))
+    name = name.removeprefix("numcodecs.")
+    if name == "delta":
+        astype, dtype = config.get("astype"), config.get("dtype")
+        return ["delta"] if astype in (None, dtype) else None
+    return [name]
+
+
+def same_values(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays of one dtype hold the same values bit for bit (a NaN is its
+    own, -0.0 is not 0.0)."""
+    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
+    return a.shape == b.shape and a.dtype == b.dtype and a.view(np.uint8).tobytes() == b.view(np.uint8).tobytes()
 
 
 class ChunkCodecs:
@@ -218,6 +260,73 @@ class ChunkCodecs:
             raise CorruptDataError(f"the stored chunk decompresses to {len(out)} bytes, "
                                    f"the chunk holds {self.chunk_nbytes}")
         return np.frombuffer(out, dtype=stored).reshape(self.chunk_shape, order=self.order)
+
+    # -- exactness -----------------------------------------------------------
+    @functools.cached_property
+    def codec_names(self) -> list[str | None]:
+        """The names of the codecs (a v2 array's filters and compressor) between a
+        chunk's values and its stored bytes; None for one not known to be exact."""
+        meta = self._array.metadata
+        if self._zarr_format == 3:
+            codecs = list(meta.codecs)
+        else:
+            codecs = [*(meta.filters or ()), *((meta.compressor,) if meta.compressor is not None else ())]
+        out: list[str | None] = []
+        for codec in codecs:
+            names = _codec_names(codec)
+            out.extend(names if names is not None else [None])
+        return out
+
+    @functools.cached_property
+    def exact(self) -> bool:
+        """Whether every codec stores any values exactly (`EXACT_CODECS`)."""
+        return all(n in EXACT_CODECS for n in self.codec_names)
+
+    def _described(self) -> str:
+        meta = self._array.metadata
+        if self._zarr_format == 3:
+            return ", ".join(str(c.to_dict().get("name")) for c in meta.codecs)
+        parts = [f.codec_id for f in meta.filters or ()]
+        return ", ".join(parts + ([meta.compressor.codec_id] if meta.compressor is not None else []))
+
+    @functools.cached_property
+    def _pipeline(self) -> Any:
+        """zarr's codec pipeline of one (inner) chunk."""
+        if self._sharding is None:
+            return self._array.async_array.codec_pipeline
+        from zarr.core.codec_pipeline import BatchedCodecPipeline
+
+        return BatchedCodecPipeline.from_codecs(self._sharding.codecs)
+
+    def check_exact(self, full: np.ndarray, inside: tuple[slice, ...], lossy: bool) -> None:
+        """Encode a whole chunk and decode it again: InvalidTiffError when the codecs
+        cannot encode the values, or (unless `lossy`) when the chunk's part `inside` the
+        array would read back otherwise (a FixedScaleOffset had stored 1e9 as 1000.0, an
+        AsType 300 as 44, JPEG its own pixels): nothing is stored. Blocking (a worker
+        thread)."""
+        proto = default_buffer_prototype()
+        values = proto.nd_buffer.from_numpy_array(np.ascontiguousarray(full, dtype=self.dtype))
+        try:
+            (encoded,) = sync(self._pipeline.encode([(values, self.spec)]))
+        except Exception as e:  # (numcodecs' filters raise OverflowError, ValueError, ...)
+            raise InvalidTiffError(f"the array's codecs ({self._described()}) cannot encode these values: "
+                                   f"{type(e).__name__}: {e}; not stored") from e
+        if lossy:
+            return
+        back = self.decode(encoded, self.spec)[inside]
+        written = np.asarray(full, dtype=self.dtype)[inside]
+        if same_values(back, written):
+            return
+        flat_w = np.ascontiguousarray(written).reshape(-1)
+        flat_b = np.ascontiguousarray(back).reshape(-1)
+        differs = flat_w.view(np.uint8).reshape(flat_w.size, -1) != flat_b.view(np.uint8).reshape(flat_b.size, -1)
+        wrong = np.flatnonzero(differs.any(axis=1))
+        at = tuple(int(i) for i in np.unravel_index(int(wrong[0]), written.shape))
+        raise InvalidTiffError(
+            f"the array's codecs ({self._described()}) cannot store these values exactly: {wrong.size} of "
+            f"{written.size} would read back otherwise (at {at}: {flat_w[wrong[0]].item()!r} as "
+            f"{flat_b[wrong[0]].item()!r}); "
+            "not stored (mount with -o lossy_writes to store them as the codecs make them)")
 
     # -- encoding -----------------------------------------------------------
     def encode(self, full: np.ndarray) -> Any:

@@ -245,14 +245,14 @@ class ConcatChunkSource(ChunkSource):
             out[dst] = values[src]
         return out
 
-    def write_chunk(self, coords: Coords, data: np.ndarray) -> None:
+    def write_chunk(self, coords: Coords, data: np.ndarray, *, lossy: bool = False) -> None:
         """Through the parts (each locks and forgets what it stores), never past them."""
         data = np.asarray(data, dtype=self.dtype)
         try:
             aligned = self._aligned(coords)
             if aligned is not None:
                 part, src_coords = aligned
-                part.write_chunk(src_coords, data)
+                part.write_chunk(src_coords, data, lossy=lossy)
                 return
             full = self.full_chunk(data)
             origin = [r.start for r in self.chunk_region(coords)]

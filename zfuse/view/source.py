@@ -57,7 +57,7 @@ from zfuse.ext import zarr_private
 from zfuse.ext.chunk_keys import ChunkKeyDecoder, Coords, standard_layout
 from zfuse.ext.read_limits import chunk_read_limited
 from zfuse.view.caches import BoundedLRU
-from zfuse.view.chunk_codecs import ChunkCodecs
+from zfuse.view.chunk_codecs import ChunkCodecs, same_values
 from zfuse.view.chunk_listing import LIST_PAGE as LIST_PAGE  # (re-exported: the view pages by it)
 from zfuse.view.chunk_listing import ChunkListing, DirPage, canonical_int
 from zfuse.view.fetch_ahead import MISSED
@@ -319,8 +319,11 @@ class ChunkSource(ABC):
         (or CorruptDataError with `must_exist`: a listed chunk that vanished)."""
 
     @abstractmethod
-    def write_chunk(self, coords: Coords, data: np.ndarray) -> None:
-        """Store `data` (full chunk shape, or the clipped shape of an edge chunk)."""
+    def write_chunk(self, coords: Coords, data: np.ndarray, *, lossy: bool = False) -> None:
+        """Store `data` (full chunk shape, or the clipped shape of an edge chunk). Values
+        the array's codecs cannot hold exactly (a lossy or narrowing codec) are refused
+        (InvalidTiffError) unless `lossy`; values the chunk holds already are not stored
+        again (a lossy codec would degrade them at each copy)."""
 
     @abstractmethod
     def delete_chunk(self, coords: Coords) -> None:
@@ -1096,7 +1099,18 @@ class ZarrChunkSource(ChunkSource):
         if self.sharding is not None:
             self._indexes.forget(self.storage_coords(coords))
 
-    def write_chunk(self, coords: Coords, data: np.ndarray) -> None:
+    def write_chunk(self, coords: Coords, data: np.ndarray, *, lossy: bool = False) -> None:
+        if not self.codecs.exact:
+            region = self.chunk_region(coords)
+            inside = tuple(slice(0, r.stop - r.start) for r in region)
+            clipped = np.asarray(data, dtype=self.dtype)[inside]
+            try:
+                held = self.read_chunk(coords)[inside]
+            except Exception:  # (a chunk that does not read: the write replaces it)
+                held = None
+            if held is not None and same_values(held, clipped):
+                return  # (what the chunk holds: stored again, a lossy codec would change it)
+            self.codecs.check_exact(self.full_chunk(clipped), inside, lossy)
         # another host's write between this one's read and write: redone (zfuse/conditional.py)
         retry_lost_races(lambda: self._write_chunk_once(coords, data), f"{self.name} chunk {coords}")
 

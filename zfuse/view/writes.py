@@ -1062,7 +1062,7 @@ def _commit_chunk(arr: ArrayView, coords: tuple[int, ...], data: bytes,
         layout=arr.layout,
     )
     try:
-        source.write_chunk(coords, values)
+        source.write_chunk(coords, values, lossy=arr.options.lossy_writes)
     finally:
         arr.forget(coords)  # (a failed write may have landed: what is stored is read anew)
     arr.add_chunk(coords)
