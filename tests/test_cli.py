@@ -95,6 +95,58 @@ def test_missing_dev_fuse_is_a_clear_error(tmp_path: Path) -> None:
     assert "/dev/fuse is missing" in r.stderr, r.stderr
 
 
+def test_a_user_who_may_not_use_dev_fuse_or_the_store_is_told_why(tmp_path: Path) -> None:
+    """A user who is not root: /dev/fuse not theirs to open (0600 root, as in containers)
+    is named with its mode and owner and what to do (libfuse said only
+    "fuse_session_mount failed"); a store inside a directory they may not enter is not
+    "no such file" but names that directory, and a store directory they may not read is
+    not "no Zarr metadata". Run in a private mount namespace (a 0600 /dev/fuse bound
+    over the real one) by a child that becomes nobody after its imports."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root for a private mount namespace and another user")
+    import shutil
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="zfuse-user-"))  # (every directory above it may be entered)
+    (base / "mnt").mkdir(parents=True)
+    stores.v3(base / "private" / "a.zarr")
+    stores.v3(base / "closed.zarr")
+    for d in (base, base / "mnt"):
+        d.chmod(0o777)
+    (base / "private").chmod(0o700)
+    (base / "closed.zarr").chmod(0o700)
+    fake = tmp_path / "fuse"
+    fake.write_text("")
+    fake.chmod(0o600)
+    child = (
+        "import os, sys, grp, pwd, zipfile, stat, zfuse.mounts, zfuse.ext.concat\n"
+        "from zfuse.daemon import check_mountpoint, check_sources\n"
+        "os.setgid(65534); os.setuid(65534)\n"
+        "for call in (lambda: check_mountpoint(sys.argv[1]), lambda: check_sources([sys.argv[2]]),\n"
+        "             lambda: check_sources([sys.argv[3]])):\n"
+        "    try:\n"
+        "        call(); print('passed')\n"
+        "    except SystemExit as e:\n"
+        "        print(e.code)\n"
+    )
+    script = (f"mount --bind {fake} /dev/fuse && exec {sys.executable} -c \"$0\" "
+              f"{base / 'mnt'} {base / 'private' / 'a.zarr'} {base / 'closed.zarr'}")
+    try:
+        r = subprocess.run(["unshare", "-m", "sh", "-c", script, child], capture_output=True, text=True,
+                           timeout=60, cwd="/")
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    assert r.returncode == 0, r.stderr
+    device, hidden, closed = r.stdout.splitlines()
+    assert device.startswith("zfuse: /dev/fuse is not readable and writable by uid 65534 (it is -rw------- "
+                             "root:root), so no FUSE filesystem can be mounted by this user"), device
+    assert "chmod 0666 /dev/fuse" in device and "--device /dev/fuse" in device
+    assert hidden == (f"zfuse: cannot open {base / 'private' / 'a.zarr'}: permission denied: uid 65534 may "
+                      f"not enter {base / 'private'}")
+    assert closed == (f"zfuse: cannot open {base / 'closed.zarr'}: permission denied (the directory is not "
+                      "readable by uid 65534)")
+
+
 # -- the first hour (issue 13): errors that name the real problem --------------------------
 def run_in(cwd: Path, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run([*ZFUSE, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd)

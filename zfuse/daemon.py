@@ -146,6 +146,8 @@ def check_mountpoint(mountpoint: str) -> str | None:
         raise SystemExit(f"zfuse: mountpoint {mountpoint} is busy (already a mount point)")
     if not os.path.exists("/dev/fuse"):
         raise SystemExit("zfuse: /dev/fuse is missing (is the fuse kernel module loaded?)")
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        raise SystemExit(_fuse_device_refusal())
     try:
         hidden = len(os.listdir(mountpoint))
     except OSError:
@@ -154,6 +156,26 @@ def check_mountpoint(mountpoint: str) -> str | None:
         return (f"mountpoint {mountpoint} is not empty: its {hidden} "
                 f"entr{'y is' if hidden == 1 else 'ies are'} hidden while zfuse is mounted there")
     return None
+
+
+def _fuse_device_refusal() -> str:
+    """Why this user cannot mount: /dev/fuse is not theirs to open (libfuse says only
+    "fuse_session_mount failed"), and what to do."""
+    import grp
+    import pwd
+
+    st = os.stat("/dev/fuse")
+
+    def name(lookup: Any, ident: int) -> str:
+        try:
+            return str(lookup(ident)[0])
+        except KeyError:
+            return str(ident)
+
+    return (f"zfuse: /dev/fuse is not readable and writable by uid {os.geteuid()} (it is "
+            f"{stat.filemode(st.st_mode)} {name(pwd.getpwuid, st.st_uid)}:{name(grp.getgrgid, st.st_gid)}), "
+            "so no FUSE filesystem can be mounted by this user: Debian makes it crw-rw-rw- "
+            "(ask an administrator: chmod 0666 /dev/fuse); in a container, pass --device /dev/fuse")
 
 
 def mounted_elsewhere(sources: list[str]) -> str | None:
@@ -285,8 +307,10 @@ def check_sources(sources: list[str]) -> None:
         if "://" in source and not source.startswith("file://"):
             continue  # remote: only opening it can tell
         path = source.removeprefix("file://")
-        if not os.path.exists(path):
-            raise SystemExit(f"zfuse: cannot open {source}: no such file or directory")
+        try:
+            os.stat(path)
+        except OSError as e:  # (not "no such file" for a store this user may not reach)
+            raise SystemExit(f"zfuse: cannot open {source}: {_unreachable(path, e)}") from None
         if not os.path.isdir(path):
             if is_concat_description(path):
                 continue
@@ -297,6 +321,9 @@ def check_sources(sources: list[str]) -> None:
             raise SystemExit(
                 f"zfuse: {source} is a file, not a Zarr store: a SOURCE is a Zarr directory, "
                 "a URL, or a concat description file (written by `zfuse concat`)")
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise SystemExit(f"zfuse: cannot open {source}: permission denied (the directory is not "
+                             f"readable by uid {os.geteuid()})")
         if any(os.path.exists(os.path.join(path, name)) for name in ZARR_METADATA_FILES):
             continue
         message = f"zfuse: no Zarr metadata (zarr.json, .zarray or .zgroup) found at {source}"
@@ -305,6 +332,19 @@ def check_sources(sources: list[str]) -> None:
             shown = ", ".join(os.path.join(source, name) for name in below[:3])
             message += f"; Zarr data one level down: {shown}{', ...' if len(below) > 3 else ''}"
         raise SystemExit(message)
+
+
+def _unreachable(path: str, error: OSError) -> str:
+    """What a failed stat of `path` means: its own error, and for a permission, the
+    first directory on the way that this user may not enter."""
+    if error.errno != errno.EACCES:
+        return error.strerror.lower() if error.strerror else str(error)
+    parts = os.path.abspath(path).split("/")
+    for depth in range(2, len(parts)):
+        above = "/".join(parts[:depth]) or "/"
+        if not os.access(above, os.X_OK):
+            return f"permission denied: uid {os.geteuid()} may not enter {above}"
+    return "permission denied"
 
 
 def _zarr_children(path: str) -> list[str]:
