@@ -160,3 +160,42 @@ def test_a_rewritten_object_keeps_its_mode_and_a_new_one_is_readable(tmp_path) -
     umask = os.umask(0)
     os.umask(umask)
     assert stat_mod.S_IMODE(os.stat(root / "c" / "1").st_mode) == 0o666 & ~umask
+
+
+def test_a_user_rewriting_another_members_object_keeps_its_group(tmp_path: Path) -> None:
+    """A store shared through a group: a member who is not root replacing another
+    member's object (a child of this test, turned into nobody in that group) keeps the
+    object's group and mode, the owner being the writer, as for any file they write (the
+    group had become the writer's own: the others could no longer write it)."""
+    import stat as stat_mod
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the child becomes another user")
+    shared_gid = 4242
+    root = tmp_path / "s"
+    (root / "c").mkdir(parents=True)
+    (root / "c" / "0").write_bytes(b"old")
+    os.chown(root / "c" / "0", 0, shared_gid)
+    os.chmod(root / "c" / "0", 0o664)
+    os.chown(root / "c", 0, shared_gid)
+    os.chmod(root / "c", 0o775)  # (no setgid bit: new files would take the group anyway)
+    for d in (tmp_path, root):
+        d.chmod(0o755)
+    store = AtomicLocalStore(str(root))
+    store.root_fd()
+    pid = os.fork()
+    if pid == 0:  # the child: nobody, in the shared group
+        code = 1
+        try:
+            os.setgroups([shared_gid])
+            os.setgid(65534)
+            os.setuid(65534)
+            store.set_sync("c/0", cpu.Buffer.from_bytes(b"new"))
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    st = os.stat(root / "c" / "0")
+    assert (root / "c" / "0").read_bytes() == b"new"
+    assert (st.st_uid, st.st_gid, stat_mod.S_IMODE(st.st_mode)) == (65534, shared_gid, 0o664)

@@ -12,6 +12,7 @@ daemon left. Nothing of FUSE, the mount or remote stores.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import logging
 import os
@@ -824,11 +825,16 @@ def _keep_owner_and_mode(fd: int, dir_fd: int, name: str) -> None:
         return
     if not stat.S_ISREG(old.st_mode):
         return
-    try:  # best effort: a filesystem without modes or owners, an unmapped owner in a user namespace
+    # best effort: a filesystem without modes or owners, an unmapped owner in a user namespace
+    with contextlib.suppress(OSError):
         os.fchmod(fd, stat.S_IMODE(old.st_mode) & 0o777)
+    try:
         os.fchown(fd, old.st_uid, old.st_gid)
     except OSError:
-        pass  # (not root: the new object is the daemon's user's, as any file it writes)
+        # not root: the new object is the daemon's user's, as any file it writes, but
+        # keeps its group where the user is in it (a shared store's group had been lost)
+        with contextlib.suppress(OSError):
+            os.fchown(fd, -1, old.st_gid)
 
 
 def _create_temp(dir_fd: int, name: str) -> tuple[int, str]:
