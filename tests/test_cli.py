@@ -726,3 +726,63 @@ def test_a_mountpoint_is_named_as_the_kernel_resolves_it(tmp_path: Path, monkeyp
     # alias/../x name another directory than the kernel's)
     assert absolute("alias/../real/./mnt2/") == f"{tmp_path}/alias/../real/mnt2"
     assert os.path.realpath(absolute("alias/../dir")) == str(tmp_path / "real" / "dir")
+
+
+def _as_nobody(argv: list[str]) -> tuple[int, str]:
+    """`zfuse ARGV` run by a child of this test turned into nobody after its imports:
+    (exit status, stderr)."""
+    import pwd
+
+    import zfuse.cli as cli
+    import zfuse.mounts  # noqa: F401 - imported before the child may no longer read modules
+
+    pwd.getpwuid(0)
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        code = 99
+        try:
+            os.close(read)
+            sys.stdout = sys.stderr = out = os.fdopen(write, "w")  # (not pytest's capture)
+            os.setgid(65534)
+            os.setuid(65534)
+            code = cli.main(argv)
+            out.flush()
+        finally:
+            os._exit(code)
+    os.close(write)
+    with os.fdopen(read) as f:
+        said = f.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), said
+
+
+def test_another_users_mount_is_named_as_theirs(tmp_path: Path) -> None:
+    """Root's mount, seen by a user who is not root: `zfuse umount` says whose it is and
+    who may unmount it (fusermount3 said "entry for ... not found in /etc/mtab"), and
+    `zfuse status` of every mount is not failed by another user's private one (it was
+    exit 1 whenever anyone else had a mount); named, it still is."""
+    import shutil
+    import tempfile
+
+    from zfuse.testing import Mounts
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the child becomes another user")
+    base = Path(tempfile.mkdtemp(prefix="zfuse-others-"))
+    base.chmod(0o755)
+    stores.v3(base / "a.zarr")
+    try:
+        with Mounts(base) as mounts:
+            m = mounts.start(base / "a.zarr", name="mnt")
+            code, said = _as_nobody(["umount", str(m.path)])
+            assert code == 1
+            assert said == (f"zfuse: cannot unmount {m.path}: it was mounted by root (uid 0); only they or root "
+                            "can unmount it\n")
+            assert os.path.ismount(m.path)
+            code, said = _as_nobody(["status"])
+            assert code == 0 and "mounted by uid 0 without allow_other" in said, said
+            code, said = _as_nobody(["status", str(m.path)])
+            assert code == 1
+    finally:
+        shutil.rmtree(base, ignore_errors=True)

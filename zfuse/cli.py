@@ -19,6 +19,7 @@ import select
 import subprocess
 import sys
 from collections.abc import Callable
+from typing import Any
 
 from zfuse import mount_options
 from zfuse.daemon import MountConfig
@@ -221,6 +222,12 @@ def cmd_umount(args: argparse.Namespace, argv: list[str]) -> int:
         print(f"zfuse: {shown} is not a zfuse mount (it is {entry.fstype}); use umount(8)",
               file=sys.stderr)
         return 1
+    owner = entry.owner_uid
+    if owner is not None and os.getuid() not in (0, owner):
+        # (fusermount3 would say "entry for ... not found in /etc/mtab")
+        print(f"zfuse: cannot unmount {shown}: it was mounted by {_user_named(owner)}; only they or root "
+              "can unmount it", file=sys.stderr)
+        return 1
     # The daemon, to wait for once unmounted (its pid from .zfuse/mount, held by a pidfd
     # so a reused pid cannot be mistaken for it); a lazy unmount does not wait.
     daemon = None if args.lazy else _daemon_pidfd(entry.mountpoint)
@@ -256,6 +263,15 @@ def cmd_umount(args: argparse.Namespace, argv: list[str]) -> int:
         finally:
             os.close(daemon)
     return 0
+
+
+def _user_named(uid: int) -> str:
+    import pwd
+
+    try:
+        return f"{pwd.getpwuid(uid).pw_name} (uid {uid})"
+    except KeyError:
+        return f"uid {uid}"
 
 
 def _pending_files(mountpoint: str) -> list[str]:
@@ -295,7 +311,16 @@ def cmd_status(args: argparse.Namespace, argv: list[str]) -> int:
         print(json.dumps(items, indent=2))
     else:
         print(format_status(items))
-    return 0 if all(i["state"] == "running" for i in items) else 1
+    # another user's mount this user may not look into (no allow_other) is no failure of
+    # the mounts asked about, unless it was named
+    asked = bool(args.mountpoints)
+    return 0 if all(i["state"] == "running" or (not asked and _others_private(i)) for i in items) else 1
+
+
+def _others_private(item: dict[str, Any]) -> bool:
+    """Whether a status item is another user's mount that is unreadable only for want of
+    allow_other."""
+    return item["state"] == "unreadable" and item.get("uid") not in (None, os.getuid())
 
 
 def cmd_reload(args: argparse.Namespace, argv: list[str]) -> int:

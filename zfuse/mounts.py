@@ -40,6 +40,12 @@ class MountEntry:
     options: str  # per-mount options (rw/ro, nosuid, ...)
     super_options: str  # filesystem options (user_id=, allow_other, ...)
 
+    @property
+    def owner_uid(self) -> int | None:
+        """The uid of the user who mounted it (a FUSE mount's `user_id=`), if said."""
+        owner = re.search(r"(?:^|,)user_id=(\d+)", self.super_options)
+        return int(owner.group(1)) if owner else None
+
 
 def _unescape(field: str) -> str:
     # the kernel writes space, tab, newline and backslash as \\ooo octal escapes
@@ -167,9 +173,8 @@ def describe_mount(entry: MountEntry, timeout: float = 5.0) -> dict[str, Any]:
         "source": entry.source,
         "read_only": entry.options.split(",")[0] == "ro",
     }
-    owner = re.search(r"(?:^|,)user_id=(\d+)", entry.super_options)
-    if owner:
-        item["uid"] = int(owner.group(1))
+    if entry.owner_uid is not None:
+        item["uid"] = entry.owner_uid
     try:
         info = read_json(entry.mountpoint, MOUNT_FILE, timeout)
         stats = read_json(entry.mountpoint, STATS_FILE, timeout)
