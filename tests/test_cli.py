@@ -786,3 +786,26 @@ def test_another_users_mount_is_named_as_theirs(tmp_path: Path) -> None:
             assert code == 1
     finally:
         shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_read_ahead_window_only_root_may_set_is_said_at_mount() -> None:
+    """`-o read_ahead_kb=N` from a user who is not root: the mount warns that the kernel's
+    default window stays (it was ignored without a word); the default asks nothing."""
+    from zfuse.daemon import MountConfig, read_ahead_hint
+
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the child becomes another user")
+    asked, default = MountConfig([], "/m", read_ahead_kb=4096), MountConfig([], "/m")
+    assert read_ahead_hint(asked) is None  # (root sets it)
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            os.setuid(65534)
+            said = read_ahead_hint(asked)
+            code = 0 if said is not None and said.startswith("read_ahead_kb=4096 needs root") and \
+                read_ahead_hint(default) is None else 3
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

@@ -226,6 +226,16 @@ def _zipped(path: str) -> bool:
 LEVEL_ANCESTORS = 3
 
 
+def read_ahead_hint(config: MountConfig) -> str | None:
+    """A warning when `-o read_ahead_kb=` asks for another window than the default and
+    this process cannot set it (the kernel's sysfs file is root's): it had been ignored
+    without a word."""
+    if config.read_ahead_kb in (0, defaults.READ_AHEAD_KB) or os.geteuid() == 0:
+        return None
+    return (f"read_ahead_kb={config.read_ahead_kb} needs root (the kernel's setting is root's): the "
+            "mount keeps the kernel's default window (128 KiB)")
+
+
 def unwritable_hint(config: MountConfig) -> str | None:
     """A warning when a read-write mount's local source directory is one this process may
     not write (another user's store, a read-only filesystem): each write and deletion

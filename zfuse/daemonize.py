@@ -131,6 +131,7 @@ def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int 
         check_sources,
         level_hint,
         mounted_elsewhere,
+        read_ahead_hint,
         serve,
         unwritable_hint,
     )
@@ -173,7 +174,7 @@ def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int 
         # while the daemon runs); every path in `config` is absolute by now
         os.chdir("/")
         for message in (warning, mounted_elsewhere(config.sources), level_hint(config.sources),
-                        unwritable_hint(config)):
+                        unwritable_hint(config), read_ahead_hint(config)):
             if message:
                 log.warning("%s", message)
         stats = Stats()
