@@ -629,6 +629,19 @@ def test_values_an_array_cannot_hold_are_refused_not_changed(tmp_path: Path, clo
     assert not np.array_equal(stored, held["j2k"]) and np.abs(stored.astype(int) - edited).max() < 64
 
 
+def test_truncating_a_read_only_file_is_refused_as_opening_it_for_writing(v3) -> None:
+    """`truncate(2)` of `zarr.json` (a file the mount never writes) is refused as an open
+    for writing is: EACCES, and a line in `.zfuse/errors` naming it (it had been a bare
+    EACCES, neither counted nor journaled)."""
+    src, data, fs, k = v3
+    ino = k.walk("zarr.json")
+    for attempt in (lambda: k.call(fs.setattr, ino, 0), lambda: k.open("zarr.json", os.O_WRONLY)):
+        with pytest.raises(FsError) as e:
+            attempt()
+        assert e.value.errno == errno.EACCES
+    assert sum("zarr.json is read-only" in line for line in fs.errors) == 2, fs.errors
+
+
 class GatedCommits:
     """A worker pool (`run`) whose first chunk commit waits at `gate` once it has
     started (`committing`): what arrives meanwhile meets a commit under way."""
@@ -1709,8 +1722,8 @@ def test_a_write_whose_outcome_is_unknown_is_read_anew(v3) -> None:
     landed = stores.values((8, 16), "uint16", seed=21)
     real = source.write_chunk
 
-    def lands_then_fails(coords: tuple[int, ...], values: np.ndarray) -> None:
-        real(coords, values)
+    def lands_then_fails(coords: tuple[int, ...], values: np.ndarray, **options: bool) -> None:
+        real(coords, values, **options)
         raise OSError(errno.EREMOTEIO, "connection reset after the PUT was sent")
 
     source.write_chunk = lands_then_fails  # type: ignore[method-assign]

@@ -238,11 +238,10 @@ class FileSystem:
         self._journal_problems(view)
         # each node kind's mode, and the kinds whose attributes the kernel must not cache
         # (live counters): `attributes` runs once per entry of every listing
-        read_only_nodes = (Node.ZFUSE_DIR, Node.ZFUSE_FILE, Node.META, Node.IMAGE)
         self._modes = {
             node: (stat_mod.S_IFDIR if node.is_dir else stat_mod.S_IFREG)
             | (0o555 if node.is_dir else 0o444)
-            | (0 if read_only or node in read_only_nodes else 0o200)
+            | (0 if read_only or node.read_only else 0o200)
             for node in Node
         }
         self._live_nodes = frozenset((Node.ZFUSE_DIR, Node.ZFUSE_FILE))
@@ -448,8 +447,8 @@ class FileSystem:
         entry = await self._entry(path, pid)
         if entry is None:
             raise FsError(errno.ENOENT)
-        if size is not None and entry.node in (Node.META, Node.ZFUSE_DIR, Node.ZFUSE_FILE, Node.IMAGE):
-            raise FsError(errno.EROFS if self.read_only else errno.EACCES)
+        if size is not None and entry.node.read_only:
+            raise self._refusal(errno.EACCES, f"{'/'.join(path)} is read-only: not truncated")
         if size is not None:
             handle = self.handles.get(fh) if fh else None
             state = handle.state if isinstance(handle, WriteHandle) else None
@@ -636,7 +635,7 @@ class FileSystem:
         entry = await self._entry(path, pid)
         if entry is not None and entry.node.is_dir:
             raise FsError(errno.EISDIR)
-        if entry is not None and entry.node in (Node.ZFUSE_FILE, Node.META, Node.IMAGE):
+        if entry is not None and entry.node.read_only:
             if wants_write:
                 raise self._refusal(errno.EACCES, f"{'/'.join(path)} is read-only")
             return self._open_read_only(inode, entry)

@@ -18,9 +18,12 @@ META_NAME = "zarr.json"  # every group's and array's metadata file
 
 
 class Node(Enum):
-    """What is at a path. `is_dir`: a directory (else a file)."""
+    """What is at a path. `is_dir`: a directory (else a file). `read_only`: never written,
+    truncated or replaced through the mount (zfuse's own files, metadata, whole-image
+    views), whatever the mount's mode."""
 
     is_dir: bool
+    read_only: bool
 
     # members are singletons: identity hashing in C, not Enum's hash of the name in
     # Python (a node kind is a dict key once per entry of every listing)
@@ -30,6 +33,7 @@ class Node(Enum):
         member = object.__new__(cls)
         member._value_ = value
         member.is_dir = is_dir
+        member.read_only = value in ("zfuse_dir", "meta", "image", "zfuse_file")
         return member
 
     GROUP = "group", True  # values: a hierarchy node's kind ("group"/"array") is Node(kind)
