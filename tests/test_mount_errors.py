@@ -60,8 +60,9 @@ def test_namespace_outside_arrays_is_refused(tmp_path: Path, mount) -> None:
 
 
 def test_store_errors_give_errnos(tmp_path: Path, mount) -> None:
-    """[write-8] a full store gives ENOSPC at close, a read-only store EROFS at close and
-    on unlink; the stored chunk is unchanged and no temporary file is left."""
+    """[write-8] a full store gives ENOSPC at close, a read-only store EROFS at open and
+    at unlink, or when it turned read-only after an unlink, a journaled failed deletion;
+    the stored chunk is unchanged and no temporary file is left."""
     small = tmp_path / "small"
     small.mkdir()
     r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=200k", "tmpfs", str(small)], capture_output=True)
@@ -87,9 +88,14 @@ def test_store_errors_give_errnos(tmp_path: Path, mount) -> None:
         filler.unlink()
         subprocess.run(["mount", "-o", "remount,ro", str(small)], check=True)
         assert write_file(m.path / "c" / "0" / "0.tiff", tif) == "EROFS"
-        # rm hides the chunk at once; the store deletion after the replace window fails,
-        # is journaled, and the chunk is shown again
+        # [write-14] an rm the store would refuse fails at once; the chunk stays
+        assert errno_of(os.unlink, m.path / "c" / "0" / "0.tiff") == "EROFS"
+        assert (m.path / "c" / "0" / "0.tiff").exists()
+        # rm hides the chunk at once; a store deletion after the replace window that fails
+        # (read-only meanwhile) is journaled, and the chunk is shown again
+        subprocess.run(["mount", "-o", "remount,rw", str(small)], check=True)
         assert errno_of(os.unlink, m.path / "c" / "0" / "0.tiff") == "ok"
+        subprocess.run(["mount", "-o", "remount,ro", str(small)], check=True)
         m.settle()
         wait_until(lambda: (m.path / "c" / "0" / "0.tiff").exists(), what="the chunk shown again")
         assert "deleting c/0/0 from the store failed" in m.errors()
