@@ -387,10 +387,10 @@ class ArrayView:
         # to a new one. Old answers are not cleared: a lookup racing with the refresh
         # still finds them (never a false ENOENT), and the LRU ages them out.
         self._generation = 0
-        self._changes = 0  # chunks added/removed: a listing that raced with one is not kept
+        self._listing_changes = 0  # chunks added/removed: a listing that raced with one is not kept
         self._lock = threading.Lock()
         self._decoding = SingleFlight()  # chunks being decoded
-        self.changes = 0  # chunks written or deleted through the view
+        self._data_changes = 0  # chunks written or deleted through the view (`data_version`)
         # chunk files served from their stored files (`open_stored`); None while only the
         # first open can tell (whether there are storage transformers may need zarr.json)
         self.serves_stored: bool | None = (
@@ -470,7 +470,7 @@ class ArrayView:
     def listing_version(self) -> tuple[int, int]:
         """Changes to what this array's listings show (a refresh, a chunk added or
         removed through the view): an answer taken at the same version is current."""
-        return self._generation, self._changes
+        return self._generation, self._listing_changes
 
     def needs_listing(self, rest: tuple[str, ...]) -> bool:
         """Whether listing directory `rest` inside the array needs store I/O; False means
@@ -493,7 +493,7 @@ class ArrayView:
             for i in range(0, len(items), LIST_PAGE):
                 yield items[i : i + LIST_PAGE]
             return
-        generation, changes = self._generation, self._changes
+        generation, changes = self._generation, self._listing_changes
         limit = self.caches.names.max_cost
         children: dict[str, Coords | None] | None = {}
         pages = self._grid_pages(rest) if self.options.all_chunks else self.source.iter_chunk_dir(rest)
@@ -509,7 +509,7 @@ class ArrayView:
                     children = None  # bigger than the whole cache: streamed, not kept
             yield items
         with self._lock:
-            if children is not None and changes == self._changes:
+            if children is not None and changes == self._listing_changes:
                 self.caches.names.put((self.ident, _DIR, rest), _Dir(generation, children), len(children) + 1)
 
     def _grid_pages(self, rest: tuple[str, ...]) -> Iterator[DirPage]:
@@ -547,7 +547,7 @@ class ArrayView:
         parts = self.file_parts(coords)
         names = self.caches.names
         with self._lock:
-            self._changes += 1
+            self._listing_changes += 1
             names.put((self.ident, _CHUNK, coords), (self._generation, True))
             for depth in range(len(parts) - 1, -1, -1):
                 listed = self._listed(parts[:depth])
@@ -566,7 +566,7 @@ class ArrayView:
         parts = self.file_parts(coords)
         names = self.caches.names
         with self._lock:
-            self._changes += 1
+            self._listing_changes += 1
             names.put((self.ident, _CHUNK, coords), (self._generation, False))
             for depth in range(len(parts) - 1, -1, -1):
                 listed = self._listed(parts[:depth])
@@ -695,11 +695,11 @@ class ArrayView:
             data = self.cache.get(key)
             if data is not None:
                 return memoryview(data).toreadonly()
-            changes = self.changes
+            changes = self._data_changes
             data = self._decode(coords)
             # a chunk written (forget) while this decode read the store may have
             # been read before the write: serve it to this caller, never cache it
-            if self.changes == changes:
+            if self._data_changes == changes:
                 self.cache.put(key, data)
             return memoryview(data).toreadonly()
 
@@ -805,7 +805,32 @@ class ArrayView:
 
     def forget(self, coords: Coords) -> None:
         self.cache.drop((self.ident, coords))
-        self.changes += 1  # whole-image files with stored byte counts re-plan
+        self._data_changes += 1  # whole-image files with stored byte counts re-plan
+
+    @property
+    def data_version(self) -> int:
+        """Changes whenever a chunk's stored values may have changed through the view (a
+        write or deletion): what was built from chunks before (whole-image tiles, byte
+        counts) is not served after."""
+        return self._data_changes
+
+    # -- changes through the view (blocking: worker threads) -----------------
+    def store_values(self, coords: Coords, values: np.ndarray, *, lossy: bool = False) -> None:
+        """Store chunk `coords`'s values (`ChunkSource.write_chunk`), then drop what was
+        decoded of it, even when the write failed (it may have landed: what is stored is
+        read anew), and list it once stored."""
+        try:
+            self.source.write_chunk(coords, values, lossy=lossy)
+        finally:
+            self.forget(coords)
+        self.add_chunk(coords)
+
+    def delete_stored(self, coords: Coords) -> None:
+        """Delete chunk `coords` from the store, then drop what was decoded of it and
+        its name from listings."""
+        self.source.delete_chunk(coords)
+        self.forget(coords)
+        self.remove_chunk(coords)
 
     # -- metadata -----------------------------------------------------------
     @property

@@ -803,7 +803,7 @@ class Writes:
                 continue
             await self.before_replace(path)
             try:
-                await self.run(arr.source.delete_chunk, coords)
+                await self.run(arr.delete_stored, coords)
             except Exception as e:
                 self.removed.pop(path, None)
                 # the chunk is still stored: show it again rather than pretend
@@ -816,8 +816,6 @@ class Writes:
                 continue
             self.removed.pop(path, None)  # only now: `settle` waits for the store itself
             log.info("deleted %s from the store (unlinked, not replaced)", arr.key_name(coords))
-            arr.forget(coords)
-            arr.remove_chunk(coords)
             self.stats.count("chunks_deleted")
             changed.append(path)
         return changed
@@ -986,9 +984,7 @@ class Writes:
         self._detach(old)
         self._detach(new)
         await self.before_replace(old)
-        await self.run(old_arr.source.delete_chunk, old_coords)
-        old_arr.forget(old_coords)
-        old_arr.remove_chunk(old_coords)
+        await self.run(old_arr.delete_stored, old_coords)
 
     async def mkdir(self, path: Path) -> Entry:
         self._check_writable()
@@ -1061,11 +1057,7 @@ def _commit_chunk(arr: ArrayView, coords: tuple[int, ...], data: bytes,
         cropped_shape=cropped if cropped != tuple(source.chunk_shape) else None,
         layout=arr.layout,
     )
-    try:
-        source.write_chunk(coords, values, lossy=arr.options.lossy_writes)
-    finally:
-        arr.forget(coords)  # (a failed write may have landed: what is stored is read anew)
-    arr.add_chunk(coords)
+    arr.store_values(coords, values, lossy=arr.options.lossy_writes)
     if stored is not None:
         try:
             stored()

@@ -252,7 +252,7 @@ class WholeImage(ImageFile):
         return self._serial, self._change_marks()
 
     def _change_marks(self) -> tuple[int, ...]:
-        return tuple(getattr(lv.array, "changes", 0) for lv in self.levels)
+        return tuple(lv.array.data_version for lv in self.levels)
 
     @property
     def stale(self) -> bool:

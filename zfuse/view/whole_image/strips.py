@@ -340,7 +340,7 @@ class StrippedImage(ImageFile):
     @property
     def version(self) -> tuple[int, tuple[int, ...]]:
         """Changes when the bytes may have (another file object, or a chunk written)."""
-        return self._serial, (getattr(self.array, "changes", 0),)
+        return self._serial, (self.array.data_version,)
 
     @property
     def stale(self) -> bool:

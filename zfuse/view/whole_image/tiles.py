@@ -100,7 +100,7 @@ class Tiles:
     def _key(self, level: int, plane: int, tile: int) -> tuple[int, int, int, int]:
         """A built tile's key: with its array's count of chunks written through the view,
         so that a tile built before a write is never served after it."""
-        return level, plane, tile, getattr(self.levels[level].array, "changes", 0)
+        return level, plane, tile, self.levels[level].array.data_version
 
     def cached(self, level: int, plane: int, tile: int) -> bytes | None:
         return self._tiles.get(self._key(level, plane, tile))
