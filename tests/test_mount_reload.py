@@ -271,3 +271,22 @@ def test_a_reload_never_follows_a_description_s_source_to_another_store(tmp_path
     (tmp_path / "b-moved.zarr").rename(tmp_path / "b.zarr")
     save_concat(tmp_path / "ab.json", [tmp_path / "a.zarr", tmp_path / "c.zarr"], 0)  # (its owner's edit)
     assert reload_view(config, None, identities) is not None
+
+
+def test_a_reload_never_opens_a_source_through_its_own_mount(tmp_path: Path, mount) -> None:
+    """A source path turned, by its owner, into a link to the mountpoint itself: the
+    reload is refused and logged (it opened the store through its own mount, whose
+    reads then waited for themselves: readers unkillable, `zfuse umount` busy); the
+    mount keeps showing the store it mounted, and unmounts."""
+    src = tmp_path / "a.zarr"
+    arr = zarr.create_array(str(src), shape=(4,), chunks=(4,), dtype="u1", compressors=None, fill_value=0)
+    arr[...] = 1
+    link = tmp_path / "link.zarr"
+    link.symlink_to(src)
+    m = mount(link)
+    link.unlink()
+    link.symlink_to(m.path)
+    _hup(m)
+    assert "is now inside this mount" in m.log()
+    assert tifffile.imread(m.path / "c" / "0.tiff").ravel().tolist() == [1] * 4
+    m.unmount()

@@ -357,6 +357,36 @@ def _unreachable(path: str, error: OSError) -> str:
     return "permission denied"
 
 
+def check_not_nested(mountpoint: str, sources: list[str]) -> None:
+    """Refuse a mount whose daemon would read its own mount: a mountpoint that is a local
+    source, lies inside one (a store's directory, or one a concat description names), or
+    holds one (a description file there too). A store with its own mountpoint inside
+    showed itself in itself at every reload, and a read through it, or through a link in
+    the store leading into it, waited for an answer only that read could give: readers
+    unkillable, `zfuse umount` busy, until the FUSE connection was aborted."""
+    from zfuse.ext.concat import description_sources
+
+    mount = os.path.realpath(mountpoint)
+    for source in sources:
+        if "://" in source and not source.startswith("file://"):
+            continue
+        path = source.removeprefix("file://")
+        named = [(path, os.path.isfile(path))]
+        named += [(s, os.path.isfile(s)) for s in description_sources(path)
+                  if "://" not in s or s.startswith("file://")]
+        for each, is_file in named:
+            real = os.path.realpath(each.removeprefix("file://"))
+            if is_file:  # (a description: the file itself)
+                inside = real.startswith(mount + "/")
+            else:
+                inside = real == mount or mount.startswith(real.rstrip("/") + "/") or real.startswith(mount + "/")
+            if inside:
+                where = "is" if real == mount else ("lies inside" if real.startswith(mount + "/") else "holds")
+                raise SystemExit(
+                    f"zfuse: {each} {where} the mountpoint {mountpoint}: the daemon would read its own "
+                    "mount (and wait for itself for ever); mount it on a directory outside the store")
+
+
 def _zarr_children(path: str) -> list[str]:
     try:
         names = sorted(os.listdir(path))
@@ -519,8 +549,16 @@ async def _watch_signals(ops: Any, state: dict[str, Any]) -> None:
 
 
 async def _refresh_every(ops: Any, seconds: float, state: dict[str, Any]) -> None:
+    """Reload every `seconds`, and never more often than leaves the daemon four times
+    the time a reload takes for everything else (a slow store's reloads space out)."""
     import trio
 
+    took = 0.0
     while True:
-        await trio.sleep(seconds)
+        await trio.sleep(max(seconds, RELOAD_SHARE * took))
+        started = time.monotonic()
         await _reload(ops, state)
+        took = time.monotonic() - started
+
+
+RELOAD_SHARE = 5  # a reload every at least this many times its duration (a fifth of the time)

@@ -128,6 +128,7 @@ def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int 
                     verbose: int) -> int:
     from zfuse.daemon import (
         check_mountpoint,
+        check_not_nested,
         check_sources,
         level_hint,
         mounted_elsewhere,
@@ -170,6 +171,7 @@ def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int 
     try:
         warning = check_mountpoint(config.mountpoint)
         check_sources(shown_sources)  # as the user spelled them, from the user's directory
+        check_not_nested(config.mountpoint, shown_sources)
         # let go of the caller's directory (it could not be unmounted or removed
         # while the daemon runs); every path in `config` is absolute by now
         os.chdir("/")

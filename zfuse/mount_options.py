@@ -36,9 +36,10 @@ _IGNORED = frozenset({"dev", "suid", "nodev", "nosuid", "exec", "noexec", "auto"
 # what libfuse 3 itself takes (mount.fuse3(8): its mount options and the kernel's mount
 # flags; a low-level filesystem gets none of the high-level library's, such as
 # kernel_cache or uid=): anything else is a slip, refused before the store is opened
-# (libfuse refused it only after, as "fuse_session_new() failed")
+# (libfuse refused it only after, as "fuse_session_new() failed"). Not max_read: pyfuse3
+# sets its own, and another made the kernel's INIT fail after the mount had said ready
 _FUSE_OPTIONS = frozenset({
-    "allow_other", "allow_root", "auto_unmount", "default_permissions", "blkdev", "blksize", "max_read",
+    "allow_other", "allow_root", "auto_unmount", "default_permissions", "blkdev", "blksize",
     "fsname", "subtype", "rootmode", "fd", "user_id", "group_id", "debug",
     "context", "fscontext", "defcontext", "rootcontext",
     "ro", "rw", "async", "sync", "dirsync", "atime", "noatime", "diratime", "nodiratime",
@@ -66,6 +67,18 @@ def _seconds(text: str) -> float:
         raise ValueError(f"takes seconds, e.g. 30, not {text!r}") from None
     if not value >= 0 or value == float("inf"):
         raise ValueError(f"takes a number of seconds >= 0, not {text!r}")
+    return value
+
+
+#: the shortest `metadata_ttl` (a reload opens the whole source again: 1e-9 held a core
+#: at 100 % with 4,233 reloads in 10 s, and a remote server with their requests)
+METADATA_TTL_MIN = 0.1
+
+
+def _ttl(text: str) -> float:
+    value = _seconds(text)
+    if 0 < value < METADATA_TTL_MIN:
+        raise ValueError(f"takes at least {METADATA_TTL_MIN:g} seconds (or 0: never), not {text!r}")
     return value
 
 
@@ -180,8 +193,9 @@ MOUNT_OPTIONS: tuple[MountOption, ...] = (
     MountOption("lossy_writes", "", "store written values as an array's lossy or narrowing codecs make "
                 "them (JPEG, FixedScaleOffset, AsType, ...): without it such a write that would read back "
                 "otherwise fails with EINVAL", _flag("lossy_writes")),
-    MountOption("metadata_ttl", "S", "every S seconds (and on SIGHUP / zfuse reload) open the source again",
-                _field("metadata_ttl", _seconds)),
+    MountOption("metadata_ttl", "S", "every S seconds (at least 0.1; and on SIGHUP / zfuse reload) open the "
+                "source again",
+                _field("metadata_ttl", _ttl)),
     MountOption("timeout", "S", "bound every store request: a hung server gives EIO, not a hung ls or cat "
                 f"(default {defaults.REMOTE_TIMEOUT:g} for remote sources, none for local directories; 0: none)",
                 _field("timeout", _seconds)),
