@@ -177,6 +177,11 @@ def _mount_error_case(tmp_path: Path, case: str) -> tuple[list[str], str]:
         return (["mount", "z.zarr.zip", "mnt"],
                 "zfuse: z.zarr.zip is a zipped Zarr store (a .zip file): zfuse mounts Zarr directories and URLs; "
                 "unzip it (unzip z.zarr.zip -d DIR) and mount the directory\n")
+    if case == "metadata-is-a-fifo":
+        (tmp_path / "f.zarr").mkdir()
+        os.mkfifo(tmp_path / "f.zarr" / "zarr.json")
+        return (["mount", "f.zarr", "mnt"],
+                "zfuse: f.zarr/zarr.json is a FIFO, not a regular file: no Zarr metadata is read from it\n")
     if case == "missing-source":
         return ["mount", "missing.zarr", "mnt"], "zfuse: cannot open missing.zarr: no such file or directory\n"
     stores.v3(tmp_path / "a.zarr")
@@ -214,7 +219,7 @@ def _mount_error_case(tmp_path: Path, case: str) -> tuple[list[str], str]:
 @pytest.mark.parametrize("case", ["not-zarr", "zarr-one-level-down", "file", "zipped-store", "missing-source",
                                   "missing-mountpoint", "mountpoint-is-file", "info-not-zarr",
                                   "umount-not-mounted", "mountpoint-inside-store", "store-is-mountpoint",
-                                  "description-source-inside-mountpoint"])
+                                  "description-source-inside-mountpoint", "metadata-is-a-fifo"])
 def test_error_messages_name_the_real_problem(tmp_path: Path, case: str) -> None:
     """Exact text, as a user running the command from the store's directory sees it. [cons-4] A
     mount whose daemon would read its own mount (a mountpoint inside the store, the store

@@ -334,7 +334,13 @@ def check_sources(sources: list[str]) -> None:
         if not os.access(path, os.R_OK | os.X_OK):
             raise SystemExit(f"zfuse: cannot open {source}: permission denied (the directory is not "
                              f"readable by uid {os.geteuid()})")
-        if any(os.path.exists(os.path.join(path, name)) for name in ZARR_METADATA_FILES):
+        present = [n for n in ZARR_METADATA_FILES if os.path.lexists(os.path.join(path, n))]
+        for name in present:  # (a FIFO had been "no Zarr metadata found", after six warnings)
+            kind = _file_kind(os.path.join(path, name))
+            if kind is not None:
+                raise SystemExit(f"zfuse: {os.path.join(source, name)} is {kind}, not a regular file: no Zarr "
+                                 "metadata is read from it")
+        if present:
             continue
         message = f"zfuse: no Zarr metadata (zarr.json, .zarray or .zgroup) found at {source}"
         below = _zarr_children(path)
@@ -342,6 +348,18 @@ def check_sources(sources: list[str]) -> None:
             shown = ", ".join(os.path.join(source, name) for name in below[:3])
             message += f"; Zarr data one level down: {shown}{', ...' if len(below) > 3 else ''}"
         raise SystemExit(message)
+
+
+def _file_kind(path: str) -> str | None:
+    """What `path` (links followed) is when it is no regular file: "a FIFO", ...; None
+    for a regular file, or one that cannot be looked at (opening it says why)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return None
+    kinds = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+             (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory"))
+    return next((said for test, said in kinds if test(mode)), None)
 
 
 def _unreachable(path: str, error: OSError) -> str:
