@@ -202,6 +202,10 @@ def _mount_error_case(tmp_path: Path, case: str) -> tuple[list[str], str]:
         return (["mount", "ab.json", "mnt"],
                 f"zfuse: {tmp_path}/mnt/b.zarr lies inside the mountpoint {tmp_path}/mnt: the daemon would "
                 "read its own mount (and wait for itself for ever); mount it on a directory outside the store\n")
+    if case == "cache-inside-mountpoint":
+        return (["mount", "-o", "cache=mnt/cache", "a.zarr", "mnt"],
+                f"zfuse: -o cache= {tmp_path}/mnt/cache is inside the mountpoint {tmp_path}/mnt: the daemon "
+                "would write it through its own mount; put it elsewhere\n")
     if case == "missing-mountpoint":
         return (["mount", "a.zarr", "nowhere"],
                 f"zfuse: mountpoint {tmp_path}/nowhere does not exist (create it with mkdir)\n")
@@ -219,7 +223,8 @@ def _mount_error_case(tmp_path: Path, case: str) -> tuple[list[str], str]:
 @pytest.mark.parametrize("case", ["not-zarr", "zarr-one-level-down", "file", "zipped-store", "missing-source",
                                   "missing-mountpoint", "mountpoint-is-file", "info-not-zarr",
                                   "umount-not-mounted", "mountpoint-inside-store", "store-is-mountpoint",
-                                  "description-source-inside-mountpoint", "metadata-is-a-fifo"])
+                                  "description-source-inside-mountpoint", "metadata-is-a-fifo",
+                                  "cache-inside-mountpoint"])
 def test_error_messages_name_the_real_problem(tmp_path: Path, case: str) -> None:
     """Exact text, as a user running the command from the store's directory sees it. [cons-4] A
     mount whose daemon would read its own mount (a mountpoint inside the store, the store

@@ -375,16 +375,22 @@ def _unreachable(path: str, error: OSError) -> str:
     return "permission denied"
 
 
-def check_not_nested(mountpoint: str, sources: list[str]) -> None:
+def check_not_nested(mountpoint: str, sources: list[str], written: dict[str, str | None] | None = None) -> None:
     """Refuse a mount whose daemon would read its own mount: a mountpoint that is a local
     source, lies inside one (a store's directory, or one a concat description names), or
     holds one (a description file there too). A store with its own mountpoint inside
     showed itself in itself at every reload, and a read through it, or through a link in
     the store leading into it, waited for an answer only that read could give: readers
-    unkillable, `zfuse umount` busy, until the FUSE connection was aborted."""
+    unkillable, `zfuse umount` busy, until the FUSE connection was aborted. `written`:
+    what else the daemon writes ({"-o cache=": DIR, "the log file": PATH}), refused inside
+    the mount too (each write would go through the daemon itself)."""
     from zfuse.ext.concat import description_sources
 
     mount = os.path.realpath(mountpoint)
+    for what, path in (written or {}).items():
+        if path is not None and (os.path.realpath(path) + "/").startswith(mount + "/"):
+            raise SystemExit(f"zfuse: {what} {path} is inside the mountpoint {mountpoint}: the daemon would "
+                             "write it through its own mount; put it elsewhere")
     for source in sources:
         if "://" in source and not source.startswith("file://"):
             continue

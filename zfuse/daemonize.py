@@ -171,7 +171,10 @@ def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int 
     try:
         warning = check_mountpoint(config.mountpoint)
         check_sources(shown_sources)  # as the user spelled them, from the user's directory
-        check_not_nested(config.mountpoint, shown_sources)
+        from zfuse.store import CACHE_OPTION
+
+        check_not_nested(config.mountpoint, shown_sources,
+                         {"-o cache=": (config.storage_options or {}).get(CACHE_OPTION), "the log file": config.log_file})
         # let go of the caller's directory (it could not be unmounted or removed
         # while the daemon runs); every path in `config` is absolute by now
         os.chdir("/")
