@@ -85,6 +85,8 @@ def test_store_errors_give_errnos(tmp_path: Path, mount) -> None:
         tif = tiff_bytes(np.full((64, 128), 9, "u1"))
         assert write_file(m.path / "c" / "0" / "0.tiff", tif) == "ENOSPC"
         assert write_file(m.path / "c" / "0" / "1.tiff", tif) == "ENOSPC"
+        # .zfuse/errors names the store key (it said only "flush: No space left on device")
+        assert "flush [store key c/0/1]: No space left on device (ENOSPC)" in m.errors(), m.errors()
         filler.unlink()
         subprocess.run(["mount", "-o", "remount,ro", str(small)], check=True)
         assert write_file(m.path / "c" / "0" / "0.tiff", tif) == "EROFS"

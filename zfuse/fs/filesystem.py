@@ -284,7 +284,9 @@ class FileSystem:
         if not expected or self._log_allowed(op, code):  # (a bug's traceback is always logged)
             log.error("%s %s%s: %s (%s)", op, where, named, reason,
                       errno.errorcode.get(code, code), exc_info=None if expected else exc)
-        self.journal(path or (), f"{op}: {reason} ({errno.errorcode.get(code, code)})")
+        # (the store key there too: "flush: Permission denied" named no file of the store)
+        said = f" [store key {key}]" if key != where and key not in reason else ""
+        self.journal(path or (), f"{op}{said}: {reason} ({errno.errorcode.get(code, code)})")
         return FsError(code)
 
     def _log_allowed(self, op: str, code: int) -> bool:
