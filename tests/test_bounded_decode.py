@@ -269,3 +269,27 @@ def test_a_jpeg_2000_stream_hiding_its_coding_is_refused_quickly() -> None:
     short = small[:small.index(b"\xff\x90")] + parts + b"\xff\x93\x00\xff\xd9"
     assert j2k_cost_problem(short) is not None
     assert time.process_time() - start < 2.0
+
+
+def test_a_v2_fortran_order_image_codec_chunk_reads_as_zarr_reads_it(tmp_path) -> None:
+    """[read-10] a v2 array in F order whose compressor is an image codec decoded into
+    the chunk's own array (JPEG XL here), chunks not square: read as zarr-python reads
+    it (decoded into the shape reversed, every read had failed with EIO)."""
+    import imagecodecs.numcodecs
+    import zarr
+
+    from zfuse.daemon import MountConfig
+    from zfuse.open_view import make_view
+    from zfuse.view import bounded_decode
+
+    imagecodecs.numcodecs.register_codecs()
+    codec = imagecodecs.numcodecs.Jpegxl(lossless=True)
+    assert bounded_decode.codec_id(codec)[0] in bounded_decode.DECODED_INTO
+    root = tmp_path / "f.zarr"
+    a = zarr.create_array(str(root), shape=(16, 24), chunks=(8, 12), dtype="u1", zarr_format=2, order="F",
+                          fill_value=0, compressors=codec)
+    a[...] = (np.arange(16 * 24).reshape(16, 24) % 251).astype("u1")
+    want = zarr.open_array(str(root))[8:16, 12:24]
+    view = make_view(MountConfig([str(root)], "/nonexistent", read_only=True))
+    array = dict(view.arrays())[()]
+    assert np.array_equal(np.frombuffer(bytes(array.pixel_bytes((1, 1))), "u1").reshape(8, 12), want)

@@ -572,7 +572,9 @@ def test_a_store_directory_another_user_owns_refuses_that_user(tmp_path: Path) -
 
 def _narrowing_and_lossy_store(root: Path) -> dict[str, np.ndarray]:
     """v2 arrays (as zarr-python 2 users write them) whose filters or compressor cannot
-    hold every value: FixedScaleOffset, AsType, a narrowing Delta, JPEG 2000."""
+    hold every value: FixedScaleOffset, AsType, a narrowing Delta, PackBits of bytes
+    (zarr opens it: it keeps of each byte whether it is zero), JPEG 2000; and `sparse`,
+    an AsType array of two chunks, one stored."""
     import imagecodecs.numcodecs
     import numcodecs
 
@@ -584,12 +586,16 @@ def _narrowing_and_lossy_store(root: Path) -> dict[str, np.ndarray]:
          numcodecs.Zlib(), 1000.5),
         ("astype", "<u2", [numcodecs.AsType(encode_dtype="|u1", decode_dtype="<u2")], None, 7),
         ("delta", "<i4", [numcodecs.Delta(dtype="<i4", astype="<i2")], None, 7),
+        ("packbits", "|u1", [numcodecs.PackBits()], None, 1),
         ("j2k", "u1", None, imagecodecs.numcodecs.Jpeg2k(level=30), None),
     ):
         a = group.create_array(name, shape=(16, 16), chunks=(16, 16), dtype=dtype, fill_value=0,
                                filters=filters, compressors=compressor)
         a[...] = (np.add.outer(np.arange(16), np.arange(16)) * 7 % 256).astype("u1") if value is None else value
         made[name] = a[...]
+    sparse = group.create_array("sparse", shape=(32, 16), chunks=(16, 16), dtype="<u2", fill_value=0,
+                                filters=[numcodecs.AsType(encode_dtype="|u1", decode_dtype="<u2")], compressors=None)
+    sparse[:16] = 7
     return made
 
 
@@ -606,7 +612,7 @@ def test_values_an_array_cannot_hold_are_refused_not_changed(tmp_path: Path, clo
     before = stores.snapshot(src)
     fs, k = make_fs(src, clock)
     for name, values in (("fso", np.full((16, 16), 3.0)), ("astype", np.full((16, 16), 300, "<u2")),
-                         ("delta", np.full((16, 16), 100000, "<i4"))):
+                         ("delta", np.full((16, 16), 100000, "<i4")), ("packbits", np.full((16, 16), 3, "u1"))):
         with pytest.raises(FsError) as e:
             k.write_file(f"{name}/0.0.tiff", tiff(values))
         assert e.value.errno == errno.EINVAL
@@ -614,6 +620,7 @@ def test_values_an_array_cannot_hold_are_refused_not_changed(tmp_path: Path, clo
                "256 would read back otherwise (at (0, 0): 3.0 as 6556.6)" in line for line in fs.errors)
     assert any("astype/0.0" in line and "300 as 44" in line for line in fs.errors)
     assert any("delta/0.0" in line and "cannot encode these values: OverflowError" in line for line in fs.errors)
+    assert any("packbits/0.0" in line and "3 as 1" in line for line in fs.errors)
     k.write_file("j2k/0.0.tiff", k.read_file("j2k/0.0.tiff"))  # (copied back unchanged)
     edited = held["j2k"].copy()
     edited[3, 3] = 0
@@ -623,6 +630,9 @@ def test_values_an_array_cannot_hold_are_refused_not_changed(tmp_path: Path, clo
     assert stores.snapshot(src) == before
     k.write_file("fso/0.0.tiff", tiff(np.full((16, 16), 1010.5)))  # (what the filter holds)
     np.testing.assert_array_equal(zarr.open_array(str(src / "fso"))[...], np.full((16, 16), 1010.5))
+    # a new chunk of only the fill value is stored (it had been taken for the one held)
+    k.write_file("sparse/1.0.tiff", tiff(np.zeros((16, 16), "<u2")))
+    assert (src / "sparse" / "1.0").exists() and "1.0.tiff" in k.listdir("sparse")
     fs, k = make_fs(src, clock, lossy_writes=True)
     k.write_file("j2k/0.0.tiff", tiff(edited))
     stored = zarr.open_array(str(src / "j2k"))[...]
@@ -640,6 +650,33 @@ def test_truncating_a_read_only_file_is_refused_as_opening_it_for_writing(v3) ->
             attempt()
         assert e.value.errno == errno.EACCES
     assert sum("zarr.json is read-only" in line for line in fs.errors) == 2, fs.errors
+
+
+def test_a_concatenation_s_straddling_chunk_is_checked_in_every_part(tmp_path: Path, clock: Clock) -> None:
+    """[write-15] a view chunk of a concatenation that straddles two sources whose codecs
+    cannot hold every value (AsType): values they cannot store are refused in whichever
+    part (the straddling write went through zarr's indexing unchecked: 300 stored as 44
+    in both); values they hold are stored."""
+    import numcodecs
+
+    from zfuse.ext.concat import save_concat
+
+    parts = []
+    for name in ("p0", "p1"):
+        a = zarr.create_array(str(tmp_path / f"{name}.zarr"), shape=(12, 16), chunks=(8, 16), dtype="<u2",
+                              fill_value=0, zarr_format=2, compressors=None,
+                              filters=[numcodecs.AsType(encode_dtype="|u1", decode_dtype="<u2")])
+        a[...] = 5
+        parts.append(str(tmp_path / f"{name}.zarr"))
+    save_concat(tmp_path / "c.json", parts, axis=0)
+    before = [stores.snapshot(Path(p)) for p in parts]
+    fs, k = make_fs(tmp_path / "c.json", clock)
+    with pytest.raises(FsError) as e:  # rows 8-16: part 0's rows 8-12, part 1's 0-4
+        k.write_file("c/1/0.tiff", tiff(np.full((8, 16), 300, "<u2")))
+    assert e.value.errno == errno.EINVAL
+    assert [stores.snapshot(Path(p)) for p in parts] == before
+    k.write_file("c/1/0.tiff", tiff(np.full((8, 16), 9, "<u2")))
+    assert (zarr.open_array(parts[0])[8:] == 9).all() and (zarr.open_array(parts[1])[:4] == 9).all()
 
 
 class GatedCommits:

@@ -360,6 +360,8 @@ class AtomicLocalStore(LocalStore):
                 fd = open_beneath(self.root_fd(), head, os.O_PATH | os.O_DIRECTORY) if head else None
             except (FileNotFoundError, NotADirectoryError):
                 continue
+            except OutsideStoreError:
+                return None  # (a directory leading out of the store: the write itself refuses it)
             try:
                 return self._directory_refusal(fd if fd is not None else self.root_fd(), head, parts[-1]
                                                if depth == len(parts) - 1 else None)

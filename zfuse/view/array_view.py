@@ -826,10 +826,12 @@ class ArrayView:
         self.add_chunk(coords)
 
     def delete_stored(self, coords: Coords) -> None:
-        """Delete chunk `coords` from the store, then drop what was decoded of it and
-        its name from listings."""
-        self.source.delete_chunk(coords)
-        self.forget(coords)
+        """Delete chunk `coords` from the store, then drop what was decoded of it (even
+        when the deletion failed) and its name from listings."""
+        try:
+            self.source.delete_chunk(coords)
+        finally:  # (a failed deletion may have changed some of it: a concatenation's parts)
+            self.forget(coords)
         self.remove_chunk(coords)
 
     # -- metadata -----------------------------------------------------------

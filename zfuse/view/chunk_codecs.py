@@ -55,19 +55,21 @@ def _decode_on_loop(codec: Any, buf: Any, spec: Any) -> Any:
 #: FixedScaleOffset, AsType; unknown) is checked (`ChunkCodecs.check_exact`).
 EXACT_CODECS = frozenset({
     "bytes", "transpose", "crc32c", "zstd", "gzip", "blosc", "sharding_indexed", "zlib", "bz2", "lzma",
-    "lz4", "shuffle", "bitshuffle", "crc32", "adler32", "fletcher32", "jenkins_lookup3", "packbits", "pad",
+    "lz4", "shuffle", "crc32", "adler32", "fletcher32", "jenkins_lookup3", "pad", "delta", "packbits",
     "imagecodecs_zlib", "imagecodecs_deflate", "imagecodecs_zstd", "imagecodecs_lzma", "imagecodecs_bz2",
     "imagecodecs_lz4", "imagecodecs_lzw", "imagecodecs_packbits", "imagecodecs_blosc", "imagecodecs_brotli",
     "imagecodecs_snappy", "imagecodecs_zopfli",
 })
 
 
-def _codec_names(codec: Any) -> list[str] | None:
+def _codec_names(codec: Any, dtype: np.dtype) -> list[str] | None:
     """The names of a codec and of what it nests (a shard's inner and index codecs), as
-    `EXACT_CODECS` spells them; None for a Delta whose stored type is another (it may
-    not hold a difference)."""
+    `EXACT_CODECS` spells them; None for one exact only for some values or types, where
+    `dtype`'s are not those: a Delta is exact on integers in their own type (their
+    differences wrap around and back; a float's do not, a narrower type's overflow),
+    numcodecs' PackBits on booleans (it keeps of any other byte whether it is zero)."""
     if isinstance(codec, ShardingCodec):
-        names = [_codec_names(c) for c in (*codec.codecs, *codec.index_codecs)]
+        names = [_codec_names(c, dtype) for c in (*codec.codecs, *codec.index_codecs)]
         return None if any(n is None for n in names) else ["sharding_indexed", *(x for n in names for x in n)]
     config: dict[str, Any] = {}
     if hasattr(codec, "to_dict"):
@@ -79,16 +81,23 @@ def _codec_names(codec: Any) -> list[str] | None:
         name = str(config.get("id", ""))
     name = name.removeprefix("numcodecs.")
     if name == "delta":
-        astype, dtype = config.get("astype"), config.get("dtype")
-        return ["delta"] if astype in (None, dtype) else None
+        astype, own = config.get("astype"), config.get("dtype")
+        return ["delta"] if astype in (None, own) and dtype.kind in "iu" else None
+    if name == "packbits" and not hasattr(codec, "to_dict"):  # (v3's refuse other types themselves)
+        return ["packbits"] if dtype.kind == "b" else None
     return [name]
 
 
 def same_values(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether two arrays of one dtype hold the same values bit for bit (a NaN is its
     own, -0.0 is not 0.0)."""
-    a, b = np.ascontiguousarray(a), np.ascontiguousarray(b)
-    return a.shape == b.shape and a.dtype == b.dtype and a.view(np.uint8).tobytes() == b.view(np.uint8).tobytes()
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.dtype.kind in "fc":  # (bit for bit: NaN == NaN, -0.0 != 0.0)
+        width = np.dtype(f"u{a.dtype.itemsize // (2 if a.dtype.kind == 'c' else 1)}")
+        a = np.ascontiguousarray(a).view(width) if not a.flags.c_contiguous else a.view(width)
+        b = np.ascontiguousarray(b).view(width) if not b.flags.c_contiguous else b.view(width)
+    return bool(np.array_equal(a, b))
 
 
 class ChunkCodecs:
@@ -248,9 +257,9 @@ class ChunkCodecs:
         if ident in bounded_decode.DECODED_INTO and stored.isnative:
             # an image codec: decoded into the chunk's own array (as zarr-python 2 does),
             # which the decoder checks against the image its stream declares first (F
-            # order: the C-order array of the shape reversed, whose transpose the chunk is)
+            # order: the image's values as zarr reads them, then in the chunk's order)
             if self.order == "F":
-                into = np.empty(self.chunk_shape[::-1], stored)
+                into = np.empty(self.chunk_shape, stored)
                 return bounded_decode.decode_into(compressor, raw, into).reshape(-1).reshape(
                     self.chunk_shape, order="F")
             return bounded_decode.decode_into(compressor, raw, np.empty(self.chunk_shape, stored))
@@ -273,7 +282,7 @@ class ChunkCodecs:
             codecs = [*(meta.filters or ()), *((meta.compressor,) if meta.compressor is not None else ())]
         out: list[str | None] = []
         for codec in codecs:
-            names = _codec_names(codec)
+            names = _codec_names(codec, self.dtype)
             out.extend(names if names is not None else [None])
         return out
 
@@ -285,7 +294,9 @@ class ChunkCodecs:
     def _described(self) -> str:
         meta = self._array.metadata
         if self._zarr_format == 3:
-            return ", ".join(str(c.to_dict().get("name")) for c in meta.codecs)
+            codecs = [*meta.codecs[:1], *(self._sharding.codecs if self._sharding is not None else ()),
+                      *meta.codecs[1:]] if self._sharding is not None else list(meta.codecs)
+            return ", ".join(str(c.to_dict().get("name")) for c in codecs)
         parts = [f.codec_id for f in meta.filters or ()]
         return ", ".join(parts + ([meta.compressor.codec_id] if meta.compressor is not None else []))
 

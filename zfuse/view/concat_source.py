@@ -190,6 +190,10 @@ class ConcatChunkSource(ChunkSource):
         found = [f"{part.name}: {part.chunk_key(c)}" for part, c in itertools.islice(self._part_chunks(coords), most + 1)]
         return found if len(found) <= most else [*found[:most], "..."]
 
+    @property
+    def checks_written_values(self) -> bool:
+        return any(part.checks_written_values for part in self.parts)
+
     def write_refusal(self, coords: Coords) -> OSError | None:
         return next((r for part, c in self._part_chunks(coords) if (r := part.write_refusal(c)) is not None), None)
 
@@ -256,11 +260,33 @@ class ConcatChunkSource(ChunkSource):
                 return
             full = self.full_chunk(data)
             origin = [r.start for r in self.chunk_region(coords)]
+            if not lossy:
+                self._check_parts_hold(coords, full, origin)
             for index, src_region, view_region in self.array.chunk_sources(coords):
                 here = tuple(slice(v.start - o, v.stop - o) for v, o in zip(view_region, origin, strict=True))
                 self.parts[index].write_region(src_region, full[here])
         finally:
             self.forget_listing()  # (after: a listing made meanwhile may not show it)
+
+    def _check_parts_hold(self, coords: Coords, full: np.ndarray, origin: list[int]) -> None:
+        """Each source chunk a straddling view chunk writes into, as it would be after the
+        write, checked to read back the same where its part's codecs are not known to be
+        exact (`ChunkCodecs.check_exact`: InvalidTiffError, nothing written)."""
+        for index, src_region, view_region in self.array.chunk_sources(coords):
+            part = self.parts[index]
+            if part.codecs.exact:
+                continue
+            ranges = [range(r.start // n, -(-r.stop // n)) for r, n in zip(src_region, part.chunk_shape, strict=True)]
+            for c in itertools.product(*ranges):
+                region = part.chunk_region(c)
+                lo = [max(a.start, b.start) for a, b in zip(src_region, region, strict=True)]
+                hi = [min(a.stop, b.stop) for a, b in zip(src_region, region, strict=True)]
+                after = np.array(part.read_chunk(c), dtype=part.dtype)  # (fill where none is stored)
+                within = tuple(slice(a - r.start, b - r.start) for a, b, r in zip(lo, hi, region, strict=True))
+                here = tuple(slice(v.start + a - s.start - o, v.start + b - s.start - o)
+                             for a, b, s, v, o in zip(lo, hi, src_region, view_region, origin, strict=True))
+                after[within] = full[here]
+                part.codecs.check_exact(after, tuple(slice(0, r.stop - r.start) for r in region), False)
 
     def delete_chunk(self, coords: Coords) -> None:
         """The view chunk's values made the parts' fill values (each part drops a chunk

@@ -346,6 +346,12 @@ class ChunkSource(ABC):
         """Names of the Zarr extensions and notable codecs this source uses."""
         return []
 
+    @property
+    def checks_written_values(self) -> bool:
+        """Whether `write_chunk` encodes and decodes a chunk once before storing it (codecs
+        not known to be exact): a commit then holds more memory for it."""
+        return False
+
     def write_refusal(self, coords: Coords) -> OSError | None:
         """Why writing or deleting chunk `coords` would fail, where the store can tell
         before anything changes (a local directory this process may not write); None:
@@ -1078,6 +1084,10 @@ class ZarrChunkSource(ChunkSource):
         with self._locks_guard:
             return self._locks.setdefault(key, threading.Lock())
 
+    @property
+    def checks_written_values(self) -> bool:
+        return not self.codecs.exact
+
     def write_refusal(self, coords: Coords) -> OSError | None:
         files = self.access.files
         return files.write_refusal(self.storage_key(self.storage_coords(coords))) if files is not None else None
@@ -1104,12 +1114,13 @@ class ZarrChunkSource(ChunkSource):
             region = self.chunk_region(coords)
             inside = tuple(slice(0, r.stop - r.start) for r in region)
             clipped = np.asarray(data, dtype=self.dtype)[inside]
-            try:
-                held = self.read_chunk(coords)[inside]
-            except Exception:  # (a chunk that does not read: the write replaces it)
+            try:  # (a chunk not stored, or that does not read: the write stores it)
+                held = self.read_chunk(coords, must_exist=True)[inside]
+            except Exception:
                 held = None
             if held is not None and same_values(held, clipped):
                 return  # (what the chunk holds: stored again, a lossy codec would change it)
+            del held  # (not kept through the check: its memory is the write budget's)
             self.codecs.check_exact(self.full_chunk(clipped), inside, lossy)
         # another host's write between this one's read and write: redone (zfuse/conditional.py)
         retry_lost_races(lambda: self._write_chunk_once(coords, data), f"{self.name} chunk {coords}")

@@ -711,7 +711,10 @@ class Writes:
         """Parse `data` as a TIFF of chunk `coords` and store it, then call `stored` (in
         the same worker thread); errors name the chunk's key."""
         chunk_bytes = arr.layout.data_size if arr.layout is not None else 0
-        held = await self.decode_budget.hold(len(data) + 3 * chunk_bytes)
+        # the file, the decoded chunk and what encoding it takes; a chunk checked to read
+        # back the same (`checks_written_values`) the stored one, encoded and decoded too
+        copies = 6 if arr.source.checks_written_values else 3
+        held = await self.decode_budget.hold(len(data) + copies * chunk_bytes)
         try:
             await self.run(_commit_chunk, arr, coords, data, stored)
         except InvalidTiffError as e:
