@@ -202,6 +202,10 @@ def _mount_error_case(tmp_path: Path, case: str) -> tuple[list[str], str]:
         return (["mount", "ab.json", "mnt"],
                 f"zfuse: {tmp_path}/mnt/b.zarr lies inside the mountpoint {tmp_path}/mnt: the daemon would "
                 "read its own mount (and wait for itself for ever); mount it on a directory outside the store\n")
+    if case == "log-file-inside-mountpoint":  # (and not made there)
+        return (["mount", "--log-file", "mnt/z.log", "a.zarr", "mnt"],
+                f"zfuse: the log file {tmp_path}/mnt/z.log is inside the mountpoint {tmp_path}/mnt: the daemon "
+                "would write it through its own mount; put it elsewhere\n")
     if case == "cache-inside-mountpoint":
         return (["mount", "-o", "cache=mnt/cache", "a.zarr", "mnt"],
                 f"zfuse: -o cache= {tmp_path}/mnt/cache is inside the mountpoint {tmp_path}/mnt: the daemon "
@@ -224,7 +228,7 @@ def _mount_error_case(tmp_path: Path, case: str) -> tuple[list[str], str]:
                                   "missing-mountpoint", "mountpoint-is-file", "info-not-zarr",
                                   "umount-not-mounted", "mountpoint-inside-store", "store-is-mountpoint",
                                   "description-source-inside-mountpoint", "metadata-is-a-fifo",
-                                  "cache-inside-mountpoint"])
+                                  "cache-inside-mountpoint", "log-file-inside-mountpoint"])
 def test_error_messages_name_the_real_problem(tmp_path: Path, case: str) -> None:
     """Exact text, as a user running the command from the store's directory sees it. [cons-4] A
     mount whose daemon would read its own mount (a mountpoint inside the store, the store
@@ -236,6 +240,8 @@ def test_error_messages_name_the_real_problem(tmp_path: Path, case: str) -> None
     assert r.stderr == expected
     assert r.stdout == ""
     assert not os.path.ismount(tmp_path / "mnt")
+    if case == "log-file-inside-mountpoint":
+        assert os.listdir(tmp_path / "mnt") == []
 
 
 def test_umount_of_something_else_says_so(tmp_path: Path) -> None:
@@ -618,7 +624,7 @@ def test_a_misspelt_option_is_refused_before_the_store_is_opened(tmp_path: Path)
         apply_mount_options(config, ["kernel_cache"])
     # pyfuse3 sets max_read itself: another made the kernel's INIT fail after the mount
     # had said it was live (exit 0, no mount)
-    with pytest.raises(OptionError, match="unknown option 'max_read'"):
+    with pytest.raises(OptionError, match="option 'max_read' is libfuse's, refused: pyfuse3 sets"):
         apply_mount_options(config, ["max_read=4096"])
     # a reload opens the whole source again: 1e-9 held a core with 4,233 reloads in 10 s
     with pytest.raises(OptionError, match=r"metadata_ttl.*at least 0.1 seconds \(or 0: never\)"):
@@ -849,3 +855,31 @@ def test_a_read_ahead_window_only_root_may_set_is_said_at_mount() -> None:
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_a_mount_inside_its_store_is_refused_however_it_is_reached(tmp_path: Path, mount) -> None:
+    """[cons-4] the store reached through a bind mount of its directory (another path,
+    the same directory) holds the mountpoint: refused (compared by path, it was mounted,
+    and after a reload showed itself in itself); so is a second daemon mounting the first
+    one's mount inside that one's store (each would read the other)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a bind mount")
+    stores.v3(tmp_path / "a.zarr")
+    (tmp_path / "a.zarr" / "mnt").mkdir()
+    srv = tmp_path / "srv"
+    srv.mkdir()
+    subprocess.run(["mount", "--bind", str(tmp_path / "a.zarr"), str(srv)], check=True)
+    try:
+        r = run_in(tmp_path, "mount", "srv", "a.zarr/mnt")
+    finally:
+        subprocess.run(["umount", "-l", str(srv)], check=True)
+    assert r.returncode == 1, r.stderr
+    assert r.stderr == (f"zfuse: srv holds the mountpoint {tmp_path}/a.zarr/mnt: the daemon would read its own "
+                        "mount (and wait for itself for ever); mount it on a directory outside the store\n")
+    assert not os.path.ismount(tmp_path / "a.zarr" / "mnt")
+    first = mount(tmp_path / "a.zarr", name="first")
+    r = run_in(tmp_path, "mount", str(first.path), "a.zarr/mnt")
+    assert r.returncode == 1, r.stderr
+    assert r.stderr.startswith(f"zfuse: {tmp_path}/a.zarr (the store of the zfuse mount {first.path}, which "
+                               f"serves {first.path}) holds the mountpoint {tmp_path}/a.zarr/mnt"), r.stderr
+    assert not os.path.ismount(tmp_path / "a.zarr" / "mnt")

@@ -61,12 +61,26 @@ class MountConfig:
     # object) or "process" (survives the daemon; fsync() makes it survive a power cut)
     durability: str = "disk"
     log_operations: bool = False  # -v: every FUSE operation at DEBUG level
+    # the live mount's device (`note_mount`): no reload opens a source on it
+    mount_dev: int | None = None
     log_destination: str = "stderr"
 
     @property
     def durable(self) -> bool:
         """Whether each stored object is on disk before close() returns."""
         return self.durability == "disk"
+
+
+def note_mount(config: MountConfig) -> None:
+    """Once the mount is live (blocking: a stat of it, which this daemon answers): its
+    device, which no reload may open a source on (`config.mount_dev`), and its
+    read-ahead window (`set_read_ahead`)."""
+    try:
+        config.mount_dev = os.stat(config.mountpoint).st_dev
+    except OSError as e:
+        log.warning("cannot stat the mountpoint %s: %s", config.mountpoint, e)
+        return
+    set_read_ahead(config.mountpoint, config.read_ahead_kb)
 
 
 def set_read_ahead(mountpoint: str, kib: int) -> bool:
@@ -84,8 +98,8 @@ def set_read_ahead(mountpoint: str, kib: int) -> bool:
         path = f"/sys/class/bdi/{os.major(dev)}:{os.minor(dev)}/read_ahead_kb"
         with open(path, "w") as f:
             f.write(str(kib))
-    except OSError as e:
-        log.debug("read-ahead window left at the kernel's default: %s", e)
+    except OSError as e:  # (root is expected to set it: a read-only /sys, a container)
+        (log.warning if os.geteuid() == 0 else log.debug)("read-ahead window left at the kernel's default: %s", e)
         return False
     log.debug("read-ahead window %d KiB (%s)", kib, path)
     return True
@@ -175,7 +189,8 @@ def _fuse_device_refusal() -> str:
     return (f"zfuse: /dev/fuse is not readable and writable by uid {os.geteuid()} (it is "
             f"{stat.filemode(st.st_mode)} {name(pwd.getpwuid, st.st_uid)}:{name(grp.getgrgid, st.st_gid)}), "
             "so no FUSE filesystem can be mounted by this user: Debian makes it crw-rw-rw- "
-            "(ask an administrator: chmod 0666 /dev/fuse); in a container, pass --device /dev/fuse")
+            "(ask an administrator: a udev rule KERNEL==\"fuse\", MODE=\"0666\" keeps it so; chmod 0666 "
+            "/dev/fuse until the next boot); in a container, pass --device /dev/fuse")
 
 
 def mounted_elsewhere(sources: list[str]) -> str | None:
@@ -378,37 +393,90 @@ def _unreachable(path: str, error: OSError) -> str:
 def check_not_nested(mountpoint: str, sources: list[str], written: dict[str, str | None] | None = None) -> None:
     """Refuse a mount whose daemon would read its own mount: a mountpoint that is a local
     source, lies inside one (a store's directory, or one a concat description names), or
-    holds one (a description file there too). A store with its own mountpoint inside
-    showed itself in itself at every reload, and a read through it, or through a link in
-    the store leading into it, waited for an answer only that read could give: readers
-    unkillable, `zfuse umount` busy, until the FUSE connection was aborted. `written`:
-    what else the daemon writes ({"-o cache=": DIR, "the log file": PATH}), refused inside
-    the mount too (each write would go through the daemon itself)."""
+    holds one (a description file there too); compared by the directories' identities
+    (device and inode), so a bind mount or a link of the store is the store. A source
+    served by another zfuse mount counts with that mount's own sources (two daemons
+    inside each other's stores). A store with its own mountpoint inside showed itself in
+    itself at every reload, and a read through it, or through a link in the store
+    leading into it, waited for an answer only that read could give: readers unkillable,
+    `zfuse umount` busy, until the FUSE connection was aborted. `written`: what else the
+    daemon writes ({"-o cache=": DIR, "the log file": PATH}), refused inside the mount
+    too (each write would go through the daemon itself)."""
     from zfuse.ext.concat import description_sources
 
-    mount = os.path.realpath(mountpoint)
+    mount_id = _identity(mountpoint)
+    above_mount = _identities_up(mountpoint)
     for what, path in (written or {}).items():
-        if path is not None and (os.path.realpath(path) + "/").startswith(mount + "/"):
+        if path is not None and mount_id in _identities_up(path):
             raise SystemExit(f"zfuse: {what} {path} is inside the mountpoint {mountpoint}: the daemon would "
                              "write it through its own mount; put it elsewhere")
+
+    def check(each: str, is_file: bool, served: str = "") -> None:
+        ident = _identity(each)
+        if not is_file and ident is not None and ident == mount_id:
+            where = "is"
+        elif mount_id is not None and mount_id in _identities_up(each):
+            where = "lies inside"
+        elif not is_file and ident is not None and ident in above_mount:
+            where = "holds"
+        else:
+            return
+        raise SystemExit(f"zfuse: {each}{served} {where} the mountpoint {mountpoint}: the daemon would read "
+                         "its own mount (and wait for itself for ever); mount it on a directory outside the store")
+
     for source in sources:
         if "://" in source and not source.startswith("file://"):
             continue
         path = source.removeprefix("file://")
         named = [(path, os.path.isfile(path))]
-        named += [(s, os.path.isfile(s)) for s in description_sources(path)
-                  if "://" not in s or s.startswith("file://")]
+        named += [(s.removeprefix("file://"), os.path.isfile(s.removeprefix("file://")))
+                  for s in description_sources(path) if "://" not in s or s.startswith("file://")]
         for each, is_file in named:
-            real = os.path.realpath(each.removeprefix("file://"))
-            if is_file:  # (a description: the file itself)
-                inside = real.startswith(mount + "/")
-            else:
-                inside = real == mount or mount.startswith(real.rstrip("/") + "/") or real.startswith(mount + "/")
-            if inside:
-                where = "is" if real == mount else ("lies inside" if real.startswith(mount + "/") else "holds")
-                raise SystemExit(
-                    f"zfuse: {each} {where} the mountpoint {mountpoint}: the daemon would read its own "
-                    "mount (and wait for itself for ever); mount it on a directory outside the store")
+            check(each, is_file)
+            for served_by, its_source in _zfuse_mounts_serving(each):
+                check(its_source, os.path.isfile(its_source), f" (the store of the zfuse mount {served_by}, "
+                                                              f"which serves {each})")
+
+
+def _identity(path: str) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _identities_up(path: str) -> list[tuple[int, int]]:
+    """(device, inode) of `path` and of each directory above it, those that exist."""
+    real = os.path.realpath(path)
+    found = []
+    while True:
+        ident = _identity(real)
+        if ident is not None:
+            found.append(ident)
+        if real == "/":
+            return found
+        real = os.path.dirname(real)
+
+
+def _zfuse_mounts_serving(path: str) -> list[tuple[str, str]]:
+    """(mountpoint, local source) of each zfuse mount `path` lies in, from the mount
+    table (its sources as `fsname_of` wrote them)."""
+    from zfuse.mounts import zfuse_mounts
+
+    real = os.path.realpath(path)
+    try:
+        entries = zfuse_mounts()
+    except OSError:
+        return []
+    out = []
+    for entry in entries:
+        if real == entry.mountpoint or real.startswith(entry.mountpoint.rstrip("/") + "/"):
+            for shown in entry.source.replace("\\,", ",").split("+"):
+                source = urllib.parse.unquote(shown)
+                if "://" not in source or source.startswith("file://"):
+                    out.append((entry.mountpoint, source.removeprefix("file://")))
+    return out
 
 
 def _zarr_children(path: str) -> list[str]:
@@ -523,8 +591,7 @@ async def _main(ops: Any, config: MountConfig, state: dict[str, Any]) -> None:
         nursery.start_soon(_watch_signals, ops, state)
         nursery.start_soon(_tick, ops)
         # stat of our own mountpoint needs this loop serving: a worker thread
-        nursery.start_soon(partial(trio.to_thread.run_sync, set_read_ahead, config.mountpoint,
-                                   config.read_ahead_kb))
+        nursery.start_soon(partial(trio.to_thread.run_sync, note_mount, config))
         if config.metadata_ttl:
             nursery.start_soon(_refresh_every, ops, config.metadata_ttl, state)
         await pyfuse3.main()
@@ -573,8 +640,8 @@ async def _watch_signals(ops: Any, state: dict[str, Any]) -> None:
 
 
 async def _refresh_every(ops: Any, seconds: float, state: dict[str, Any]) -> None:
-    """Reload every `seconds`, and never more often than leaves the daemon four times
-    the time a reload takes for everything else (a slow store's reloads space out)."""
+    """Reload every `seconds`, and at least RELOAD_SHARE times as long apart as a reload
+    takes (a slow store's reloads space out: at most a fifth of the time reloading)."""
     import trio
 
     took = 0.0
@@ -585,4 +652,4 @@ async def _refresh_every(ops: Any, seconds: float, state: dict[str, Any]) -> Non
         took = time.monotonic() - started
 
 
-RELOAD_SHARE = 5  # a reload every at least this many times its duration (a fifth of the time)
+RELOAD_SHARE = 5  # reloads at least this many times their duration apart

@@ -159,6 +159,13 @@ def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int 
         return 1
 
     if config.log_file is not None:
+        from zfuse.daemon import check_not_nested
+
+        try:  # (before the file is made: a refused one inside the mountpoint had been left there)
+            check_not_nested(config.mountpoint, [], {"the log file": config.log_file})
+        except SystemExit as e:
+            config.log_file = None
+            return fail(str(e.code).removeprefix("zfuse: "))
         try:
             open(config.log_file, "a").close()
         except OSError as e:
@@ -173,8 +180,7 @@ def run_foreground(config: MountConfig, shown_sources: list[str], ready_fd: int 
         check_sources(shown_sources)  # as the user spelled them, from the user's directory
         from zfuse.store import CACHE_OPTION
 
-        check_not_nested(config.mountpoint, shown_sources,
-                         {"-o cache=": (config.storage_options or {}).get(CACHE_OPTION), "the log file": config.log_file})
+        check_not_nested(config.mountpoint, shown_sources, {"-o cache=": (config.storage_options or {}).get(CACHE_OPTION)})
         # let go of the caller's directory (it could not be unmounted or removed
         # while the daemon runs); every path in `config` is absolute by now
         os.chdir("/")

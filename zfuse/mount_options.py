@@ -244,10 +244,19 @@ def apply_mount_options(config: Any, options: list[str]) -> None:
                 raise OptionError(_unknown(key))
 
 
+#: libfuse's options zfuse refuses, and why
+_REFUSED_FUSE_OPTIONS = {
+    "max_read": "pyfuse3 sets the kernel's largest read itself; another made the kernel refuse the mount "
+                "after it had said it was live",
+}
+
+
 def _unknown(key: str) -> str:
     """The refusal of an option neither zfuse nor libfuse takes, with the nearest names."""
     import difflib
 
+    if key in _REFUSED_FUSE_OPTIONS:
+        return f"option {key!r} is libfuse's, refused: {_REFUSED_FUSE_OPTIONS[key]}"
     near = difflib.get_close_matches(key, [*_BY_KEY, *_FUSE_OPTIONS], n=2, cutoff=0.6)
     hint = f" (did you mean {' or '.join(near)}?)" if near else ""
     return f"unknown option {key!r}{hint}; zfuse's options: zfuse mount -h"

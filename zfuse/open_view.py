@@ -224,12 +224,8 @@ def reload_view(config: MountConfig, stats: Stats | None, identities: dict[str, 
                                 "to show what is there now")
 
     now = local_source_identities(config)
-    try:
-        own = os.stat(config.mountpoint).st_dev if config.mountpoint else None
-    except OSError:
-        own = None
     for source, (dev, _, _) in now.items():
-        if dev == own:  # (opening it would read this very mount: wait for itself)
+        if dev == config.mount_dev:  # (opening it would read this very mount: wait for itself)
             raise MetadataError(f"{source} is now inside this mount ({config.mountpoint}) itself: not "
                                 "reloaded; the daemon would read its own mount")
     for source in identities:
