@@ -190,6 +190,11 @@ def _mount_error_case(tmp_path: Path, case: str) -> tuple[list[str], str]:
         return (["mount", "a.zarr", "a.zarr/mnt"],
                 f"zfuse: a.zarr holds the mountpoint {tmp_path}/a.zarr/mnt: the daemon would read its own "
                 "mount (and wait for itself for ever); mount it on a directory outside the store\n")
+    if case == "local-url-holding-mountpoint":  # (fsspec's local:// had passed as a remote store)
+        (tmp_path / "a.zarr" / "mnt").mkdir()
+        return (["mount", f"local://{tmp_path}/a.zarr", "a.zarr/mnt"],
+                f"zfuse: {tmp_path}/a.zarr holds the mountpoint {tmp_path}/a.zarr/mnt: the daemon would read "
+                "its own mount (and wait for itself for ever); mount it on a directory outside the store\n")
     if case == "store-is-mountpoint":
         return (["mount", "a.zarr", "a.zarr"],
                 f"zfuse: a.zarr is the mountpoint {tmp_path}/a.zarr: the daemon would read its own mount "
@@ -228,7 +233,8 @@ def _mount_error_case(tmp_path: Path, case: str) -> tuple[list[str], str]:
                                   "missing-mountpoint", "mountpoint-is-file", "info-not-zarr",
                                   "umount-not-mounted", "mountpoint-inside-store", "store-is-mountpoint",
                                   "description-source-inside-mountpoint", "metadata-is-a-fifo",
-                                  "cache-inside-mountpoint", "log-file-inside-mountpoint"])
+                                  "cache-inside-mountpoint", "log-file-inside-mountpoint",
+                                  "local-url-holding-mountpoint"])
 def test_error_messages_name_the_real_problem(tmp_path: Path, case: str) -> None:
     """Exact text, as a user running the command from the store's directory sees it. [cons-4] A
     mount whose daemon would read its own mount (a mountpoint inside the store, the store

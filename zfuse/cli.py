@@ -25,6 +25,7 @@ from zfuse import mount_options
 from zfuse.daemon import MountConfig
 from zfuse.daemonize import describe_open_error, run_foreground, spawn_daemon
 from zfuse.mount_options import MOUNT_OPTIONS, apply_mount_options
+from zfuse.source_paths import local_path
 
 __all__ = ["MOUNT_OPTIONS", "apply_mount_options", "build_parser", "main", "parse_size"]
 
@@ -188,7 +189,7 @@ def cmd_mount(args: argparse.Namespace, argv: list[str]) -> int:
     from zfuse.mounts import absolute
 
     # local paths absolute: the daemon leaves the caller's working directory
-    sources = [s if "://" in s else absolute(s) for s in args.sources]
+    sources = [s if (path := local_path(s)) is None else absolute(path) for s in args.sources]
     config = MountConfig(sources=sources, mountpoint=absolute(args.mountpoint), concat_axis=args.concat)
     try:
         apply_mount_options(config, args.options)

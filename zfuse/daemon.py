@@ -24,6 +24,7 @@ from functools import partial
 from typing import TYPE_CHECKING, Any
 
 from zfuse import defaults
+from zfuse.source_paths import local_path
 from zfuse.stats import Stats
 
 if TYPE_CHECKING:  # imported where used: the CLI (umount, status) starts without zarr
@@ -259,8 +260,8 @@ def unwritable_hint(config: MountConfig) -> str | None:
     if config.read_only:
         return None
     for source in config.sources:
-        path = source.removeprefix("file://")
-        if "://" in path or not os.path.isdir(path):
+        path = local_path(source)
+        if path is None or not os.path.isdir(path):
             continue
         if os.access(path, os.W_OK | os.X_OK, effective_ids=os.access in os.supports_effective_ids):
             continue
@@ -280,9 +281,9 @@ def level_hint(sources: list[str]) -> str | None:
     store is the level's directory). Read from the metadata documents of at most
     LEVEL_ANCESTORS parent directories alone (each to the metadata bound); None when it
     is no such level."""
-    if len(sources) != 1 or "://" in sources[0] and not sources[0].startswith("file://"):
+    if len(sources) != 1 or local_path(sources[0]) is None:
         return None
-    path = os.path.abspath(sources[0].removeprefix("file://")).rstrip("/")
+    path = os.path.abspath(local_path(sources[0]) or "").rstrip("/")
     if not any(os.path.isfile(os.path.join(path, n)) for n in ("zarr.json", ".zarray", ".zgroup")):
         return None
     ancestor, rel = path, ""
@@ -329,9 +330,9 @@ def check_sources(sources: list[str]) -> None:
     from zfuse.ext.concat import is_concat_description
 
     for source in sources:
-        if "://" in source and not source.startswith("file://"):
+        path = local_path(source)
+        if path is None:
             continue  # remote: only opening it can tell
-        path = source.removeprefix("file://")
         try:
             os.stat(path)
         except OSError as e:  # (not "no such file" for a store this user may not reach)
@@ -425,12 +426,11 @@ def check_not_nested(mountpoint: str, sources: list[str], written: dict[str, str
                          "its own mount (and wait for itself for ever); mount it on a directory outside the store")
 
     for source in sources:
-        if "://" in source and not source.startswith("file://"):
+        path = local_path(source)
+        if path is None:
             continue
-        path = source.removeprefix("file://")
         named = [(path, os.path.isfile(path))]
-        named += [(s.removeprefix("file://"), os.path.isfile(s.removeprefix("file://")))
-                  for s in description_sources(path) if "://" not in s or s.startswith("file://")]
+        named += [(p, os.path.isfile(p)) for s in description_sources(path) if (p := local_path(s)) is not None]
         for each, is_file in named:
             check(each, is_file)
             for served_by, its_source in _zfuse_mounts_serving(each):
@@ -473,9 +473,9 @@ def _zfuse_mounts_serving(path: str) -> list[tuple[str, str]]:
     for entry in entries:
         if real == entry.mountpoint or real.startswith(entry.mountpoint.rstrip("/") + "/"):
             for shown in entry.source.replace("\\,", ",").split("+"):
-                source = urllib.parse.unquote(shown)
-                if "://" not in source or source.startswith("file://"):
-                    out.append((entry.mountpoint, source.removeprefix("file://")))
+                local = local_path(urllib.parse.unquote(shown))
+                if local is not None:
+                    out.append((entry.mountpoint, local))
     return out
 
 

@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from zfuse.errors import MetadataError
+from zfuse.source_paths import local_path
 from zfuse.stats import Stats
 
 if TYPE_CHECKING:  # zarr and the view are imported where used: `zfuse --help` starts without them
@@ -195,11 +196,11 @@ def local_source_identities(config: MountConfig) -> dict[str, tuple[int, int, in
         if not is_remote(source):
             paths.append(source)
             # (a description's sources too, as it names them now)
-            paths += [s for s in description_sources(source.removeprefix("file://")) if not is_remote(s)]
+            paths += [s for s in description_sources(local_path(source) or source) if not is_remote(s)]
     found = {}
     for path in paths:
         try:
-            st = os.stat(path.removeprefix("file://"))
+            st = os.stat(local_path(path) or path)
         except OSError:
             continue
         found[path] = (st.st_dev, st.st_ino, st.st_uid)

@@ -55,6 +55,7 @@ from zfuse.remote_objects import (
     request_answers,
     s3_redirect_refused,
 )
+from zfuse.source_paths import local_path
 from zfuse.stats import Stats
 
 log = logging.getLogger("zfuse.store")
@@ -161,7 +162,7 @@ class StoreFailures:
 
 def is_remote(source: str) -> bool:
     """Whether a source is a URL (s3://, gs://, https://, ...), not a local directory."""
-    return "://" in source and not source.startswith("file://")
+    return local_path(source) is None
 
 
 def default_timeout(source: str, timeout: float | None) -> float | None:
@@ -904,7 +905,7 @@ def open_store(source: str, *, read_only: bool, storage_options: dict[str, Any] 
             # (read by MeteredStore, which wraps every store a mount reads)
             store.zfuse_remote = remote  # type: ignore[attr-defined]
         return store
-    path = source.removeprefix("file://")
+    path = local_path(source) or source
     if not os.path.exists(path):
         raise FileNotFoundError(f"no such file or directory: {path}")
     if not os.path.isdir(path):
