@@ -2278,3 +2278,32 @@ def test_a_concatenation_names_its_sources_keys_in_errors(tmp_path: Path, clock:
         k.write_file("c/2/0.tiff", b"not a tiff at all")
     line = k.read_file(".zfuse/errors").decode().splitlines()[-1]
     assert f"concat/c/2/0 ({b}: c/0/0)" in line, line
+
+
+def test_which_codecs_are_taken_for_exact(tmp_path: Path) -> None:
+    """[write-15] the codecs a written chunk is stored through unchecked: a Delta only of
+    integers in the array's own type (one of another type on the same bytes stored
+    4607182418800017408 as 0), numcodecs' PackBits only of booleans, zfuse's packbits
+    only keeping every bit (bits 0-3 of a byte stored 200 as 8)."""
+    import numcodecs
+
+    from zfuse.ext.packbits import PackBitsCodec
+    from zfuse.view.source import ZarrChunkSource
+
+    def exact(name: str, dtype: str, *, filters: object = None, serializer: object = "auto") -> bool:
+        v2 = serializer == "auto" and filters is not None
+        a = zarr.create_array(str(tmp_path / f"{name}.zarr"), shape=(8,), chunks=(8,), dtype=dtype, fill_value=0,
+                              filters=filters, compressors=None, serializer=serializer,
+                              zarr_format=2 if v2 else 3)
+        return ZarrChunkSource(a, name=name).codecs.exact
+
+    assert exact("d1", "<i8", filters=[numcodecs.Delta(dtype="<i8")])
+    assert not exact("d2", "<i8", filters=[numcodecs.Delta(dtype="<f8")])
+    assert not exact("d3", "<f8", filters=[numcodecs.Delta(dtype="<f8")])
+    assert not exact("d4", "<i4", filters=[numcodecs.Delta(dtype="<i4", astype="<i2")])
+    assert exact("p1", "bool", filters=[numcodecs.PackBits()])
+    assert not exact("p2", "|u1", filters=[numcodecs.PackBits()])
+    assert exact("p3", "uint8", serializer=PackBitsCodec())
+    assert exact("p4", "uint8", serializer=PackBitsCodec(first_bit=0, last_bit=7))
+    assert not exact("p5", "uint8", serializer=PackBitsCodec(first_bit=0, last_bit=3))
+    assert exact("plain", "uint16")

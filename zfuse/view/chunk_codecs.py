@@ -67,7 +67,8 @@ def _codec_names(codec: Any, dtype: np.dtype) -> list[str] | None:
     `EXACT_CODECS` spells them; None for one exact only for some values or types, where
     `dtype`'s are not those: a Delta is exact on integers in their own type (their
     differences wrap around and back; a float's do not, a narrower type's overflow),
-    numcodecs' PackBits on booleans (it keeps of any other byte whether it is zero)."""
+    numcodecs' PackBits on booleans (it keeps of any other byte whether it is zero),
+    zfuse's packbits when it keeps every bit (`first_bit`/`last_bit` drop the others)."""
     if isinstance(codec, ShardingCodec):
         names = [_codec_names(c, dtype) for c in (*codec.codecs, *codec.index_codecs)]
         return None if any(n is None for n in names) else ["sharding_indexed", *(x for n in names for x in n)]
@@ -82,9 +83,17 @@ def _codec_names(codec: Any, dtype: np.dtype) -> list[str] | None:
     name = name.removeprefix("numcodecs.")
     if name == "delta":
         astype, own = config.get("astype"), config.get("dtype")
-        return ["delta"] if astype in (None, own) and dtype.kind in "iu" else None
-    if name == "packbits" and not hasattr(codec, "to_dict"):  # (v3's refuse other types themselves)
+        try:
+            same = own is not None and np.dtype(own) == dtype
+        except TypeError:
+            same = False
+        return ["delta"] if same and astype in (None, own) and dtype.kind in "iu" else None
+    if name == "packbits" and not hasattr(codec, "to_dict"):  # (numcodecs' v2 filter)
         return ["packbits"] if dtype.kind == "b" else None
+    if name == "packbits":  # (zfuse's own: exact when it keeps every bit of a component)
+        bits = 1 if dtype.kind == "b" else dtype.itemsize * 8 // (2 if dtype.kind == "c" else 1)
+        kept = config.get("first_bit") in (None, 0) and config.get("last_bit") in (None, bits - 1)
+        return ["packbits"] if kept else None
     return [name]
 
 
