@@ -15,6 +15,7 @@ indexing, which bounds nothing.
 from __future__ import annotations
 
 import itertools
+import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator
@@ -28,6 +29,8 @@ from zfuse.ext.chunk_keys import ChunkKeyDecoder
 from zfuse.ext.concat import ConcatArray
 from zfuse.view.chunk_listing import LIST_PAGE, DirPage
 from zfuse.view.source import ChunkSource, Coords, ZarrChunkSource
+
+log = logging.getLogger("zfuse.view")
 
 #: view chunks `list_chunks` gives at most (`zfuse info`'s count; a mount lists by
 #: directory): one big source chunk over small view chunks covers millions
@@ -262,11 +265,36 @@ class ConcatChunkSource(ChunkSource):
             origin = [r.start for r in self.chunk_region(coords)]
             if not lossy:
                 self._check_parts_hold(coords, full, origin)
-            for index, src_region, view_region in self.array.chunk_sources(coords):
-                here = tuple(slice(v.start - o, v.stop - o) for v, o in zip(view_region, origin, strict=True))
-                self.parts[index].write_region(src_region, full[here])
+            self._write_parts(coords, lambda here: full[here])
         finally:
             self.forget_listing()  # (after: a listing made meanwhile may not show it)
+
+    def _write_parts(self, coords: Coords, values: Any) -> None:
+        """Write view chunk `coords` into each part it straddles (`values(here)`: the
+        values of its region `here` of the view chunk, or the fill value); if a part
+        fails, the parts written before it are given their old values back, so the chunk
+        is never left half new (a failed second part had left the first one's rows new
+        while close() failed)."""
+        origin = [r.start for r in self.chunk_region(coords)]
+        pieces = []
+        for index, src_region, view_region in self.array.chunk_sources(coords):
+            here = tuple(slice(v.start - o, v.stop - o) for v, o in zip(view_region, origin, strict=True))
+            pieces.append((self.parts[index], src_region, here))
+        old = self.read_chunk(coords) if len(pieces) > 1 else None  # (bounded: the parts' own reads)
+        done = []
+        try:
+            for part, src_region, here in pieces:
+                value = values(here)
+                part.write_region(src_region, value if value is not None else part.fill_value)
+                done.append((part, src_region, here))
+        except BaseException:
+            for part, src_region, here in done:
+                try:
+                    part.write_region(src_region, old[here])
+                except Exception as e:  # (the first failure is the one raised; this one logged)
+                    log.error("%s: putting back %s's old values after a failed write failed too: %s",
+                              self.name, part.name, e)
+            raise
 
     def _check_parts_hold(self, coords: Coords, full: np.ndarray, origin: list[int]) -> None:
         """Each source chunk a straddling view chunk writes into, as it would be after the
@@ -292,9 +320,7 @@ class ConcatChunkSource(ChunkSource):
         """The view chunk's values made the parts' fill values (each part drops a chunk
         left all fill), through the parts."""
         try:
-            for index, src_region, _ in self.array.chunk_sources(coords):
-                part = self.parts[index]
-                part.write_region(src_region, part.fill_value)
+            self._write_parts(coords, lambda here: None)
         finally:
             self.forget_listing()
 
