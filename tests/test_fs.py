@@ -2340,3 +2340,29 @@ def test_a_straddling_chunk_a_part_fails_to_store_is_not_left_half_new(tmp_path:
         assert (zarr.open_array(str(parts[0]))[...] == 1).all()
     finally:
         subprocess.run(["umount", "-l", str(small)], check=True)
+
+
+def test_immutable_and_append_only_chunks_are_refused_at_once(v3, clock: Clock) -> None:
+    """[write-14] a chunk file made immutable (`chattr +i`), or a chunk directory made
+    append-only (`chattr +a`), which no permission overrides: `rm`, an open for writing
+    and a new chunk there fail at once with EPERM, naming it (rm had said 0 and the
+    chunk came back 30 s later; a cp failed only at close())."""
+    src, data, fs, k = v3
+    chunk, folder = src / "c" / "0" / "0", src / "c" / "1"
+    if subprocess.run(["chattr", "+i", str(chunk)], capture_output=True).returncode != 0:
+        pytest.skip("this filesystem keeps no inode flags (chattr)")
+    try:
+        subprocess.run(["chattr", "+a", str(folder)], check=True)
+        before = stores.snapshot(src)
+        for attempt in (lambda: k.unlink(CHUNK), lambda: k.open(CHUNK, os.O_WRONLY | os.O_TRUNC),
+                        lambda: k.open("c/1/1.tiff", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+            with pytest.raises(FsError) as e:
+                attempt()
+            assert e.value.errno == errno.EPERM
+        assert "0.tiff" in k.listdir("c/0")
+        assert any("c/0/0 is immutable (chattr)" in line for line in fs.errors), list(fs.errors)
+        assert any("c/1 is append-only (chattr)" in line for line in fs.errors), list(fs.errors)
+        assert stores.snapshot(src) == before
+    finally:
+        subprocess.run(["chattr", "-i", str(chunk)], check=True)
+        subprocess.run(["chattr", "-a", str(folder)], check=True)

@@ -373,6 +373,12 @@ class AtomicLocalStore(LocalStore):
     def _directory_refusal(self, dir_fd: int, head: str, name: str | None) -> OSError | None:
         where = os.path.join(str(self.root), head) if head else str(self.root)
         if os.access(".", os.W_OK | os.X_OK, dir_fd=dir_fd, effective_ids=os.access in os.supports_effective_ids):
+            # the inode flags no permission overrides (chattr +i, +a): an immutable or
+            # append-only directory takes no new name, such a file is never replaced
+            for at, what in ((".", where), *(((name, f"{where}/{name}"),) if name is not None else ())):
+                flag = _fixed_flag(dir_fd, at)
+                if flag is not None:
+                    return OSError(errno.EPERM, f"{what} is {flag} (chattr): it cannot be replaced or removed")
             st = os.fstat(dir_fd)
             uid = os.geteuid()
             if name is None or not st.st_mode & stat.S_ISVTX or uid in (0, st.st_uid):
@@ -815,6 +821,31 @@ def _atomic_write(dir_fd: int, name: str, data: Any, durable: bool = True, *, ex
         except FileNotFoundError:
             pass
         raise
+
+
+_FS_IOC_GETFLAGS = 0x80086601  # (Linux, 64-bit: _IOR('f', 1, long))
+_FIXED_FLAGS = {0x10: "immutable", 0x20: "append-only"}  # FS_IMMUTABLE_FL, FS_APPEND_FL
+
+
+def _fixed_flag(dir_fd: int, name: str) -> str | None:
+    """"immutable" or "append-only" when `name` in `dir_fd` ("." for the directory itself)
+    has that inode flag; None otherwise, or when the filesystem keeps no such flags."""
+    import fcntl
+
+    try:  # (a regular file or directory only: opening a device may do something)
+        mode = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            return None
+        fd = os.open(name, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NOCTTY, dir_fd=dir_fd)
+    except OSError:
+        return None
+    try:
+        flags = int.from_bytes(fcntl.ioctl(fd, _FS_IOC_GETFLAGS, bytes(8)), "little")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return next((said for bit, said in _FIXED_FLAGS.items() if flags & bit), None)
 
 
 def _keep_owner_and_mode(fd: int, dir_fd: int, name: str) -> None:
