@@ -460,9 +460,11 @@ def _identities_up(path: str) -> list[tuple[int, int]]:
 
 
 def _zfuse_mounts_serving(path: str) -> list[tuple[str, str]]:
-    """(mountpoint, local source) of each zfuse mount `path` lies in, from the mount
-    table (its sources as `fsname_of` wrote them)."""
-    from zfuse.mounts import zfuse_mounts
+    """(mountpoint, local source) of each zfuse mount `path` lies in: the sources its
+    `.zfuse/mount` lists (a concatenation's description expanded to the stores it
+    names), else, for a daemon that does not answer in time, those its fsname spells."""
+    from zfuse.ext.concat import description_sources
+    from zfuse.mounts import MOUNT_FILE, MountNotResponding, read_json, zfuse_mounts
 
     real = os.path.realpath(path)
     try:
@@ -471,11 +473,17 @@ def _zfuse_mounts_serving(path: str) -> list[tuple[str, str]]:
         return []
     out = []
     for entry in entries:
-        if real == entry.mountpoint or real.startswith(entry.mountpoint.rstrip("/") + "/"):
-            for shown in entry.source.replace("\\,", ",").split("+"):
-                local = local_path(urllib.parse.unquote(shown))
-                if local is not None:
-                    out.append((entry.mountpoint, local))
+        if not (real == entry.mountpoint or real.startswith(entry.mountpoint.rstrip("/") + "/")):
+            continue
+        try:
+            sources = [str(s) for s in read_json(entry.mountpoint, MOUNT_FILE, timeout=2.0).get("sources") or []]
+        except (OSError, ValueError, AttributeError, MountNotResponding):
+            sources = [urllib.parse.unquote(shown) for shown in entry.source.replace("\\,", ",").split("+")]
+        for source in sources:
+            local = local_path(source)
+            if local is not None:
+                out.append((entry.mountpoint, local))
+                out += [(entry.mountpoint, p) for d in description_sources(local) if (p := local_path(d)) is not None]
     return out
 
 
