@@ -2313,7 +2313,8 @@ def test_which_codecs_are_taken_for_exact(tmp_path: Path) -> None:
 def test_a_straddling_chunk_a_part_fails_to_store_is_not_left_half_new(tmp_path: Path, clock: Clock) -> None:
     """A concatenation's view chunk that straddles two sources, the second of which
     fails to store its part (its disk full): close() fails and the first source's rows
-    are as they were (they had kept the new values: a chunk half new, half old)."""
+    are as they were (they had kept the new values: a chunk half new, half old), its
+    chunk that was not stored not made either."""
     from zfuse.ext.concat import save_concat
 
     if os.geteuid() != 0:
@@ -2327,6 +2328,7 @@ def test_a_straddling_chunk_a_part_fails_to_store_is_not_left_half_new(tmp_path:
         for p in parts:
             zarr.create_array(str(p), shape=(12, 16), chunks=(8, 16), dtype="u1", fill_value=0,
                               compressors=None)[...] = 1
+        (parts[0] / "c" / "1" / "0").unlink()  # (rows 8-12 of the first not stored: the fill value)
         save_concat(tmp_path / "c.json", [str(p) for p in parts], axis=0)
         before = stores.snapshot(parts[0])
         fs, k = make_fs(tmp_path / "c.json", clock)
@@ -2336,8 +2338,8 @@ def test_a_straddling_chunk_a_part_fails_to_store_is_not_left_half_new(tmp_path:
         with pytest.raises(FsError) as e:  # rows 8-16: part 0's rows 8-12, part 1's 0-4
             k.write_file("c/1/0.tiff", tiff(np.full((8, 16), 9, "u1")))
         assert e.value.errno == errno.ENOSPC
-        assert stores.snapshot(parts[0]) == before
-        assert (zarr.open_array(str(parts[0]))[...] == 1).all()
+        assert stores.snapshot(parts[0]) == before  # (no chunk of fill values made where none was)
+        assert (zarr.open_array(str(parts[0]))[:8] == 1).all() and (zarr.open_array(str(parts[0]))[8:] == 0).all()
     finally:
         subprocess.run(["umount", "-l", str(small)], check=True)
 
@@ -2363,6 +2365,27 @@ def test_immutable_and_append_only_chunks_are_refused_at_once(v3, clock: Clock) 
         assert any("c/0/0 is immutable (chattr)" in line for line in fs.errors), list(fs.errors)
         assert any("c/1 is append-only (chattr)" in line for line in fs.errors), list(fs.errors)
         assert stores.snapshot(src) == before
+        # an append-only directory above, where a write only makes a new directory: no refusal
+        from zfuse.local_store import AtomicLocalStore
+
+        assert AtomicLocalStore(str(src)).write_refusal("c/1/new/0") is None
     finally:
         subprocess.run(["chattr", "-i", str(chunk)], check=True)
         subprocess.run(["chattr", "-a", str(folder)], check=True)
+
+
+def test_a_straddling_chunk_over_an_unreadable_source_chunk_replaces_it(tmp_path: Path, clock: Clock) -> None:
+    """A concatenation's straddling chunk whose source chunk does not decode (corrupt):
+    written whole, it replaces it, as zarr does (keeping what it held, to put back on a
+    failure, must not refuse the write)."""
+    from zfuse.ext.concat import save_concat
+
+    parts = [tmp_path / "p0.zarr", tmp_path / "p1.zarr"]
+    for p, rows in zip(parts, (8, 4), strict=True):  # (the second's chunk 0: rows 0-4, covered whole)
+        zarr.create_array(str(p), shape=(12, 16), chunks=(rows, 16), dtype="u1", fill_value=0,
+                          compressors=zarr.codecs.ZstdCodec())[...] = 1
+    (parts[1] / "c" / "0" / "0").write_bytes(b"not zstd")
+    save_concat(tmp_path / "c.json", [str(p) for p in parts], axis=0)
+    fs, k = make_fs(tmp_path / "c.json", clock)
+    k.write_file("c/1/0.tiff", tiff(np.full((8, 16), 9, "u1")))  # rows 8-16: part 0's 8-12, part 1's 0-4
+    assert (zarr.open_array(str(parts[0]))[8:] == 9).all() and (zarr.open_array(str(parts[1]))[:4] == 9).all()

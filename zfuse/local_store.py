@@ -373,11 +373,13 @@ class AtomicLocalStore(LocalStore):
     def _directory_refusal(self, dir_fd: int, head: str, name: str | None) -> OSError | None:
         where = os.path.join(str(self.root), head) if head else str(self.root)
         if os.access(".", os.W_OK | os.X_OK, dir_fd=dir_fd, effective_ids=os.access in os.supports_effective_ids):
-            # the inode flags no permission overrides (chattr +i, +a): an immutable or
-            # append-only directory takes no new name, such a file is never replaced
+            # the inode flags no permission overrides (chattr +i, +a): an immutable
+            # directory takes no new name, an append-only one no rename onto or out of
+            # it (a directory above, where the write only makes a new directory, is
+            # refused for immutable alone); such a file is never replaced
             for at, what in ((".", where), *(((name, f"{where}/{name}"),) if name is not None else ())):
                 flag = _fixed_flag(dir_fd, at)
-                if flag is not None:
+                if flag is not None and (name is not None or flag == "immutable"):
                     return OSError(errno.EPERM, f"{what} is {flag} (chattr): it cannot be replaced or removed")
             st = os.fstat(dir_fd)
             uid = os.geteuid()

@@ -19,6 +19,7 @@ import logging
 import os
 import threading
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,7 @@ from zarr.core.chunk_key_encodings import DefaultChunkKeyEncoding
 from zfuse.errors import MetadataError, ZfuseError
 from zfuse.ext.chunk_keys import ChunkKeyDecoder
 from zfuse.ext.concat import ConcatArray
+from zfuse.view.chunk_codecs import same_values
 from zfuse.view.chunk_listing import LIST_PAGE, DirPage
 from zfuse.view.source import ChunkSource, Coords, ZarrChunkSource
 
@@ -35,6 +37,34 @@ log = logging.getLogger("zfuse.view")
 #: view chunks `list_chunks` gives at most (`zfuse info`'s count; a mount lists by
 #: directory): one big source chunk over small view chunks covers millions
 LISTED_MAX = 1 << 20
+
+
+@dataclass
+class _Held:
+    """What one source chunk held of a view chunk's piece before a write: the region
+    (`sub`, in the part; `sub_here`, in the view chunk), whether it was stored, its old
+    values there (None: not stored, or unreadable)."""
+
+    sub: tuple[slice, ...]
+    sub_here: tuple[slice, ...]
+    existed: bool
+    old: np.ndarray | None
+
+
+@dataclass
+class _Piece:
+    """What a view chunk covers of one part: `src_region` in the part, `here` in the view
+    chunk, and what each source chunk there held (`held`)."""
+
+    part: ZarrChunkSource
+    src_region: tuple[slice, ...]
+    here: tuple[slice, ...]
+    held: list[_Held]
+
+    def holds(self, full: np.ndarray) -> bool:
+        """Whether the part holds `full`'s values of this piece already (stored, readable)."""
+        return all(h.existed and h.old is not None and same_values(h.old, np.asarray(full[h.sub_here], h.old.dtype))
+                   for h in self.held)
 
 
 class ConcatChunkSource(ChunkSource):
@@ -262,38 +292,72 @@ class ConcatChunkSource(ChunkSource):
                 part.write_chunk(src_coords, data, lossy=lossy)
                 return
             full = self.full_chunk(data)
-            origin = [r.start for r in self.chunk_region(coords)]
+            pieces = self._pieces(coords)
+            changed = [p for p in pieces if not p.holds(full)]
+            if not changed:
+                return  # (what the parts hold already: a lossy part would change it)
             if not lossy:
-                self._check_parts_hold(coords, full, origin)
-            self._write_parts(coords, lambda here: full[here])
+                self._check_parts_hold(coords, full, [r.start for r in self.chunk_region(coords)])
+            self._write_parts(changed, lambda here: full[here])
         finally:
             self.forget_listing()  # (after: a listing made meanwhile may not show it)
 
-    def _write_parts(self, coords: Coords, values: Any) -> None:
-        """Write view chunk `coords` into each part it straddles (`values(here)`: the
-        values of its region `here` of the view chunk, or the fill value); if a part
-        fails, the parts written before it are given their old values back, so the chunk
-        is never left half new (a failed second part had left the first one's rows new
-        while close() failed)."""
+    def _pieces(self, coords: Coords) -> list[_Piece]:
+        """What view chunk `coords` covers of each part, with what each source chunk
+        there held before (`_Held`)."""
         origin = [r.start for r in self.chunk_region(coords)]
         pieces = []
         for index, src_region, view_region in self.array.chunk_sources(coords):
+            part = self.parts[index]
             here = tuple(slice(v.start - o, v.stop - o) for v, o in zip(view_region, origin, strict=True))
-            pieces.append((self.parts[index], src_region, here))
-        old = self.read_chunk(coords) if len(pieces) > 1 else None  # (bounded: the parts' own reads)
-        done = []
+            held = []
+            ranges = [range(r.start // n, -(-r.stop // n)) for r, n in zip(src_region, part.chunk_shape, strict=True)]
+            for c in itertools.product(*ranges):
+                region = part.chunk_region(c)
+                lo = [max(a.start, b.start) for a, b in zip(src_region, region, strict=True)]
+                hi = [min(a.stop, b.stop) for a, b in zip(src_region, region, strict=True)]
+                sub = tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))
+                sub_here = tuple(slice(h.start + a - s.start, h.start + b - s.start)
+                                 for a, b, s, h in zip(lo, hi, src_region, here, strict=True))
+                existed = part.chunk_exists(c)
+                old = None
+                if existed:
+                    within = tuple(slice(a - r.start, b - r.start) for a, b, r in zip(lo, hi, region, strict=True))
+                    try:  # (unreadable: the write replaces it, and a rollback cannot put it back)
+                        old = np.array(part.read_chunk(c, must_exist=True)[within])
+                    except Exception:
+                        old = None
+                held.append(_Held(sub, sub_here, existed, old))
+            pieces.append(_Piece(part, src_region, here, held))
+        return pieces
+
+    def _write_parts(self, pieces: list[_Piece], values: Any) -> None:
+        """Write each piece into its part (`values(here)`: the values of region `here` of
+        the view chunk, or None: the fill value); if one fails, the pieces written, and
+        the one that failed, are put back as they were: old values where a chunk was
+        stored, erased where none was (a failed second part had left the first one's
+        rows new while close() failed; putting back a chunk of fill values had made one
+        where there was none)."""
+        done: list[_Piece] = []
         try:
-            for part, src_region, here in pieces:
-                value = values(here)
-                part.write_region(src_region, value if value is not None else part.fill_value)
-                done.append((part, src_region, here))
+            for piece in pieces:
+                done.append(piece)  # (before: a part that fails midway may have stored some)
+                value = values(piece.here)
+                piece.part.write_region(piece.src_region, value if value is not None else piece.part.fill_value)
         except BaseException:
-            for part, src_region, here in done:
-                try:
-                    part.write_region(src_region, old[here])
-                except Exception as e:  # (the first failure is the one raised; this one logged)
-                    log.error("%s: putting back %s's old values after a failed write failed too: %s",
-                              self.name, part.name, e)
+            for piece in done:
+                for held in piece.held:
+                    try:
+                        if not held.existed:
+                            piece.part.write_region(held.sub, piece.part.fill_value)  # (erased: nothing made)
+                        elif held.old is not None:
+                            piece.part.write_region(held.sub, held.old)
+                        else:
+                            log.error("%s: %s's chunk at %s did not read before the failed write: not put back",
+                                      self.name, piece.part.name, held.sub)
+                    except Exception as e:  # (the first failure is the one raised; this one logged)
+                        log.error("%s: putting back %s's old values after a failed write failed too: %s",
+                                  self.name, piece.part.name, e)
             raise
 
     def _check_parts_hold(self, coords: Coords, full: np.ndarray, origin: list[int]) -> None:
@@ -320,7 +384,7 @@ class ConcatChunkSource(ChunkSource):
         """The view chunk's values made the parts' fill values (each part drops a chunk
         left all fill), through the parts."""
         try:
-            self._write_parts(coords, lambda here: None)
+            self._write_parts(self._pieces(coords), lambda here: None)
         finally:
             self.forget_listing()
 
