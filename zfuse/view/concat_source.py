@@ -41,14 +41,17 @@ LISTED_MAX = 1 << 20
 
 @dataclass
 class _Held:
-    """What one source chunk held of a view chunk's piece before a write: the region
-    (`sub`, in the part; `sub_here`, in the view chunk), whether it was stored, its old
-    values there (None: not stored, or unreadable)."""
+    """What one source chunk (`chunk`) held of a view chunk's piece before a write: the
+    region (`sub`, in the part; `within`, in the chunk; `sub_here`, in the view chunk),
+    whether it was stored, its old values there (None: not stored, or unreadable)."""
 
+    chunk: Coords
     sub: tuple[slice, ...]
+    within: tuple[slice, ...]
     sub_here: tuple[slice, ...]
     existed: bool
     old: np.ndarray | None
+    whole: np.ndarray | None  # (the chunk's values, where its part's codecs are checked)
 
 
 @dataclass
@@ -204,18 +207,36 @@ class ConcatChunkSource(ChunkSource):
 
     def _part_chunks(self, coords: Coords) -> Iterator[tuple[ZarrChunkSource, Coords]]:
         """(part, its chunk) of every source chunk view chunk `coords` overlaps."""
-        for part, c, _, _ in self._source_chunks(coords):
-            yield part, c
+        for part, here, src_region in self._view_pieces(coords):
+            for c, *_ in self._overlaps(part, here, src_region):
+                yield part, c
 
-    def _source_chunks(self, coords: Coords) -> Iterator[tuple[ZarrChunkSource, Coords, tuple[slice, ...],
-                                                               tuple[slice, ...]]]:
-        """(part, its chunk, the part's region of view chunk `coords`, that region in the
-        view) of every source chunk the view chunk overlaps."""
+    def _view_pieces(self, coords: Coords) -> Iterator[tuple[ZarrChunkSource, tuple[slice, ...], tuple[slice, ...]]]:
+        """(part, the region of view chunk `coords` it holds, in the view chunk; that
+        region in the part) of every part the view chunk covers."""
+        origin = [r.start for r in self.chunk_region(coords)]
         for index, src_region, view_region in self.array.chunk_sources(coords):
-            part = self.parts[index]
-            ranges = [range(r.start // c, -(-r.stop // c)) for r, c in zip(src_region, part.chunk_shape, strict=True)]
-            for c in itertools.product(*ranges):
-                yield part, c, src_region, view_region
+            here = tuple(slice(v.start - o, v.stop - o) for v, o in zip(view_region, origin, strict=True))
+            yield self.parts[index], here, src_region
+
+    @staticmethod
+    def _overlaps(part: ZarrChunkSource, here: tuple[slice, ...], src_region: tuple[slice, ...],
+                  ) -> Iterator[tuple[Coords, tuple[slice, ...], tuple[slice, ...], tuple[slice, ...]]]:
+        """(chunk, `sub`: what of `src_region` it holds, in the part; `within`: the same in
+        the chunk; `sub_here`: the same in the view chunk) of each of `part`'s chunks
+        that region overlaps (`here`: the region in the view chunk). The one place the
+        three are worked out, for reads, writes, their rollback and their check."""
+        ranges = [range(r.start // n, -(-r.stop // n)) for r, n in zip(src_region, part.chunk_shape, strict=True)]
+        for c in itertools.product(*ranges):
+            region = part.chunk_region(c)
+            lo = [max(a.start, b.start) for a, b in zip(src_region, region, strict=True)]
+            hi = [min(a.stop, b.stop) for a, b in zip(src_region, region, strict=True)]
+            if any(a >= b for a, b in zip(lo, hi, strict=True)):
+                continue
+            yield (c, tuple(slice(a, b) for a, b in zip(lo, hi, strict=True)),
+                   tuple(slice(a - r.start, b - r.start) for a, b, r in zip(lo, hi, region, strict=True)),
+                   tuple(slice(h.start + a - s.start, h.start + b - s.start)
+                         for a, b, s, h in zip(lo, hi, src_region, here, strict=True)))
 
     def part_key_names(self, coords: Coords, most: int = 4) -> list[str]:
         """The source chunks behind view chunk `coords`, as messages name them (each
@@ -269,17 +290,9 @@ class ConcatChunkSource(ChunkSource):
         # assembled from the source chunks it overlaps, each decoded by its part (bounded:
         # zarr's indexing had decoded a 64 KB zstd frame into 2 GiB)
         out = np.full(self.chunk_shape, self.fill_value, dtype=self.dtype)
-        origin = [r.start for r in self.chunk_region(coords)]
-        for part, c, src_region, view_region in self._source_chunks(coords):
-            stored = part.chunk_region(c)
-            inside = [slice(max(a.start, b.start), min(a.stop, b.stop)) for a, b in zip(stored, src_region, strict=True)]
-            if any(r.start >= r.stop for r in inside):
-                continue
-            values = part.read_chunk(c)
-            src = tuple(slice(r.start - s.start, r.stop - s.start) for r, s in zip(inside, stored, strict=True))
-            dst = tuple(slice(r.start - s.start + v.start - o, r.stop - s.start + v.start - o)
-                        for r, s, v, o in zip(inside, src_region, view_region, origin, strict=True))
-            out[dst] = values[src]
+        for part, here, src_region in self._view_pieces(coords):
+            for c, _, within, sub_here in self._overlaps(part, here, src_region):
+                out[sub_here] = part.read_chunk(c)[within]
         return out
 
     def write_chunk(self, coords: Coords, data: np.ndarray, *, lossy: bool = False) -> None:
@@ -297,7 +310,7 @@ class ConcatChunkSource(ChunkSource):
             if not changed:
                 return  # (what the parts hold already: a lossy part would change it)
             if not lossy:
-                self._check_parts_hold(coords, full, [r.start for r in self.chunk_region(coords)])
+                self._check_parts_hold(pieces, full)
             self._write_parts(changed, lambda here: full[here])
         finally:
             self.forget_listing()  # (after: a listing made meanwhile may not show it)
@@ -305,29 +318,21 @@ class ConcatChunkSource(ChunkSource):
     def _pieces(self, coords: Coords) -> list[_Piece]:
         """What view chunk `coords` covers of each part, with what each source chunk
         there held before (`_Held`)."""
-        origin = [r.start for r in self.chunk_region(coords)]
         pieces = []
-        for index, src_region, view_region in self.array.chunk_sources(coords):
-            part = self.parts[index]
-            here = tuple(slice(v.start - o, v.stop - o) for v, o in zip(view_region, origin, strict=True))
+        for part, here, src_region in self._view_pieces(coords):
             held = []
-            ranges = [range(r.start // n, -(-r.stop // n)) for r, n in zip(src_region, part.chunk_shape, strict=True)]
-            for c in itertools.product(*ranges):
-                region = part.chunk_region(c)
-                lo = [max(a.start, b.start) for a, b in zip(src_region, region, strict=True)]
-                hi = [min(a.stop, b.stop) for a, b in zip(src_region, region, strict=True)]
-                sub = tuple(slice(a, b) for a, b in zip(lo, hi, strict=True))
-                sub_here = tuple(slice(h.start + a - s.start, h.start + b - s.start)
-                                 for a, b, s, h in zip(lo, hi, src_region, here, strict=True))
+            for c, sub, within, sub_here in self._overlaps(part, here, src_region):
                 existed = part.chunk_exists(c)
-                old = None
+                chunk = None
                 if existed:
-                    within = tuple(slice(a - r.start, b - r.start) for a, b, r in zip(lo, hi, region, strict=True))
                     try:  # (unreadable: the write replaces it, and a rollback cannot put it back)
-                        old = np.array(part.read_chunk(c, must_exist=True)[within])
+                        chunk = part.read_chunk(c, must_exist=True)
                     except Exception:
-                        old = None
-                held.append(_Held(sub, sub_here, existed, old))
+                        chunk = None
+                # the whole chunk kept only where the check needs it (`_check_parts_hold`)
+                whole = chunk if chunk is not None and not part.codecs.exact else None
+                old = np.array(chunk[within]) if chunk is not None else None
+                held.append(_Held(c, sub, within, sub_here, existed, old, whole))
             pieces.append(_Piece(part, src_region, here, held))
         return pieces
 
@@ -360,24 +365,24 @@ class ConcatChunkSource(ChunkSource):
                                   self.name, piece.part.name, e)
             raise
 
-    def _check_parts_hold(self, coords: Coords, full: np.ndarray, origin: list[int]) -> None:
+    @staticmethod
+    def _check_parts_hold(pieces: list[_Piece], full: np.ndarray) -> None:
         """Each source chunk a straddling view chunk writes into, as it would be after the
         write, checked to read back the same where its part's codecs are not known to be
-        exact (`ChunkCodecs.check_exact`: InvalidTiffError, nothing written)."""
-        for index, src_region, view_region in self.array.chunk_sources(coords):
-            part = self.parts[index]
+        exact (`ChunkCodecs.check_exact`: InvalidTiffError, nothing written); from what
+        `_pieces` decoded of it (a chunk that did not read is read again: its error is
+        the write's)."""
+        for piece in pieces:
+            part = piece.part
             if part.codecs.exact:
                 continue
-            ranges = [range(r.start // n, -(-r.stop // n)) for r, n in zip(src_region, part.chunk_shape, strict=True)]
-            for c in itertools.product(*ranges):
-                region = part.chunk_region(c)
-                lo = [max(a.start, b.start) for a, b in zip(src_region, region, strict=True)]
-                hi = [min(a.stop, b.stop) for a, b in zip(src_region, region, strict=True)]
-                after = np.array(part.read_chunk(c), dtype=part.dtype)  # (fill where none is stored)
-                within = tuple(slice(a - r.start, b - r.start) for a, b, r in zip(lo, hi, region, strict=True))
-                here = tuple(slice(v.start + a - s.start - o, v.start + b - s.start - o)
-                             for a, b, s, v, o in zip(lo, hi, src_region, view_region, origin, strict=True))
-                after[within] = full[here]
+            for held in piece.held:
+                if held.whole is not None:
+                    after = np.array(held.whole, dtype=part.dtype)
+                else:  # (fill where none is stored)
+                    after = np.array(part.read_chunk(held.chunk), dtype=part.dtype)
+                after[held.within] = full[held.sub_here]
+                region = part.chunk_region(held.chunk)
                 part.codecs.check_exact(after, tuple(slice(0, r.stop - r.start) for r in region), False)
 
     def delete_chunk(self, coords: Coords) -> None:
