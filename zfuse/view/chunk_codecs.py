@@ -281,16 +281,20 @@ class ChunkCodecs:
 
     # -- exactness -----------------------------------------------------------
     @functools.cached_property
-    def codec_names(self) -> list[str | None]:
-        """The names of the codecs (a v2 array's filters and compressor) between a
-        chunk's values and its stored bytes; None for one not known to be exact."""
+    def _chain(self) -> list[Any]:
+        """The codecs between a chunk's values and its stored bytes: a v3 array's, a v2
+        array's filters and compressor."""
         meta = self._array.metadata
         if self._zarr_format == 3:
-            codecs = list(meta.codecs)
-        else:
-            codecs = [*(meta.filters or ()), *((meta.compressor,) if meta.compressor is not None else ())]
+            return list(meta.codecs)
+        return [*(meta.filters or ()), *((meta.compressor,) if meta.compressor is not None else ())]
+
+    @functools.cached_property
+    def codec_names(self) -> list[str | None]:
+        """The names of `_chain`'s codecs (and of those a shard nests); None for one not
+        known to be exact."""
         out: list[str | None] = []
-        for codec in codecs:
+        for codec in self._chain:
             names = _codec_names(codec, self.dtype)
             out.extend(names if names is not None else [None])
         return out
@@ -301,13 +305,13 @@ class ChunkCodecs:
         return all(n in EXACT_CODECS for n in self.codec_names)
 
     def _described(self) -> str:
-        meta = self._array.metadata
-        if self._zarr_format == 3:
-            codecs = [*meta.codecs[:1], *(self._sharding.codecs if self._sharding is not None else ()),
-                      *meta.codecs[1:]] if self._sharding is not None else list(meta.codecs)
-            return ", ".join(str(c.to_dict().get("name")) for c in codecs)
-        parts = [f.codec_id for f in meta.filters or ()]
-        return ", ".join(parts + ([meta.compressor.codec_id] if meta.compressor is not None else []))
+        """`_chain` as messages name it, a shard's inner codecs after `sharding_indexed`."""
+        def named(codec: Any) -> list[str]:
+            if isinstance(codec, ShardingCodec):
+                return ["sharding_indexed", *(n for inner in codec.codecs for n in named(inner))]
+            return [str(codec.to_dict().get("name")) if hasattr(codec, "to_dict") else codec.codec_id]
+
+        return ", ".join(n for codec in self._chain for n in named(codec))
 
     @functools.cached_property
     def _pipeline(self) -> Any:
