@@ -425,6 +425,12 @@ def check_not_nested(mountpoint: str, sources: list[str], written: dict[str, str
         raise SystemExit(f"zfuse: {each}{served} {where} the mountpoint {mountpoint}: the daemon would read "
                          "its own mount (and wait for itself for ever); mount it on a directory outside the store")
 
+    try:  # (read once: a description may name thousands of stores)
+        from zfuse.mounts import zfuse_mounts
+
+        serving = zfuse_mounts()
+    except OSError:
+        serving = []
     for source in sources:
         path = local_path(source)
         if path is None:
@@ -433,7 +439,7 @@ def check_not_nested(mountpoint: str, sources: list[str], written: dict[str, str
         named += [(p, os.path.isfile(p)) for s in description_sources(path) if (p := local_path(s)) is not None]
         for each, is_file in named:
             check(each, is_file)
-            for served_by, its_source in _zfuse_mounts_serving(each):
+            for served_by, its_source in _zfuse_mounts_serving(each, serving):
                 check(its_source, os.path.isfile(its_source), f" (the store of the zfuse mount {served_by}, "
                                                               f"which serves {each})")
 
@@ -459,18 +465,17 @@ def _identities_up(path: str) -> list[tuple[int, int]]:
         real = os.path.dirname(real)
 
 
-def _zfuse_mounts_serving(path: str) -> list[tuple[str, str]]:
-    """(mountpoint, local source) of each zfuse mount `path` lies in: the sources its
-    `.zfuse/mount` lists (a concatenation's description expanded to the stores it
-    names), else, for a daemon that does not answer in time, those its fsname spells."""
+def _zfuse_mounts_serving(path: str, entries: list[Any]) -> list[tuple[str, str]]:
+    """(mountpoint, local source) of each zfuse mount of `entries` (the mount table's)
+    `path` lies in: the sources its `.zfuse/mount` lists (a concatenation's description
+    expanded to the stores it names), else, for a daemon that does not answer in time,
+    those its fsname spells."""
     from zfuse.ext.concat import description_sources
-    from zfuse.mounts import MOUNT_FILE, MountNotResponding, read_json, zfuse_mounts
+    from zfuse.mounts import MOUNT_FILE, MountNotResponding, read_json
 
-    real = os.path.realpath(path)
-    try:
-        entries = zfuse_mounts()
-    except OSError:
+    if not entries:
         return []
+    real = os.path.realpath(path)
     out = []
     for entry in entries:
         if not (real == entry.mountpoint or real.startswith(entry.mountpoint.rstrip("/") + "/")):
