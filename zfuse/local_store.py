@@ -351,7 +351,8 @@ class AtomicLocalStore(LocalStore):
         nothing stands in the way that permissions tell. The directory asked is `key`'s,
         or the nearest one above it that exists (the write makes the rest): EACCES when
         this process may not write it, or may not replace another owner's file in it
-        (the sticky bit), EROFS on a read-only filesystem."""
+        (the sticky bit), EROFS on a read-only filesystem, EPERM for an immutable or
+        append-only directory or file (`chattr`)."""
         check_key(key)
         parts = key.split("/")
         for depth in range(len(parts) - 1, -1, -1):

@@ -454,7 +454,7 @@ class Writes:
             return self._open(path, entry, flags, pid)
 
     async def _check_store_writable(self, arr: ArrayView, coords: tuple[int, ...] | None) -> None:
-        """Refuse now (EACCES, EROFS) a write or deletion of chunk `coords` that the store
+        """Refuse now (EACCES, EROFS, EPERM) a write or deletion of chunk `coords` that the store
         is known to refuse (`ChunkSource.write_refusal`: a local directory this process
         may not write), before a file is written whole only to fail at close(), or an
         `rm` says 0 and the chunk comes back."""
@@ -463,6 +463,15 @@ class Writes:
         refusal = await self.run(arr.source.write_refusal, coords)
         if refusal is not None:
             raise NotAllowedError(refusal.errno or errno.EACCES, f"{arr.key_name(coords)}: {refusal.strerror}")
+
+    async def _check_chunk_writable(self, path: Path) -> None:
+        """`_check_store_writable` for the chunk at `path`, unless it is a scratch file
+        (the daemon's own) or no chunk."""
+        state = self.states.get(path)
+        if state is None or not state.scratch:
+            arr, coords = self.view.chunk_at(path)
+            if arr is not None:
+                await self._check_store_writable(arr, coords)
 
     def _open(self, path: Path, entry: Entry | None, flags: int, pid: int | None) -> FileState:
         state = self.states.get(path)
@@ -887,11 +896,7 @@ class Writes:
 
     async def unlink(self, path: Path) -> None:
         self._check_writable()
-        state = self.states.get(path)
-        if state is None or not state.scratch:
-            arr, coords = self.view.chunk_at(path)
-            if arr is not None:
-                await self._check_store_writable(arr, coords)
+        await self._check_chunk_writable(path)
         async with self._changing(path):
             await self._keep_bytes(path)
             self._unlink(path)
@@ -926,11 +931,7 @@ class Writes:
     async def rename(self, old: Path, new: Path, flags: int) -> None:
         self._check_writable()
         for path in (old, new):  # (a chunk renamed is deleted at its old name and written at the new)
-            state = self.states.get(path)
-            if state is None or not state.scratch:
-                arr, coords = self.view.chunk_at(path)
-                if arr is not None:
-                    await self._check_store_writable(arr, coords)
+            await self._check_chunk_writable(path)
         async with self._changing(old, new):
             await self._keep_bytes(old, new)
             await self._rename(old, new, flags)
