@@ -29,21 +29,21 @@ class Node(Enum):
     # Python (a node kind is a dict key once per entry of every listing)
     __hash__ = object.__hash__
 
-    def __new__(cls, value: str, is_dir: bool) -> Node:
+    def __new__(cls, value: str, is_dir: bool, read_only: bool = False) -> Node:
         member = object.__new__(cls)
         member._value_ = value
         member.is_dir = is_dir
-        member.read_only = value in ("zfuse_dir", "meta", "image", "zfuse_file")
+        member.read_only = read_only
         return member
 
     GROUP = "group", True  # values: a hierarchy node's kind ("group"/"array") is Node(kind)
     ARRAY = "array", True
     KEYDIR = "keydir", True  # a directory chunk keys imply (c/, c/0/), or made by mkdir
-    ZFUSE_DIR = "zfuse_dir", True  # .zfuse/, zfuse's own
-    META = "meta", False  # zarr.json, README
+    ZFUSE_DIR = "zfuse_dir", True, True  # .zfuse/, zfuse's own
+    META = "meta", False, True  # zarr.json, README
     CHUNK = "chunk", False  # a chunk file (coords None: a scratch file being written)
-    IMAGE = "image", False  # a whole-image file (its reader in Entry.reader)
-    ZFUSE_FILE = "zfuse_file", False  # .zfuse/stats, mount, errors: live, read-only
+    IMAGE = "image", False, True  # a whole-image file (its reader in Entry.reader)
+    ZFUSE_FILE = "zfuse_file", False, True  # .zfuse/stats, mount, errors: live, read-only
 
 
 class Entry(NamedTuple):
