@@ -905,3 +905,21 @@ def test_a_mount_inside_its_store_is_refused_however_it_is_reached(tmp_path: Pat
         subprocess.run(["fusermount3", "-u", "-z", str(tmp_path / "p+0.zarr" / "mnt")])
         pytest.fail("the second daemon was mounted inside the first one's store")
     assert r.returncode == 1 and f"holds the mountpoint {tmp_path}/p+0.zarr/mnt" in r.stderr, r.stderr
+
+
+def test_a_mounts_zfuse_file_is_read_to_a_bound(tmp_path: Path) -> None:
+    """`.zfuse/mount` of a mount the table calls zfuse (any FUSE filesystem may) is read
+    to a bound: a file that never ends (a sparse GiB here) is refused, not held (`zfuse
+    status` and the mount's check of the stores other mounts serve read it)."""
+    import errno
+
+    from zfuse.mounts import MOUNT_FILE, ZFUSE_FILE_MAX, read_json
+
+    (tmp_path / ".zfuse").mkdir()
+    with open(tmp_path.joinpath(*MOUNT_FILE), "wb") as f:
+        f.truncate(1 << 30)
+    with pytest.raises(OSError) as e:
+        read_json(str(tmp_path), MOUNT_FILE, timeout=10)
+    assert e.value.errno == errno.EFBIG and str(ZFUSE_FILE_MAX) in str(e.value)
+    tmp_path.joinpath(*MOUNT_FILE).write_text('{"sources": ["/a.zarr"]}')
+    assert read_json(str(tmp_path), MOUNT_FILE, timeout=10) == {"sources": ["/a.zarr"]}

@@ -156,9 +156,17 @@ def call_with_timeout(fn: Callable[..., T], *args: Any, timeout: float) -> T:
     return result["value"]
 
 
+#: bytes a mount's `.zfuse/` JSON file is read up to (a few KB from zfuse's daemon; any
+#: FUSE filesystem may call itself zfuse in the mount table, and answer without end)
+ZFUSE_FILE_MAX = 4 << 20
+
+
 def _read_bytes(path: str) -> bytes:
     with open(path, "rb") as f:
-        return f.read()
+        data = f.read(ZFUSE_FILE_MAX + 1)
+    if len(data) > ZFUSE_FILE_MAX:
+        raise OSError(errno.EFBIG, f"{path}: more than {ZFUSE_FILE_MAX} bytes: not read further")
+    return data
 
 
 def read_json(mountpoint: str, parts: tuple[str, ...], timeout: float) -> dict[str, Any]:
